@@ -1,0 +1,142 @@
+"""KernelConfig: every knob of one generated kernel, validated once.
+
+A config is the cache key of everything downstream (pipeline, PTX, cubin): its `name` is stable and
+readable, its `content_hash` covers every field plus GENERATOR_VERSION, so a generator change never
+loads a stale cubin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+
+GENERATOR_VERSION = "0.1.0"
+
+ARCHS = ("sm_100a", "sm_90a")
+HEAD_DIMS = (64, 128)
+DTYPES = ("fp16", "bf16")
+MMA_K = 16  # reduction positions per MMA step for 16-bit inputs (tcgen05 kind::f16, wgmma k16)
+
+# Seed constants: in every 16 exponentials of a 32-column fragment the last 2*EMU_PAIRS are emulated
+# on the FMA units, in fragments [EMU_START, 3); fragment 3 and masked blocks always use ex2.approx.
+EMU_PAIRS_DEFAULT = 2
+EMU_START_DEFAULT = {False: 1, True: 0}  # keyed by causal
+K_SPLIT_DEFAULT = {False: 6 * MMA_K, True: 4 * MMA_K}  # 96 + 32 non-causal, 64 + 64 causal
+
+
+class ConfigError(ValueError):
+    """An invalid KernelConfig field: names the field, the value and what is allowed."""
+
+    def __init__(self, field_name: str, value, allowed: str):
+        self.field = field_name
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"invalid {field_name}={value!r}: {allowed}")
+
+
+def _divisors_of_128() -> tuple[int, ...]:
+    return tuple(1 << i for i in range(8))
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    arch: str = "sm_100a"
+    head_dim: int = 128
+    causal: bool = False
+    gqa_ratio: int = 1
+    dtype: str = "bf16"
+    block_m: int = 128  # rows of one Q tile (one softmax warpgroup's rows on sm_100a)
+    block_n: int = 128  # keys per K/V block
+    q_stages: int = 2  # Q tiles in flight per CTA task
+    kv_stages: int = 3  # K/V SMEM ring depth
+    rescale_threshold: float = 8.0
+    emu_pairs: int | None = None  # None: the seed's value
+    emu_start: int | None = None  # None: the seed's value for this causal mode
+    k_split: int | None = None  # None: 96 non-causal, 64 causal
+
+    def __post_init__(self):
+        def fix(name, value):
+            object.__setattr__(self, name, value)
+
+        if self.arch not in ARCHS:
+            raise ConfigError("arch", self.arch, f"one of {', '.join(ARCHS)}")
+        if isinstance(self.head_dim, bool) or self.head_dim not in HEAD_DIMS:
+            raise ConfigError("head_dim", self.head_dim, f"one of {', '.join(map(str, HEAD_DIMS))}")
+        if not isinstance(self.causal, bool):
+            raise ConfigError("causal", self.causal, "True or False")
+        if isinstance(self.gqa_ratio, bool) or self.gqa_ratio not in _divisors_of_128():
+            raise ConfigError("gqa_ratio", self.gqa_ratio, "a divisor of 128 (1, 2, 4, ..., 128)")
+        if self.dtype not in DTYPES:
+            raise ConfigError("dtype", self.dtype, f"one of {', '.join(DTYPES)}")
+        if self.block_m != 128:
+            raise ConfigError("block_m", self.block_m, "128 (one row per thread of a warpgroup)")
+        if self.block_n != 128:
+            raise ConfigError("block_n", self.block_n, "128 (four 32-column TMEM fragments)")
+        if self.q_stages != 2:
+            raise ConfigError("q_stages", self.q_stages, "2 (two Q tiles in flight per task)")
+        if isinstance(self.kv_stages, bool) or not isinstance(self.kv_stages, int) or not 2 <= self.kv_stages <= 4:
+            raise ConfigError("kv_stages", self.kv_stages, "an integer in [2, 4]")
+        thr = self.rescale_threshold
+        if isinstance(thr, bool) or not isinstance(thr, (int, float)) or not math.isfinite(thr) or thr < 0:
+            raise ConfigError("rescale_threshold", thr, "a finite number >= 0 (log2 units; 0 = always rescale)")
+        fix("rescale_threshold", float(thr))
+        pairs = EMU_PAIRS_DEFAULT if self.emu_pairs is None else self.emu_pairs
+        if isinstance(pairs, bool) or not isinstance(pairs, int) or not 0 <= pairs <= 8:
+            raise ConfigError("emu_pairs", pairs, "an integer in [0, 8] (pairs emulated per 16 exponentials)")
+        fix("emu_pairs", pairs)
+        start = EMU_START_DEFAULT[self.causal] if self.emu_start is None else self.emu_start
+        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= 3:
+            raise ConfigError("emu_start", start, "an integer in [0, 3] (first emulated 32-column fragment)")
+        fix("emu_start", start)
+        ks = K_SPLIT_DEFAULT[self.causal] if self.k_split is None else self.k_split
+        if isinstance(ks, bool) or not isinstance(ks, int) or ks % 32 or not 0 < ks < self.block_n:
+            raise ConfigError("k_split", ks, "a multiple of 32 in (0, 128): P is stored in 32-column chunks")
+        fix("k_split", ks)
+
+    # ---- derived -------------------------------------------------------------------------------
+    @property
+    def seq_q_per_tile(self) -> int:
+        """Sequence positions per 128-row Q tile: the rest of the rows are the GQA group's heads."""
+        return self.block_m // self.gqa_ratio
+
+    @property
+    def p_chunks_first(self) -> int:
+        """32-column P chunks stored before p_o_rescale (3 non-causal, 2 causal)."""
+        return self.k_split // 32
+
+    @property
+    def elem_bytes(self) -> int:
+        return 2
+
+    @property
+    def name(self) -> str:
+        parts = ["fa4", self.arch.replace("_", ""), f"d{self.head_dim}", self.dtype]
+        parts.append("causal" if self.causal else "noncausal")
+        parts.append(f"gqa{self.gqa_ratio}")
+        defaults = KernelConfig(arch=self.arch, head_dim=self.head_dim, causal=self.causal,
+                                gqa_ratio=self.gqa_ratio, dtype=self.dtype)
+        if self != defaults:  # tuned variants must never share a name with the default one
+            parts.append(self.content_hash[:8])
+        return "_".join(parts)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KernelConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(unknown[0], d[unknown[0]], f"not a KernelConfig field (fields: {', '.join(sorted(known))})")
+        return cls(**d)
+
+    @property
+    def content_hash(self) -> str:
+        blob = json.dumps({"config": self.to_dict(), "generator": GENERATOR_VERSION}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def replace(self, **changes) -> "KernelConfig":
+        return dataclasses.replace(self, **changes)
