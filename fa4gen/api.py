@@ -1,0 +1,172 @@
+"""The torch-facing entry point: `attention(q, k, v, causal=False, softmax_scale=None, return_lse=False)`.
+
+First call of a variant: generate the sm_90a PTX, assemble it (ptxas, or nvJitLink on a machine
+without a toolkit), cache the cubin on disk, load it; later calls in the process reuse the loaded
+kernel, and later processes load the cached cubin. `last_call_info()` says which of these happened
+and how long each took (also logged at DEBUG on the "fa4gen" logger).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from . import validate
+from .cache import KERNELS, CubinCache, EntryState
+from .config import KernelConfig
+from .validate import Fa4genInputError, Problem  # noqa: F401  (re-exported for callers)
+
+log = logging.getLogger("fa4gen")
+
+RUNTIME_ARCH = "sm_90a"  # the only arch with a runtime that has run (see validate.check_arch)
+
+
+@dataclass(frozen=True)
+class LoadInfo:
+    """How the kernel of one call was obtained."""
+
+    name: str
+    content_hash: str
+    source: str  # "memory" (already loaded), "disk" (cache hit), "built" (generated + assembled)
+    build_s: float = 0.0  # generate + assemble (0 unless built)
+    cache_s: float = 0.0  # cache lookup and write, outside the build
+    load_s: float = 0.0  # cuModuleLoadData and friends
+    cache_path: str = ""
+    rebuilt_reason: str = ""  # why a cache entry on disk was not used
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    problem: Problem
+    launched: bool  # False for empty outputs and Skv == 0 (answered without a kernel)
+    kernel: LoadInfo | None
+    copied: tuple[str, ...]  # inputs copied to a TMA-legal layout
+    host_s: float  # host time of the call (the launch is asynchronous)
+
+
+_local = threading.local()
+
+
+def last_call_info() -> CallInfo | None:
+    """What this thread's last `attention` call did (None before the first call)."""
+    return getattr(_local, "info", None)
+
+
+def config_for(problem: Problem) -> KernelConfig:
+    return KernelConfig(arch=RUNTIME_ARCH, head_dim=problem.head_dim, causal=problem.causal,
+                        gqa_ratio=problem.gqa_ratio, dtype=problem.dtype)
+
+
+def build(cfg: KernelConfig) -> tuple[bytes, dict]:
+    """Generate and assemble one sm_90a kernel: (cubin, manifest)."""
+    from .assemble import assemble
+    from .lower.sm90 import build_sm90
+
+    ptx, manifest = build_sm90(cfg)
+    result = assemble(ptx, cfg.arch, name=cfg.name, backend="auto")
+    return result.cubin, manifest
+
+
+def get_kernel(cfg: KernelConfig, device=None, cache: CubinCache | None = None):
+    """The loaded Kernel for cfg on a CUDA device (default: the current one): from this process's
+    table, else the disk cache, else built. Returns (kernel, LoadInfo)."""
+    import torch
+
+    from .runtime import Kernel
+
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    store = cache if cache is not None else CubinCache()
+    info: list[LoadInfo] = []
+
+    def factory():
+        t0 = time.perf_counter()
+        r = store.get_or_build(cfg, build)
+        t1 = time.perf_counter()
+        with torch.cuda.device(device):
+            kernel = Kernel.load(r.cubin, r.manifest)
+        t2 = time.perf_counter()
+        li = LoadInfo(name=cfg.name, content_hash=cfg.content_hash, source="disk" if r.hit else "built",
+                      build_s=r.build_s, cache_s=(t1 - t0) - r.build_s, load_s=t2 - t1, cache_path=str(r.path),
+                      rebuilt_reason=r.reason if r.found is EntryState.CORRUPT else "")
+        log.debug("fa4gen %s: %s; build %.3f s, cache %.3f s, load %.3f s%s", cfg.name, li.source, li.build_s,
+                  li.cache_s, li.load_s, f" (rebuilt: {li.rebuilt_reason})" if li.rebuilt_reason else "")
+        info.append(li)
+        return kernel
+
+    kernel, created = KERNELS.get_or_create((cfg.content_hash, device.index), factory)
+    if not created:
+        info.append(LoadInfo(name=cfg.name, content_hash=cfg.content_hash, source="memory"))
+    return kernel, info[-1]
+
+
+def _tma_ready(t, name: str, why: str | None):
+    """t itself (size-1 dims given legal strides) or, when TMA cannot address it, a packed copy."""
+    if why is not None:
+        log.debug("fa4gen copies %s to a contiguous layout: %s", name, why)
+        return t.contiguous()
+    strides = validate.canonical_strides(tuple(t.shape), tuple(t.stride()))
+    return t if strides == tuple(t.stride()) else t.as_strided(t.shape, strides)
+
+
+def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None, return_lse: bool = False):
+    """Attention forward, flash-attn layout: softmax(q kᵀ * softmax_scale) v per (batch, head).
+
+    q: (B, Sq, Hq, D); k, v: (B, Skv, Hkv, D); float16 or bfloat16, all the same, on one CUDA device of
+    compute capability 9.0 (H100/H200). D is 64 or 128. Hq must be a multiple of Hkv with Hq/Hkv
+    dividing 128 (GQA/MQA: query head h reads kv head h // (Hq/Hkv)). softmax_scale defaults to
+    1/sqrt(D). causal=True masks bottom-right aligned: query i sees keys j <= i + Skv - Sq, so with
+    Sq > Skv the first Sq - Skv rows see no key and get O = 0, LSE = -inf.
+
+    Returns o (B, Sq, Hq, D) in the input dtype, or, when return_lse, (o, lse) with lse (B, Hq, Sq)
+    float32: the natural-log logsumexp of each row's scaled scores over the keys it sees.
+
+    Layout: the kernel reads q/k/v through TMA, which needs the last dim contiguous, every other
+    stride a multiple of 16 bytes and a 16-byte-aligned base; views meeting that (e.g. q, k, v
+    sliced out of one packed qkv tensor, or a (B, H, S, D) tensor transposed to (B, S, H, D)) are
+    read in place, any other layout is first copied with `.contiguous()` (costs one copy; see
+    `last_call_info().copied`). Empty outputs and Skv == 0 are answered without a launch. Forward
+    only: inputs that require grad while grad mode is on are refused rather than silently
+    returning a result autograd cannot differentiate.
+
+    Raises a subclass of `fa4gen.validate.Fa4genInputError` (TypeError or ValueError) for every
+    input problem, before anything is built or launched.
+    """
+    t0 = time.perf_counter()
+    try:
+        import torch
+    except ImportError as e:
+        raise validate.InputTypeError("fa4gen.attention needs torch (pip install torch)") from e
+    metas = (validate.tensor_meta(q, "q"), validate.tensor_meta(k, "k"), validate.tensor_meta(v, "v"))
+    problem = validate.check_problem(*metas, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse)
+    dev = q.device
+    validate.check_arch(torch.cuda.get_device_capability(dev), torch.cuda.get_device_name(dev))
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise validate.InputValueError(
+            "fa4gen.attention is forward-only (no backward): call it under torch.no_grad() / "
+            "torch.inference_mode() or pass detached tensors")
+
+    o = torch.empty(problem.out_shape, dtype=q.dtype, device=dev)
+    lse = torch.empty(problem.lse_shape, dtype=torch.float32, device=dev) if return_lse else None
+
+    def done(launched, kernel_info=None, copied=()):
+        _local.info = CallInfo(problem, launched, kernel_info, tuple(copied), time.perf_counter() - t0)
+        return (o, lse) if return_lse else o
+
+    if problem.is_empty:
+        return done(False)
+    if problem.no_keys:
+        o.zero_()
+        if lse is not None:
+            lse.fill_(float("-inf"))
+        return done(False)
+
+    why = dict(problem.relayout)
+    q, k, v = (_tma_ready(t, n, why.get(n)) for t, n in ((q, "q"), (k, "k"), (v, "v")))
+    kernel, kinfo = get_kernel(config_for(problem), dev)
+    with torch.cuda.device(dev):
+        kernel(q, k, v, o, lse=lse, softmax_scale=problem.softmax_scale)
+    return done(True, kinfo, tuple(why))

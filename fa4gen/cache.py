@@ -1,0 +1,260 @@
+"""The on-disk cubin cache and the in-process table of loaded kernels.
+
+An entry is two files in the cache directory, named by the config's readable name and its
+`content_hash` (which covers every config field and GENERATOR_VERSION, so a generator change misses):
+
+    <name>-<hash>.cubin   the assembled kernel
+    <name>-<hash>.json    its manifest (docs/ABI.md) plus `cubin_sha256` and `cubin_size`
+
+The manifest is the entry's commit record: it is written after the cubin and names the cubin's
+sha256, so an entry is trusted only when the manifest parses, its content_hash (and config, when
+present) equals the config's, and the cubin on disk has exactly that size and hash. Anything else
+(a truncated copy, a flipped byte, a manifest from another config, a cubin with no manifest) is
+reported and rebuilt, never loaded.
+
+Each file is written to a temporary file in the same directory and renamed over the old one with
+os.replace, which is atomic on POSIX file systems. Writers of one entry take an exclusive flock on
+`<name>-<hash>.lock` and readers a shared one, so a reader never pairs one writer's cubin with
+another's manifest; two processes that miss at once both build and both write a valid entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .config import KernelConfig
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: rely on os.replace alone
+    fcntl = None
+
+log = logging.getLogger("fa4gen.cache")
+
+ENV_VAR = "FA4GEN_CACHE_DIR"
+
+BuildFn = Callable[[KernelConfig], "tuple[bytes, dict]"]
+
+
+class CacheError(RuntimeError):
+    """A build function returned something that cannot be cached (not a cubin, wrong config)."""
+
+
+class EntryState(enum.Enum):
+    OK = "ok"
+    MISSING = "missing"
+    CORRUPT = "corrupt"
+
+
+@dataclass(frozen=True)
+class Lookup:
+    state: EntryState
+    reason: str = ""
+    cubin: bytes | None = None
+    manifest: dict | None = None
+
+
+@dataclass(frozen=True)
+class CacheResult:
+    cubin: bytes
+    manifest: dict
+    hit: bool
+    found: EntryState  # what the lookup saw: OK (hit), MISSING, or CORRUPT (rebuilt)
+    reason: str  # why a found entry was not used ("" on a hit or a plain miss)
+    build_s: float  # seconds in build_fn (0 on a hit)
+    stored: bool  # False when the directory could not be written (the result is still returned)
+    path: Path  # the cubin's path
+
+
+def default_cache_dir() -> Path:
+    """$FA4GEN_CACHE_DIR, else $XDG_CACHE_HOME/fa4gen, else ~/.cache/fa4gen (read at each call)."""
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "fa4gen"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class CubinCache:
+    def __init__(self, root: str | os.PathLike | None = None):
+        self.root = Path(root).expanduser() if root is not None else default_cache_dir()
+
+    def stem(self, cfg: KernelConfig) -> str:
+        return f"{cfg.name}-{cfg.content_hash}"
+
+    def cubin_path(self, cfg: KernelConfig) -> Path:
+        return self.root / f"{self.stem(cfg)}.cubin"
+
+    def manifest_path(self, cfg: KernelConfig) -> Path:
+        return self.root / f"{self.stem(cfg)}.json"
+
+    @contextlib.contextmanager
+    def _locked(self, cfg: KernelConfig, exclusive: bool):
+        if fcntl is None:
+            yield
+            return
+        try:
+            fd = os.open(self.root / f"{self.stem(cfg)}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:  # read-only or missing directory: nothing to coordinate with
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)  # closing drops the flock
+
+    # ---- read ----------------------------------------------------------------------------------
+    def lookup(self, cfg: KernelConfig) -> Lookup:
+        with self._locked(cfg, exclusive=False):
+            return self._lookup_unlocked(cfg)
+
+    def _lookup_unlocked(self, cfg: KernelConfig) -> Lookup:
+        mpath, cpath = self.manifest_path(cfg), self.cubin_path(cfg)
+        try:
+            raw = mpath.read_bytes()
+        except FileNotFoundError:
+            if cpath.exists():
+                return Lookup(EntryState.CORRUPT, f"{cpath.name} has no manifest (an interrupted write)")
+            return Lookup(EntryState.MISSING)
+        except OSError as e:
+            return Lookup(EntryState.CORRUPT, f"cannot read {mpath.name}: {e}")
+        try:
+            manifest = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            return Lookup(EntryState.CORRUPT, f"{mpath.name} is not valid JSON ({e})")
+        if not isinstance(manifest, dict):
+            return Lookup(EntryState.CORRUPT, f"{mpath.name} is not a JSON object")
+        if manifest.get("content_hash") != cfg.content_hash:
+            return Lookup(EntryState.CORRUPT, f"{mpath.name} has content_hash {manifest.get('content_hash')!r}, "
+                                              f"the config's is {cfg.content_hash!r}")
+        if "config" in manifest and manifest["config"] != cfg.to_dict():
+            return Lookup(EntryState.CORRUPT, f"{mpath.name} describes another config")
+        want_sha, want_size = manifest.get("cubin_sha256"), manifest.get("cubin_size")
+        if not isinstance(want_sha, str) or not isinstance(want_size, int):
+            return Lookup(EntryState.CORRUPT, f"{mpath.name} lacks cubin_sha256/cubin_size")
+        try:
+            cubin = cpath.read_bytes()
+        except FileNotFoundError:
+            return Lookup(EntryState.CORRUPT, f"{cpath.name} is missing")
+        except OSError as e:
+            return Lookup(EntryState.CORRUPT, f"cannot read {cpath.name}: {e}")
+        if len(cubin) != want_size:
+            return Lookup(EntryState.CORRUPT, f"{cpath.name} has {len(cubin)} bytes, the manifest says {want_size}")
+        if _sha256(cubin) != want_sha:
+            return Lookup(EntryState.CORRUPT, f"{cpath.name}'s sha256 differs from the manifest's")
+        return Lookup(EntryState.OK, "", cubin, manifest)
+
+    # ---- write ---------------------------------------------------------------------------------
+    def entry_manifest(self, cfg: KernelConfig, cubin: bytes, manifest: dict) -> dict:
+        """The manifest as stored: the builder's, checked against cfg, plus the cubin's size and hash."""
+        if not isinstance(cubin, (bytes, bytearray)) or not cubin:
+            raise CacheError(f"build for {cfg.name} returned no cubin bytes ({type(cubin).__name__})")
+        if not isinstance(manifest, dict):
+            raise CacheError(f"build for {cfg.name} returned a {type(manifest).__name__} manifest, not a dict")
+        if manifest.get("content_hash", cfg.content_hash) != cfg.content_hash:
+            raise CacheError(f"build for {cfg.name} returned a manifest with content_hash "
+                             f"{manifest['content_hash']!r}, expected {cfg.content_hash!r}")
+        out = dict(manifest)
+        out["content_hash"] = cfg.content_hash
+        out["cubin_sha256"] = _sha256(bytes(cubin))
+        out["cubin_size"] = len(cubin)
+        return out
+
+    def store(self, cfg: KernelConfig, cubin: bytes, manifest: dict) -> dict:
+        """Write an entry (cubin first, manifest last: the manifest commits it); returns the stored manifest."""
+        entry = self.entry_manifest(cfg, cubin, manifest)
+        text = json.dumps(entry, indent=1, sort_keys=True).encode()
+        self.root.mkdir(parents=True, exist_ok=True)
+        with self._locked(cfg, exclusive=True):
+            _atomic_write(self.cubin_path(cfg), bytes(cubin))
+            _atomic_write(self.manifest_path(cfg), text)
+        return entry
+
+    def get_or_build(self, cfg: KernelConfig, build_fn: BuildFn) -> CacheResult:
+        found = self.lookup(cfg)
+        if found.state is EntryState.OK:
+            log.debug("cache hit %s", self.cubin_path(cfg))
+            return CacheResult(found.cubin, found.manifest, True, EntryState.OK, "", 0.0, True, self.cubin_path(cfg))
+        if found.state is EntryState.CORRUPT:
+            log.warning("fa4gen cache entry %s is unusable (%s); rebuilding it", self.stem(cfg), found.reason)
+        t0 = time.perf_counter()
+        cubin, manifest = build_fn(cfg)
+        build_s = time.perf_counter() - t0
+        entry = self.entry_manifest(cfg, cubin, manifest)
+        try:
+            entry = self.store(cfg, cubin, manifest)
+            stored = True
+        except OSError as e:
+            log.warning("fa4gen cannot write its cache in %s (%s); the kernel is used without caching", self.root, e)
+            stored = False
+        return CacheResult(bytes(cubin), entry, False, found.state, found.reason, build_s, stored, self.cubin_path(cfg))
+
+
+def get_or_build(cfg: KernelConfig, build_fn: BuildFn, cache_dir=None) -> tuple[bytes, dict, bool]:
+    """(cubin, manifest, hit) for cfg from the cache in cache_dir (default: `default_cache_dir()`)."""
+    r = CubinCache(cache_dir).get_or_build(cfg, build_fn)
+    return r.cubin, r.manifest, r.hit
+
+
+class KernelRegistry:
+    """Loaded kernels of this process, one per (content_hash, device): a CUmodule belongs to one
+    device's context, so the same cubin is loaded once per device."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._kernels: dict[tuple[str, object], object] = {}
+
+    def get_or_create(self, key: tuple[str, object], factory: Callable[[], object]) -> tuple[object, bool]:
+        """(kernel, created). The lock is held while the factory runs: concurrent first calls build
+        and load once instead of racing the assembler."""
+        with self._lock:
+            k = self._kernels.get(key)
+            if k is not None:
+                return k, False
+            k = factory()
+            self._kernels[key] = k
+            return k, True
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kernels.clear()
+
+    def __len__(self) -> int:
+        return len(self._kernels)
+
+    def __contains__(self, key) -> bool:
+        return key in self._kernels
+
+
+KERNELS = KernelRegistry()

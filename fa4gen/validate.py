@@ -1,0 +1,270 @@
+"""Input validation for `fa4gen.attention`, done before anything is built or launched.
+
+The checks work on plain metadata (`TensorMeta`: shape, strides, dtype name, device string, data
+pointer), so every rule is testable without torch or a GPU; `tensor_meta` is the only function that
+touches a torch tensor, and it imports nothing at module import time.
+
+Every failure raises one subclass of `Fa4genInputError` (a TypeError or ValueError too) with one
+message naming the argument, what it got and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import struct
+from dataclasses import dataclass
+
+from .config import HEAD_DIMS
+
+LOG2E = 1.4426950408889634
+TMA_ALIGN = 16  # bytes: cuTensorMapEncodeTiled wants the base address and every stride 16-byte aligned
+TMA_MAX_STRIDE = 1 << 40  # bytes: the tensor map's stride field limit
+U32_PARAM_LIMIT = 1 << 31  # batch/seqlen/heads/num_tasks travel as .u32 params; stay clear of the sign bit
+
+_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}  # torch dtype name -> KernelConfig dtype
+
+
+class Fa4genInputError(Exception):
+    """Base of every input error `fa4gen.attention` raises before launching."""
+
+
+class InputTypeError(Fa4genInputError, TypeError):
+    """An argument of the wrong kind (not a tensor, unsupported dtype, non-bool flag)."""
+
+
+class InputValueError(Fa4genInputError, ValueError):
+    """An argument of the right kind with a value the kernel cannot take (shape, scale)."""
+
+
+class DeviceError(InputValueError):
+    """Tensors not on CUDA, or not all on the same CUDA device."""
+
+
+class UnsupportedArchError(InputValueError):
+    """The GPU has no executable fa4gen kernel."""
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """What validation needs to know about one tensor (torch conventions: strides in elements)."""
+
+    name: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str  # torch's name without the "torch." prefix: "float16", "bfloat16", "float32", ...
+    device: str  # "cuda:0", "cpu", ...
+    data_ptr: int = 0
+    element_size: int = 2
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A validated attention call: sizes in flash-attn's (B, S, H, D) layout, the dtype and scale."""
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    dtype: str  # "fp16" | "bf16"
+    causal: bool
+    softmax_scale: float
+    return_lse: bool
+    device: str
+    relayout: tuple[tuple[str, str], ...] = ()  # (tensor name, why) for inputs copied for TMA
+
+    @property
+    def gqa_ratio(self) -> int:
+        return self.heads_q // self.heads_kv if self.heads_kv else 0
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.seqlen_q, self.heads_q, self.head_dim)
+
+    @property
+    def lse_shape(self) -> tuple[int, int, int]:
+        return (self.batch, self.heads_q, self.seqlen_q)
+
+    @property
+    def is_empty(self) -> bool:
+        """No output element: nothing to compute."""
+        return self.batch == 0 or self.seqlen_q == 0 or self.heads_q == 0
+
+    @property
+    def no_keys(self) -> bool:
+        """Output rows exist but no key does: O = 0 and LSE = -inf, no launch."""
+        return not self.is_empty and self.seqlen_k == 0
+
+
+# ---- torch boundary ----------------------------------------------------------------------------
+def tensor_meta(t, name: str) -> TensorMeta:
+    """Metadata of a torch tensor; raises InputTypeError for anything that is not one."""
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - api.py needs torch before it gets here
+        raise InputTypeError("fa4gen.attention needs torch (pip install torch)") from e
+    if not isinstance(t, torch.Tensor):
+        raise InputTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return TensorMeta(
+        name=name,
+        shape=tuple(t.shape),
+        strides=tuple(t.stride()),
+        dtype=str(t.dtype).removeprefix("torch."),
+        device=str(t.device),
+        data_ptr=t.data_ptr() if t.device.type == "cuda" else 0,
+        element_size=t.element_size(),
+    )
+
+
+# ---- pure checks -------------------------------------------------------------------------------
+def check_devices(metas: tuple[TensorMeta, ...]) -> str:
+    for m in metas:
+        if not m.device.startswith("cuda"):
+            raise DeviceError(f"{m.name} must be a CUDA tensor, got one on {m.device}")
+    devices = {m.device for m in metas}
+    if len(devices) > 1:
+        where = ", ".join(f"{m.name} on {m.device}" for m in metas)
+        raise DeviceError(f"q, k and v must be on the same CUDA device, got {where}")
+    return metas[0].device
+
+
+def check_dtypes(metas: tuple[TensorMeta, ...]) -> str:
+    for m in metas:
+        if m.dtype not in _DTYPES:
+            raise InputTypeError(f"{m.name} has dtype {m.dtype}; fa4gen supports float16 and bfloat16")
+    if len({m.dtype for m in metas}) > 1:
+        got = ", ".join(f"{m.name}: {m.dtype}" for m in metas)
+        raise InputTypeError(f"q, k and v must have the same dtype, got {got}")
+    return _DTYPES[metas[0].dtype]
+
+
+def check_shapes(q: TensorMeta, k: TensorMeta, v: TensorMeta) -> tuple[int, int, int, int, int, int]:
+    """(B, Sq, Skv, Hq, Hkv, D) of flash-attn-layout tensors q (B, Sq, Hq, D), k/v (B, Skv, Hkv, D)."""
+    for m in (q, k, v):
+        if len(m.shape) != 4:
+            raise InputValueError(
+                f"{m.name} must have 4 dims (batch, seqlen, heads, head_dim), got shape {m.shape}")
+    if k.shape != v.shape:
+        raise InputValueError(f"k and v must have the same shape, got k {k.shape} and v {v.shape}")
+    b, sq, hq, d = q.shape
+    bk, skv, hkv, dk = k.shape
+    if b != bk:
+        raise InputValueError(f"q and k must have the same batch size, got {b} and {bk}")
+    if d != dk:
+        raise InputValueError(f"q and k must have the same head_dim, got {d} and {dk}")
+    if d not in HEAD_DIMS:
+        raise InputValueError(
+            f"head_dim {d} is not supported; fa4gen generates head_dim {' and '.join(map(str, HEAD_DIMS))}")
+    if hq > 0 and hkv == 0:
+        raise InputValueError(f"k and v have 0 heads but q has {hq}")
+    if hkv > 0 and hq % hkv:
+        raise InputValueError(f"q's heads ({hq}) must be a multiple of k/v's heads ({hkv}) for GQA")
+    if hq > 0 and 128 % (hq // hkv):
+        raise InputValueError(
+            f"GQA ratio {hq}/{hkv} = {hq // hkv} must divide 128 (one 128-row Q tile packs "
+            f"128/ratio positions x ratio heads): use 1, 2, 4, ..., 128")
+    for label, n in (("batch", b), ("seqlen_q", sq), ("seqlen_k", skv), ("heads_q", hq)):
+        if n >= U32_PARAM_LIMIT:
+            raise InputValueError(f"{label} = {n} does not fit the kernel's 32-bit parameters")
+    return b, sq, skv, hq, hkv, d
+
+
+def check_flags(causal, return_lse) -> None:
+    for name, value in (("causal", causal), ("return_lse", return_lse)):
+        if not isinstance(value, bool):
+            raise InputTypeError(f"{name} must be True or False, got {value!r}")
+
+
+def check_softmax_scale(softmax_scale, head_dim: int) -> float:
+    """The scale as a float: 1/sqrt(head_dim) when None; finite, > 0 and representable in the
+    kernel's f32 `scale_log2` parameter (softmax_scale * log2(e))."""
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise InputTypeError(f"softmax_scale must be a real number or None, got {type(softmax_scale).__name__}")
+    s = float(softmax_scale)
+    if not math.isfinite(s) or s <= 0:
+        raise InputValueError(f"softmax_scale must be finite and > 0, got {s!r}")
+    try:
+        as_f32 = struct.unpack("f", struct.pack("f", s * LOG2E))[0]
+    except OverflowError:
+        as_f32 = math.inf
+    if not math.isfinite(as_f32) or as_f32 == 0.0:
+        raise InputValueError(f"softmax_scale {s!r} times log2(e) is not a finite non-zero float32")
+    return s
+
+
+def tma_layout_problem(m: TensorMeta) -> str | None:
+    """Why TMA cannot address this tensor in place (None: it can).
+
+    cuTensorMapEncodeTiled needs the innermost dim packed (stride 1), every other stride a multiple
+    of 16 bytes below 2^40, and a 16-byte-aligned base address. Strides of size-1 dims are never
+    used to address memory; `canonical_strides` gives them a legal value, so they are not checked.
+    Broadcast (stride-0) dims are refused here too: a tensor map describes distinct rows.
+    """
+    if m.shape and m.shape[-1] > 1 and m.strides[-1] != 1:
+        return f"its last dim has stride {m.strides[-1]}, TMA needs it contiguous (stride 1)"
+    for dim, (size, stride) in enumerate(zip(m.shape[:-1], m.strides[:-1])):
+        if size == 1:
+            continue
+        nbytes = stride * m.element_size
+        if stride <= 0:
+            return f"dim {dim} has stride {stride} (a broadcast view), TMA needs distinct rows"
+        if nbytes % TMA_ALIGN:
+            return f"dim {dim} has a stride of {nbytes} bytes, TMA needs a multiple of {TMA_ALIGN}"
+        if nbytes >= TMA_MAX_STRIDE:
+            return f"dim {dim} has a stride of {nbytes} bytes, TMA allows less than 2^40"
+    if m.data_ptr % TMA_ALIGN:
+        return f"its data pointer {m.data_ptr:#x} is not {TMA_ALIGN}-byte aligned"
+    return None
+
+
+def canonical_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
+    """The same strides, with each size-1 dim's stride replaced by what a packed tensor would have
+    there (torch leaves it arbitrary, e.g. 1 after a slice; the tensor map would reject that)."""
+    out = list(strides)
+    inner = 1
+    for i in range(len(shape) - 1, -1, -1):
+        if shape[i] == 1:
+            out[i] = inner
+        inner = max(inner, out[i] * max(shape[i], 1))
+    return tuple(out)
+
+
+def check_arch(capability: tuple[int, int], device_name: str = "this GPU") -> None:
+    """Only compute capability 9.0 runs: sm_90a code is not forward compatible (the 'a' features,
+    wgmma and setmaxnreg, exist on 9.0 alone), and no sm_100a kernel has run on a Blackwell GPU."""
+    major, minor = capability
+    if (major, minor) == (9, 0):
+        return
+    sm = f"sm_{major}{minor}"
+    if major == 10:
+        raise UnsupportedArchError(
+            f"fa4gen runs its sm_90a (H100/H200) kernels only; {device_name} is {sm}: sm_100a kernels "
+            f"are generated (fa4gen build --arch sm_100a) but have never run on a Blackwell GPU, so the "
+            f"runtime refuses to launch them")
+    raise UnsupportedArchError(
+        f"fa4gen runs sm_90a (H100/H200) kernels; {device_name} is {sm}, which has no fa4gen kernel "
+        f"(sm_90a code runs only on compute capability 9.0; sm_100a kernels are generated but not "
+        f"executable here)")
+
+
+def check_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, *, causal=False, softmax_scale=None,
+                  return_lse=False) -> Problem:
+    """Every check that needs no GPU, in the order a user would want to hear about them."""
+    metas = (q, k, v)
+    device = check_devices(metas)
+    dtype = check_dtypes(metas)
+    b, sq, skv, hq, hkv, d = check_shapes(q, k, v)
+    check_flags(causal, return_lse)
+    scale = check_softmax_scale(softmax_scale, d)
+    relayout = []
+    for m in metas:
+        why = tma_layout_problem(m)
+        if why is not None:
+            relayout.append((m.name, why))
+    return Problem(batch=b, seqlen_q=sq, seqlen_k=skv, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=dtype,
+                   causal=causal, softmax_scale=scale, return_lse=return_lse, device=device,
+                   relayout=tuple(relayout))
