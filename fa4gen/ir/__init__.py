@@ -1,0 +1,15 @@
+"""Pipeline IR: `build_pipeline(cfg)` returns the frozen Pipeline for the config's arch."""
+
+from ..config import KernelConfig
+from .core import *  # noqa: F401,F403
+from .core import Pipeline
+
+
+def build_pipeline(cfg: KernelConfig) -> Pipeline:
+    if cfg.arch == "sm_100a":
+        from .sm100 import build_sm100
+
+        return build_sm100(cfg)
+    from .sm90 import build_sm90_pipeline
+
+    return build_sm90_pipeline(cfg)

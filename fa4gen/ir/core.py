@@ -1,0 +1,403 @@
+"""The pipeline IR: memory regions, barriers, pipeline states, roles and their programs.
+
+Everything is a frozen dataclass holding tuples, so a Pipeline is hashable, comparable and dumpable.
+The PTX of both targets is lowered from these programs, the verifier proves them and the CPU
+simulator executes them: there is no second, hand-written description of the protocol.
+
+Phase convention (defined once, here): a `State` walks a ring of barrier slots. After `p` advances
+its slot is `slot_base + (start + stride * p) % depth` and its round is `(start + stride * p) // depth`.
+A wait uses parity `(round + start_phase) % 2`: consumers start at phase 0 (block until the first
+completion), producers at phase 1 (a fresh mbarrier counts as having completed the phase before
+phase 0, so the first wait on an empty buffer passes at once). Hardware rule (PTX ISA 9.0,
+"mbarrier.test_wait/try_wait"): `try_wait.parity P` succeeds iff the current phase's parity != P.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Union
+
+from ..config import KernelConfig
+
+
+class Space(enum.Enum):
+    GMEM = "gmem"
+    SMEM = "smem"
+    TMEM = "tmem"
+
+
+class BarrierKind(enum.Enum):
+    MBAR = "mbarrier"  # plain mbarrier: explicit arrivals only
+    TMA = "tma"  # mbarrier completed by one arrive.expect_tx plus the TMA transaction bytes
+    TCGEN05 = "tcgen05"  # mbarrier arrived by tcgen05.commit once the issuer's prior MMAs complete
+    NAMED = "named"  # hardware named barrier (bar.arrive / bar.sync), no phase
+
+
+class Scope(enum.Enum):
+    """Who executes an op inside its role: one elected thread, or every thread of the role."""
+
+    ELECTED = "elected"
+    ALL = "all"
+
+
+class Cond(enum.Enum):
+    FIRST_BLOCK = "first_block"  # the current K/V iteration is the task's first block
+    NOT_FIRST_BLOCK = "not_first_block"
+    ANY_RESCALE = "any_rescale"  # data-dependent: vote.any(acc_scale < 1) over the warp
+    HAS_LSE = "has_lse"  # runtime: the caller asked for LSE (lse_ptr != 0)
+
+
+class BlockRef(enum.Enum):
+    """Which K/V iteration an op works on, relative to the loop it sits in (t = loop counter)."""
+
+    FIRST = "first"  # iteration 0 (prologue ops before the loop)
+    CUR = "cur"  # t (inside a loop of n iterations), or t+1 inside a loop of n-1 iterations
+    PREV = "prev"  # t - 1 relative to CUR
+    LAST = "last"  # n - 1 (tail ops after the loop)
+
+
+class LoopKind(enum.Enum):
+    TASKS = "tasks"  # persistent / LPT task loop
+    KV = "kv"  # all n K/V iterations of the task
+    KV_REST = "kv_rest"  # iterations 1 .. n-1 (the steady state after a peeled first iteration)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Declarations
+
+
+@dataclass(frozen=True)
+class Region:
+    """A buffer. SMEM: `slots` stages of `bytes_per_slot`. TMEM: columns [col, col + cols)."""
+
+    name: str
+    space: Space
+    dtype: str  # "f32", "f16" (16-bit view), "u8" ...
+    rows: int
+    slots: int = 1
+    bytes_per_slot: int = 0  # SMEM only
+    col: int = 0  # TMEM only: first physical 32-bit column
+    cols: int = 0  # TMEM only: physical 32-bit columns
+    alias_of: str | None = None  # explicit aliasing: this region lives inside `alias_of`'s columns
+
+    @property
+    def col_end(self) -> int:
+        return self.col + self.cols
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """A barrier family. Kind and arrival count are required: never defaulted (STYLE.md lesson 4)."""
+
+    name: str
+    kind: BarrierKind
+    slots: int
+    count: int  # mbarrier: arrivals per phase; named: threads per instance
+    tx_bytes: int = 0  # TMA: bytes expected per phase (documentation + checked against the loads)
+    named_id: int = 0  # NAMED: first hardware id; slot s uses named_id + s
+
+
+@dataclass(frozen=True)
+class State:
+    """A PipelineState over a barrier ring (see the module docstring for the phase convention)."""
+
+    name: str
+    depth: int
+    start_phase: int  # 0 consumer, 1 producer
+    slot_base: int = 0
+    start: int = 0
+    stride: int = 1
+
+    def position(self, advances: int) -> tuple[int, int]:
+        """(slot, round) after `advances` advances."""
+        p = self.start + self.stride * advances
+        return self.slot_base + p % self.depth, p // self.depth
+
+    def parity(self, advances: int) -> int:
+        return (self.position(advances)[1] + self.start_phase) % 2
+
+    def completions_needed(self, advances: int) -> int:
+        """How many completed phases of the slot the wait at `advances` intends to observe."""
+        return self.position(advances)[1] + 1 - self.start_phase
+
+
+# A slot operand: a constant slot, or the current slot of one of the role's States.
+Slot = Union[int, str]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Ops. Each is one PTX-level action of the role (or of its elected thread).
+
+
+@dataclass(frozen=True)
+class Wait:
+    """mbarrier.try_wait.parity loop on the State's slot with the State's parity."""
+
+    barrier: str
+    state: str
+
+
+@dataclass(frozen=True)
+class Arrive:
+    """mbarrier.arrive (Scope.ALL: every thread of the role arrives once)."""
+
+    barrier: str
+    slot: Slot
+    scope: Scope
+
+
+@dataclass(frozen=True)
+class ExpectTx:
+    """mbarrier.arrive.expect_tx by the elected thread: 1 arrival plus `bytes` of transactions."""
+
+    barrier: str
+    slot: Slot
+    bytes: int
+
+
+@dataclass(frozen=True)
+class TmaLoad:
+    """cp.async.bulk.tensor global -> shared, completing `bytes` on barrier[slot]."""
+
+    tensor: str  # "q" | "k" | "v"
+    dst: str  # SMEM region
+    dst_slot: Slot
+    barrier: str
+    bar_slot: Slot
+    bytes: int
+    qtile: int = 0  # for Q: which Q tile of the task
+    block: BlockRef = BlockRef.CUR  # for K/V: which iteration's block (blocks visited in reverse)
+
+
+@dataclass(frozen=True)
+class TmaStore:
+    """cp.async.bulk.tensor shared -> global of one O tile, then commit_group."""
+
+    src: str
+    src_slot: Slot
+
+
+@dataclass(frozen=True)
+class TmaStoreWait:
+    """cp.async.bulk.wait_group.read 0: the SMEM source of every prior store may be reused."""
+
+
+@dataclass(frozen=True)
+class Mma:
+    """One tensor-core MMA (tcgen05.mma on sm_100a; wgmma on sm_90a), issued by one thread.
+
+    QK: d[dslot] = a[aslot] @ b[bslot]^T.  PV: d += a[:, k_lo:k_hi] @ b[k_lo:k_hi, :].
+    """
+
+    kind: str  # "qk" | "pv"
+    a: str
+    a_slot: Slot
+    b: str
+    b_slot: Slot
+    d: str
+    k_lo: int
+    k_hi: int
+    accumulate: str  # "false" | "true" | "not_first" (false on the task's first K/V block)
+    block: BlockRef = BlockRef.CUR
+
+
+@dataclass(frozen=True)
+class Commit:
+    """tcgen05.commit: barrier[slot] gets 1 arrival once the issuer's prior MMAs complete."""
+
+    barrier: str
+    slot: Slot
+
+
+@dataclass(frozen=True)
+class TmemLd:
+    """tcgen05.ld.32x32b of columns [col_lo, col_hi) of a TMEM region into registers (async)."""
+
+    region: str
+    col_lo: int  # in the region's own element columns
+    col_hi: int
+    dst: str  # register buffer name
+
+
+@dataclass(frozen=True)
+class TmemSt:
+    """tcgen05.st.32x32b of registers into columns [col_lo, col_hi) of a TMEM region (async)."""
+
+    region: str
+    col_lo: int
+    col_hi: int
+    src: str
+
+
+@dataclass(frozen=True)
+class WaitLd:
+    """tcgen05.wait::ld: every prior tcgen05.ld of this thread has completed."""
+
+
+@dataclass(frozen=True)
+class WaitSt:
+    """tcgen05.wait::st: every prior tcgen05.st of this thread has completed."""
+
+
+@dataclass(frozen=True)
+class SmemSt:
+    """st.shared of per-row values (sScale) or a tile (O_smem)."""
+
+    region: str
+    slot: Slot
+    src: str
+
+
+@dataclass(frozen=True)
+class SmemLd:
+    region: str
+    slot: Slot
+    dst: str
+
+
+@dataclass(frozen=True)
+class FenceProxyAsync:
+    """fence.proxy.async.shared::cta: generic-proxy SMEM writes become visible to TMA / MMA."""
+
+
+@dataclass(frozen=True)
+class NamedArrive:
+    barrier: str
+    slot: Slot
+
+
+@dataclass(frozen=True)
+class NamedSync:
+    barrier: str
+    slot: Slot
+
+
+@dataclass(frozen=True)
+class Advance:
+    state: str
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Register-only math. `fn` names the template macro (PTX) and the NumPy function (simulator).
+
+    Functions: "softmax_max" (mask + row max + rescale decision), "softmax_exp" (P = exp2 split,
+    cast), "row_sum" (row_sum = row_sum * acc_scale + sum P), "rescale_o" (O regs *= acc_scale),
+    "normalize" (O / row_sum, cast, LSE), "store_lse".
+    """
+
+    fn: str
+    qtile: int
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+
+
+Op = Union[Wait, Arrive, ExpectTx, TmaLoad, TmaStore, TmaStoreWait, Mma, Commit, TmemLd, TmemSt, WaitLd,
+           WaitSt, SmemSt, SmemLd, FenceProxyAsync, NamedArrive, NamedSync, Advance, Compute]
+
+
+@dataclass(frozen=True)
+class Loop:
+    kind: LoopKind
+    body: tuple
+
+
+@dataclass(frozen=True)
+class If:
+    cond: Cond
+    then: tuple
+    orelse: tuple = ()
+
+
+Stmt = Union[Op, Loop, If]
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    warps: tuple[int, ...]  # warp indices in the CTA
+    regs: int  # setmaxnreg budget per thread
+    states: tuple[State, ...]
+    program: tuple  # of Stmt
+    qtile: int | None = None  # the Q tile this role owns (softmax roles)
+
+    @property
+    def threads(self) -> int:
+        return 32 * len(self.warps)
+
+    def state(self, name: str) -> State:
+        for s in self.states:
+            if s.name == name:
+                return s
+        raise KeyError(f"role {self.name} has no state {name!r}")
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    config: KernelConfig
+    arch: str
+    warps_per_cta: int
+    regions: tuple[Region, ...]
+    barriers: tuple[Barrier, ...]
+    roles: tuple[Role, ...]
+    tmem_alloc_cols: int  # 0 on sm_90a
+    smem_limit: int
+    notes: tuple[str, ...] = ()
+
+    def region(self, name: str) -> Region:
+        for r in self.regions:
+            if r.name == name:
+                return r
+        raise KeyError(f"no region {name!r}")
+
+    def barrier(self, name: str) -> Barrier:
+        for b in self.barriers:
+            if b.name == name:
+                return b
+        raise KeyError(f"no barrier {name!r}")
+
+    def role(self, name: str) -> Role:
+        for r in self.roles:
+            if r.name == name:
+                return r
+        raise KeyError(f"no role {name!r}")
+
+    @property
+    def smem_bytes(self) -> int:
+        return sum(r.slots * r.bytes_per_slot for r in self.regions if r.space is Space.SMEM) + 8 * sum(
+            b.slots for b in self.barriers if b.kind is not BarrierKind.NAMED)
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_per_cta
+
+    def to_json(self) -> dict:
+        return _jsonable(self)
+
+
+def _jsonable(x):
+    if isinstance(x, enum.Enum):
+        return x.value
+    if isinstance(x, KernelConfig):
+        return x.to_dict()
+    if is_dataclass(x):
+        d = {"op": type(x).__name__} if type(x).__module__ == __name__ and type(x).__name__ not in (
+            "Pipeline", "Role", "Region", "Barrier", "State") else {}
+        d.update({f.name: _jsonable(getattr(x, f.name)) for f in fields(x)})
+        return d
+    if isinstance(x, (tuple, list)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def walk_ops(program: tuple):
+    """Every op of a program, in textual order (both branches of an If)."""
+    for st in program:
+        if isinstance(st, Loop):
+            yield from walk_ops(st.body)
+        elif isinstance(st, If):
+            yield from walk_ops(st.then)
+            yield from walk_ops(st.orelse)
+        else:
+            yield st

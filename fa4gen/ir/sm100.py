@@ -1,0 +1,208 @@
+"""The sm_100a (Blackwell) pipeline of FA4_SPEC.md, as IR.
+
+One CTA task = (batch, kv_head, m_block) with two 128-row Q tiles in flight (Q stages 0 and 1).
+Warps: WG0 / WG1 softmax for Q tile 0 / 1, WG2 correction, WG3 warp 0 MMA, warp 1 TMA load,
+warp 2 TMA store, warp 3 idle. K and V blocks share one SMEM ring (K[n-1], V[n-1], K[n-2], ...),
+so the K walk and the V walk are two States over the same ring with stride 2.
+"""
+
+from __future__ import annotations
+
+from ..config import KernelConfig
+from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
+                   FenceProxyAsync, If, Loop, LoopKind, Mma, NamedArrive, NamedSync, Pipeline, Region,
+                   Role, Scope, SmemLd, SmemSt, Space, State, TmaLoad, TmaStore, TmaStoreWait, TmemLd,
+                   TmemSt, Wait, WaitLd, WaitSt)
+
+SM100_SMEM_LIMIT = 232448  # 227 KiB of dynamic shared memory per CTA (sm_100, as sm_90)
+TMEM_COLS = 512
+LD_CHUNK = 32  # softmax reads S and writes P in 32-column tcgen05.ld/st chunks
+RESCALE_CHUNK = 16  # correction rescales O 16 columns at a time (seed: RESCALE_TILE)
+STATS_BAR_ID = 1  # named barrier ids start at 1: id 0 is __syncthreads / bar.sync 0
+
+
+def regions(cfg: KernelConfig) -> tuple[Region, ...]:
+    d, tile_bytes = cfg.head_dim, 128 * cfg.head_dim * 2
+    return (
+        Region("Q", Space.SMEM, cfg.dtype, 128, slots=cfg.q_stages, bytes_per_slot=tile_bytes),
+        Region("KV", Space.SMEM, cfg.dtype, 128, slots=cfg.kv_stages, bytes_per_slot=tile_bytes),
+        Region("O_smem", Space.SMEM, cfg.dtype, 128, slots=2, bytes_per_slot=tile_bytes),
+        Region("sScale", Space.SMEM, "f32", 128, slots=2, bytes_per_slot=128 * 4),
+        Region("S0", Space.TMEM, "f32", 128, col=0, cols=128),
+        Region("P0", Space.TMEM, "f16", 128, col=64, cols=64, alias_of="S0"),
+        Region("S1", Space.TMEM, "f32", 128, col=128, cols=128),
+        Region("P1", Space.TMEM, "f16", 128, col=192, cols=64, alias_of="S1"),
+        Region("O0", Space.TMEM, "f32", 128, col=256, cols=d),
+        Region("O1", Space.TMEM, "f32", 128, col=384, cols=d),
+    )
+
+
+def barriers(cfg: KernelConfig) -> tuple[Barrier, ...]:
+    tile_bytes = 128 * cfg.head_dim * 2  # CTA_GROUP (1) * rows * D * 2 bytes
+    per_warp = cfg.gqa_ratio == 1
+    return (
+        Barrier("q_full", BarrierKind.TMA, 2, 1, tx_bytes=tile_bytes),
+        Barrier("q_empty", BarrierKind.TCGEN05, 2, 1),
+        Barrier("kv_full", BarrierKind.TMA, cfg.kv_stages, 1, tx_bytes=tile_bytes),
+        Barrier("kv_empty", BarrierKind.TCGEN05, cfg.kv_stages, 1),
+        Barrier("s_ready", BarrierKind.TCGEN05, 2, 1),
+        Barrier("p_o_rescale", BarrierKind.MBAR, 2, 256),
+        Barrier("p_ready_2", BarrierKind.MBAR, 2, 128),
+        Barrier("o_ready", BarrierKind.TCGEN05, 2, 1),
+        # GQA_RATIO == 1: four 64-thread barriers per Q stage pair warp k of the softmax WG with
+        # warp k of WG2 (slot = stage * 4 + warp); otherwise one 256-thread barrier per stage.
+        Barrier("stats", BarrierKind.NAMED, 8 if per_warp else 2, 64 if per_warp else 256,
+                named_id=STATS_BAR_ID),
+        Barrier("softmax_corr_empty", BarrierKind.MBAR, 2, 128),
+        Barrier("corr_epi_full", BarrierKind.MBAR, 2, 128),
+        Barrier("corr_epi_empty", BarrierKind.MBAR, 2, 32),
+    )
+
+
+def _load_role(cfg: KernelConfig) -> Role:
+    tb = 128 * cfg.head_dim * 2
+    kv = cfg.kv_stages
+
+    def load_kv(state: str, tensor: str, block: BlockRef):
+        return (Wait("kv_empty", state), ExpectTx("kv_full", state, tb),
+                TmaLoad(tensor, "KV", state, "kv_full", state, tb, block=block), Advance(state))
+
+    def load_q(state: str, qtile: int):
+        return (Wait("q_empty", state), ExpectTx("q_full", state, tb),
+                TmaLoad("q", "Q", state, "q_full", state, tb, qtile=qtile), Advance(state))
+
+    body = (
+        *load_q("qa", 0), *load_kv("k", "k", BlockRef.FIRST),
+        *load_q("qb", 1), *load_kv("v", "v", BlockRef.FIRST),
+        Loop(LoopKind.KV_REST, (*load_kv("k", "k", BlockRef.CUR), *load_kv("v", "v", BlockRef.CUR))),
+    )
+    states = (State("qa", 2, 1, start=0, stride=2), State("qb", 2, 1, start=1, stride=2),
+              State("k", kv, 1, start=0, stride=2), State("v", kv, 1, start=1, stride=2))
+    return Role("load", (13,), 48, states, (Loop(LoopKind.TASKS, body),))
+
+
+def _mma_role(cfg: KernelConfig) -> Role:
+    ks = cfg.k_split
+
+    def qk(i: int, block: BlockRef):
+        return (Mma("qk", "Q", "qa" if i == 0 else "qb", "KV", "k", f"S{i}", 0, cfg.head_dim, "false", block),
+                Commit("s_ready", i))
+
+    def pv(i: int, block: BlockRef):
+        # PV split along the 128 reduction positions: the first part needs P[:, :K_SPLIT] and a
+        # rescaled (or fresh) O; the second needs the rest of P and always accumulates.
+        return (Wait("p_o_rescale", f"por{i}"),
+                Mma("pv", f"P{i}", 0, "KV", "v", f"O{i}", 0, ks, "not_first", block),
+                Wait("p_ready_2", f"pr{i}"),
+                Mma("pv", f"P{i}", 0, "KV", "v", f"O{i}", ks, 128, "true", block),
+                Advance(f"por{i}"), Advance(f"pr{i}"))
+
+    body = (
+        Wait("q_full", "qa"), Wait("kv_full", "k"), *qk(0, BlockRef.FIRST),
+        Wait("q_full", "qb"), *qk(1, BlockRef.FIRST),
+        Commit("kv_empty", "k"), Advance("k"),
+        Loop(LoopKind.KV_REST, (
+            Wait("kv_full", "v"), *pv(0, BlockRef.PREV),
+            Wait("kv_full", "k"), *qk(0, BlockRef.CUR),
+            *pv(1, BlockRef.PREV), Commit("kv_empty", "v"), Advance("v"),
+            *qk(1, BlockRef.CUR), Commit("kv_empty", "k"), Advance("k"),
+        )),
+        Wait("kv_full", "v"), *pv(0, BlockRef.LAST), Commit("o_ready", 0),
+        *pv(1, BlockRef.LAST), Commit("o_ready", 1),
+        Commit("kv_empty", "v"), Advance("v"),
+        Commit("q_empty", "qa"), Advance("qa"), Commit("q_empty", "qb"), Advance("qb"),
+    )
+    kv = cfg.kv_stages
+    states = (State("qa", 2, 0, start=0, stride=2), State("qb", 2, 0, start=1, stride=2),
+              State("k", kv, 0, start=0, stride=2), State("v", kv, 0, start=1, stride=2),
+              State("por0", 1, 0, slot_base=0), State("por1", 1, 0, slot_base=1),
+              State("pr0", 1, 0, slot_base=0), State("pr1", 1, 0, slot_base=1))
+    return Role("mma", (12,), 48, states, (Loop(LoopKind.TASKS, body),))
+
+
+def _epilogue_ops(cfg: KernelConfig, i: int, o_state: str, e_state: str, row_sum_src: str) -> tuple:
+    """Normalise O tile i, cast, stage it in O_smem and hand it to the store warp."""
+    ops = [Wait("o_ready", o_state), Wait("corr_epi_empty", e_state)]
+    ops += [TmemLd(f"O{i}", c, c + LD_CHUNK, "o") for c in range(0, cfg.head_dim, LD_CHUNK)]
+    return (*ops, WaitLd(),
+            Compute("normalize", i, reads=("o", row_sum_src), writes=("o_out",)),
+            SmemSt("O_smem", e_state, "o_out"), FenceProxyAsync(),
+            Arrive("corr_epi_full", e_state, Scope.ALL), Advance(e_state), Advance(o_state))
+
+
+def _softmax_role(cfg: KernelConfig, i: int) -> Role:
+    first = cfg.p_chunks_first
+    body = (
+        Wait("s_ready", "sr"),
+        *(TmemLd(f"S{i}", c, c + LD_CHUNK, "s") for c in range(0, 128, LD_CHUNK)),
+        WaitLd(),  # every S column is in registers before P (aliasing S's upper half) is written
+        Compute("softmax_max", i, reads=("s", "row_max"), writes=("row_max", "acc_scale")),
+        Compute("softmax_exp", i, reads=("s", "row_max"), writes=("p",)),
+        *(TmemSt(f"P{i}", 32 * c, 32 * c + 32, "p") for c in range(first)),
+        WaitSt(), Arrive("p_o_rescale", i, Scope.ALL),
+        *(TmemSt(f"P{i}", 32 * c, 32 * c + 32, "p") for c in range(first, 4)),
+        WaitSt(), Arrive("p_ready_2", i, Scope.ALL),
+        Wait("softmax_corr_empty", "ce"), SmemSt("sScale", i, "acc_scale"), NamedArrive("stats", i),
+        Compute("row_sum", i, reads=("p", "acc_scale", "row_sum"), writes=("row_sum",)),
+        Advance("sr"), Advance("ce"),
+    )
+    # LSE needs the final reference and row_sum, both in this role's registers.
+    lse = (If(Cond.HAS_LSE, (Compute("store_lse", i, reads=("row_sum", "row_max")),)),)
+    if cfg.causal:
+        tail = lse + _epilogue_ops(cfg, i, "or", "e", "row_sum")
+        states = (State("or", 1, 0, slot_base=i), State("e", 1, 1, slot_base=i))
+    else:  # the last sScale hand-off carries row_sum to WG2, which runs the epilogue
+        tail = lse + (Wait("softmax_corr_empty", "ce"), SmemSt("sScale", i, "row_sum"),
+                      NamedArrive("stats", i), Advance("ce"))
+        states = ()
+    # WG2 hands the sScale slots back crosswise (softmax_corr_empty[1 - i] after stage i), so the two
+    # softmax warpgroups alternate: stage 0 starts free (producer phase 1), stage 1 waits for WG2 to
+    # finish stage 0 of the same block (consumer phase 0).
+    states = (State("sr", 1, 0, slot_base=i), State("ce", 1, 1 - i, slot_base=i), *states)
+    warps = tuple(range(4 * i, 4 * i + 4))
+    return Role(f"softmax{i}", warps, 200, states, (Loop(LoopKind.TASKS, (Loop(LoopKind.KV, body), *tail)),),
+                qtile=i)
+
+
+def _correction_role(cfg: KernelConfig) -> Role:
+    def rescale(i: int):
+        chunks = []
+        for c in range(0, cfg.head_dim, RESCALE_CHUNK):
+            chunks += [TmemLd(f"O{i}", c, c + RESCALE_CHUNK, "o"), WaitLd(),
+                       Compute("rescale_o", i, reads=("o", "acc_scale"), writes=("o",)),
+                       TmemSt(f"O{i}", c, c + RESCALE_CHUNK, "o")]
+        return (*chunks, WaitSt())
+
+    per_block = []
+    for i in (0, 1):
+        per_block += [NamedSync("stats", i), SmemLd("sScale", i, "acc_scale"),
+                      If(Cond.NOT_FIRST_BLOCK, (If(Cond.ANY_RESCALE, rescale(i)), Arrive("p_o_rescale", i, Scope.ALL))),
+                      Arrive("softmax_corr_empty", 1 - i, Scope.ALL)]
+    # Before a task's first PV MMA there is no old O: release both O slots at once.
+    body = [Arrive("p_o_rescale", 0, Scope.ALL), Arrive("p_o_rescale", 1, Scope.ALL),
+            Loop(LoopKind.KV, tuple(per_block))]
+    states = []
+    if not cfg.causal:
+        for i in (0, 1):
+            body += [NamedSync("stats", i), SmemLd("sScale", i, "row_sum"),
+                     Arrive("softmax_corr_empty", 1 - i, Scope.ALL),
+                     *_epilogue_ops(cfg, i, f"or{i}", "e", "row_sum")]
+        states = [State("or0", 1, 0, slot_base=0), State("or1", 1, 0, slot_base=1), State("e", 2, 1)]
+    return Role("correction", (8, 9, 10, 11), 64, tuple(states), (Loop(LoopKind.TASKS, tuple(body)),))
+
+
+def _store_role(cfg: KernelConfig) -> Role:
+    body = []
+    for _ in (0, 1):
+        body += [Wait("corr_epi_full", "e"), TmaStore("O_smem", "e"), TmaStoreWait(),
+                 Arrive("corr_epi_empty", "e", Scope.ALL), Advance("e")]
+    return Role("store", (14,), 48, (State("e", 2, 0),), (Loop(LoopKind.TASKS, tuple(body)),))
+
+
+def build_sm100(cfg: KernelConfig) -> Pipeline:
+    if cfg.arch != "sm_100a":
+        raise ValueError(f"build_sm100 needs arch sm_100a, got {cfg.arch}")
+    roles = (_softmax_role(cfg, 0), _softmax_role(cfg, 1), _correction_role(cfg), _mma_role(cfg),
+             _load_role(cfg), _store_role(cfg), Role("idle", (15,), 48, (), ()))
+    return Pipeline(cfg, "sm_100a", 16, regions(cfg), barriers(cfg), roles, TMEM_COLS, SM100_SMEM_LIMIT,
+                    notes=("causal epilogue in WG0/WG1" if cfg.causal else "non-causal epilogue in WG2",))

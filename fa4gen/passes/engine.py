@@ -1,0 +1,684 @@
+"""An interpreter for pipeline programs: the common core of `verify` and `simulate`.
+
+It runs every role's program as a process, models the asynchronous units the way the PTX ISA
+describes them, and records a happens-before relation with sparse vector clocks:
+
+* roles are sequential agents (a warpgroup acts as one process: its threads run the same program);
+* one tensor-core unit per issuing role executes its MMAs and tcgen05.commit arrivals in issue order
+  (PTX ISA 9.0 "tcgen05 memory consistency": MMAs from one thread are pipelined in order and a commit
+  tracks every prior async tcgen05 op of that thread);
+* every TMA copy, tcgen05.ld and tcgen05.st is its own agent, completing at any point between its issue
+  and the wait that forces it (complete_tx, wait::ld, wait::st, bulk wait_group);
+* mbarriers count arrivals (and TMA transaction bytes) per phase; a wait joins the clock of the phase
+  it observed; named barriers release when their thread count has arrived.
+
+On top of that it checks: deadlock (nothing can move), phase rounds (every wait observes exactly the
+phase its State intends, both in this run and, via happens-before, in every other order of the same
+program), arrival counts (nothing left pending in a half-filled phase at the end, no transaction
+overflow), named-barrier reuse, and data hazards on SMEM slots and TMEM columns (every read
+happens-after the write it needs, every overwrite happens-after the earlier reads and writes).
+
+The scheduler is pluggable: a seeded random choice among enabled steps, or a fixed priority order of
+roles. Data effects are optional hooks (`DataModel`), used by the simulator.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
+                       FenceProxyAsync, If, Loop, LoopKind, Mma, NamedArrive, NamedSync, Pipeline, Role,
+                       Scope, SmemLd, SmemSt, Space, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt,
+                       Wait, WaitLd, WaitSt)
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str  # e.g. DEADLOCK, PHASE_ROUND, ARRIVAL_COUNT, HAZARD_RAW, TMEM_BUDGET
+    subject: str  # the barrier / region / role named as the culprit
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.subject}: {self.message}"
+
+
+class VC(dict):
+    """Sparse vector clock: agent -> epoch."""
+
+    def join(self, other: "VC") -> "VC":
+        for k, v in other.items():
+            if self.get(k, 0) < v:
+                self[k] = v
+        return self
+
+    def copy(self) -> "VC":
+        return VC(self)
+
+
+@dataclass
+class Event:
+    agent: str
+    epoch: int
+    vc: VC
+    label: str
+
+    def hb(self, vc: VC) -> bool:
+        """self happens-before a point whose clock is vc."""
+        return vc.get(self.agent, 0) >= self.epoch
+
+
+class _Agent:
+    def __init__(self, name: str):
+        self.name = name
+        self.epoch = 0
+        self.vc = VC()
+
+    def tick(self, label: str) -> Event:
+        self.epoch += 1
+        self.vc[self.name] = self.epoch
+        return Event(self.name, self.epoch, self.vc.copy(), label)
+
+
+@dataclass
+class _MbarSlot:
+    count: int
+    completed: int = 0
+    arrived: int = 0
+    tx: int = 0
+    acc: VC = field(default_factory=VC)
+    phase_vcs: list = field(default_factory=list)  # clock of each completed phase
+    arrivals: dict = field(default_factory=lambda: defaultdict(list))  # phase -> [Event]
+
+
+@dataclass
+class _NamedInst:
+    count: int
+    arrived: int = 0
+    roles: list = field(default_factory=list)
+    acc: VC = field(default_factory=VC)
+    generation: int = 0
+    released_vc: dict = field(default_factory=dict)  # generation -> VC
+
+
+@dataclass
+class Scenario:
+    """What the programs run over: a list of tasks, each with its number of K/V blocks (>= 1)."""
+
+    blocks_per_task: tuple[int, ...]
+    has_lse: bool = True
+
+
+class DataModel:
+    """Data effects; the verifier uses this no-op base, the simulator a NumPy one."""
+
+    def cond(self, role: Role, cond: Cond, ctx: dict) -> bool:
+        return True  # verifier: take every data-dependent branch (a superset of the accesses)
+
+    def effect(self, kind: str, role: Role, op, ctx: dict, slots: dict) -> None:
+        pass
+
+
+class Deadlock(Exception):
+    pass
+
+
+class Engine:
+    MAX_STEPS = 200_000
+
+    def __init__(self, pipe: Pipeline, scenario: Scenario, data: DataModel | None = None,
+                 seed: int = 0, priority: tuple[str, ...] | None = None):
+        self.pipe = pipe
+        self.sc = scenario
+        self.data = data or DataModel()
+        self.rng = random.Random(seed)
+        self.priority = priority
+        self.findings: list[Finding] = []
+        self._seen: set = set()
+        self.agents: dict[str, _Agent] = {}
+        self.mbar: dict[tuple[str, int], _MbarSlot] = {}
+        self.named: dict[tuple[str, int], _NamedInst] = {}
+        for b in pipe.barriers:
+            for s in range(b.slots):
+                if b.kind is BarrierKind.NAMED:
+                    self.named[(b.name, s)] = _NamedInst(b.count)
+                else:
+                    self.mbar[(b.name, s)] = _MbarSlot(b.count)
+        self.async_q: list = []  # pending async events: dict(kind, ready(), fire())
+        self.mma_queues: dict[str, list] = defaultdict(list)
+        self.pending_ld: dict[str, list] = defaultdict(list)
+        self.pending_st: dict[str, list] = defaultdict(list)
+        self.pending_store: dict[str, list] = defaultdict(list)
+        # hazard tracking: key -> (last write Event, [read Events since])
+        self.mem: dict = {}
+        self.reg_pending: dict = {}  # (role, reg) -> label of an incomplete tcgen05.ld into it
+        self.wait_records: list = []  # (Event, barrier, slot, needed)
+        self.procs = {}
+        self.advances: dict[str, dict[str, int]] = {}
+        self.next_op: dict[str, tuple] = {}
+        self.done: set[str] = set()
+        self._tma_n = 0
+        for role in pipe.roles:
+            self.agents[role.name] = _Agent(role.name)
+            self.advances[role.name] = defaultdict(int)
+            self.procs[role.name] = self._program(role)
+            self._pull(role.name, None)
+
+    # ---- findings -------------------------------------------------------------------------------
+    def find(self, code: str, subject: str, message: str) -> None:
+        key = (code, subject)
+        if key not in self._seen:
+            self._seen.add(key)
+            self.findings.append(Finding(code, subject, message))
+
+    # ---- program walking ------------------------------------------------------------------------
+    def _program(self, role: Role):
+        for task, n in enumerate(self.sc.blocks_per_task):
+            ctx = {"task": task, "n": n, "t": None, "loop": None}
+            yield from self._stmts(role, role.program, ctx)
+
+    def _stmts(self, role, stmts, ctx):
+        for st in stmts:
+            if isinstance(st, Loop):
+                if st.kind is LoopKind.TASKS:
+                    yield from self._stmts(role, st.body, ctx)  # tasks are iterated by _program
+                else:
+                    start = 0 if st.kind is LoopKind.KV else 1
+                    for t in range(start, ctx["n"]):
+                        yield from self._stmts(role, st.body, dict(ctx, t=t, loop=st.kind))
+            elif isinstance(st, If):
+                if st.cond in (Cond.FIRST_BLOCK, Cond.NOT_FIRST_BLOCK):
+                    if ctx["t"] is None:
+                        raise ValueError(f"{role.name}: {st.cond.value} outside a K/V loop")
+                    taken = (ctx["t"] == 0) == (st.cond is Cond.FIRST_BLOCK)
+                elif st.cond is Cond.HAS_LSE:
+                    taken = self.sc.has_lse
+                else:
+                    taken = yield ("cond", st.cond, ctx)
+                yield from self._stmts(role, st.then if taken else st.orelse, ctx)
+            else:
+                yield ("op", st, ctx)
+
+    def _pull(self, rname: str, send):
+        gen = self.procs[rname]
+        try:
+            item = gen.send(send) if send is not None else next(gen)
+            while item[0] == "cond":
+                ans = self.data.cond(self.pipe.role(rname), item[1], item[2])
+                item = gen.send(bool(ans))
+            self.next_op[rname] = item[1:]
+        except StopIteration:
+            self.next_op.pop(rname, None)
+            self.done.add(rname)
+
+    # ---- helpers --------------------------------------------------------------------------------
+    def slot(self, role: Role, s) -> int:
+        if isinstance(s, int):
+            return s
+        return role.state(s).position(self.advances[role.name][s])[0]
+
+    @staticmethod
+    def block_index(ref: BlockRef, ctx: dict) -> int:
+        t, n = ctx["t"], ctx["n"]
+        return {BlockRef.FIRST: 0, BlockRef.LAST: n - 1, BlockRef.CUR: t,
+                BlockRef.PREV: None if t is None else t - 1}[ref]
+
+    def label(self, role: Role, op, ctx) -> str:
+        where = f"task {ctx['task']}" + (f", block {ctx['t']}" if ctx["t"] is not None else "")
+        return f"{role.name}: {_op_str(op)} ({where})"
+
+    def _tmem_cols(self, region_name: str, lo: int, hi: int) -> range:
+        r = self.pipe.region(region_name)
+        if r.dtype == "f16":  # 16-bit view: element column c lives in physical column c // 2
+            return range(r.col + lo // 2, r.col + (hi + 1) // 2)
+        return range(r.col + lo, r.col + hi)
+
+    def _keys(self, region_name: str, slot: int, lo=None, hi=None):
+        r = self.pipe.region(region_name)
+        if r.space is Space.TMEM:
+            full = (0, 2 * r.cols if r.dtype == "f16" else r.cols)
+            lo, hi = (full if lo is None else (lo, hi))
+            return [("tmem", c) for c in self._tmem_cols(region_name, lo, hi)]
+        return [(region_name, slot)]
+
+    def access(self, ev: Event, keys, write: bool, region: str) -> None:
+        for key in keys:
+            last_w, reads = self.mem.get(key, (None, []))
+            if last_w is not None and not last_w.hb(ev.vc):
+                code = "HAZARD_WAW" if write else "HAZARD_RAW"
+                self.find(code, region, f"{ev.label} is not ordered after the write by {last_w.label}")
+            if write:
+                for rd in reads:
+                    if not rd.hb(ev.vc) and rd.agent != ev.agent:
+                        self.find("HAZARD_WAR", region,
+                                  f"{ev.label} may overwrite data before {rd.label} has read it")
+                self.mem[key] = (ev, [])
+            else:
+                reads.append(ev)
+                self.mem[key] = (last_w, reads)
+
+    def new_async_agent(self, prefix: str, issue_vc: VC) -> _Agent:
+        self._tma_n += 1
+        a = _Agent(f"{prefix}#{self._tma_n}")
+        a.vc = issue_vc.copy()
+        self.agents[a.name] = a
+        return a
+
+    # ---- mbarriers -----------------------------------------------------------------------------
+    def mbar_arrive(self, bname: str, slot: int, n: int, ev: Event, tx: int = 0) -> None:
+        b = self.mbar[(bname, slot)]
+        b.arrived += n
+        b.tx += tx
+        b.acc.join(ev.vc)
+        b.arrivals[b.completed].append(ev)
+        if b.arrived > b.count:
+            self.find("ARRIVAL_COUNT", bname,
+                      f"slot {slot}: {b.arrived} arrivals in one phase, more than the declared count "
+                      f"{b.count} (last by {ev.label})")
+        self._maybe_complete(bname, slot)
+
+    def mbar_tx_done(self, bname: str, slot: int, nbytes: int, ev: Event) -> None:
+        b = self.mbar[(bname, slot)]
+        b.tx -= nbytes
+        b.acc.join(ev.vc)
+        b.arrivals[b.completed].append(ev)
+        if b.tx < 0:
+            self.find("TX_COUNT", bname, f"slot {slot}: TMA completed more bytes than expect_tx "
+                                         f"announced ({ev.label})")
+        self._maybe_complete(bname, slot)
+
+    def _maybe_complete(self, bname, slot):
+        b = self.mbar[(bname, slot)]
+        if b.arrived >= b.count and b.tx <= 0:
+            b.phase_vcs.append(b.acc.copy())
+            b.completed += 1
+            b.arrived -= b.count
+            b.tx = 0
+            b.acc = VC()
+
+    # ---- stepping ------------------------------------------------------------------------------
+    def _role_enabled(self, rname: str) -> bool:
+        op, ctx = self.next_op[rname]
+        role = self.pipe.role(rname)
+        if isinstance(op, Wait):
+            st = role.state(op.state)
+            adv = self.advances[rname][op.state]
+            slot = st.position(adv)[0]
+            b = self.mbar[(op.barrier, slot)]
+            return b.completed % 2 != st.parity(adv)
+        if isinstance(op, NamedSync):
+            return self._named_sync_ready(role, op)
+        if isinstance(op, WaitLd):
+            return not self.pending_ld[rname]
+        if isinstance(op, WaitSt):
+            return not self.pending_st[rname]
+        if isinstance(op, TmaStoreWait):
+            return not self.pending_store[rname]
+        return True
+
+    def _async_ready(self):
+        ready = []
+        for issuer, q in self.mma_queues.items():
+            if q:
+                ready.append(("mma", issuer))
+        for rname, lst in self.pending_ld.items():
+            ready += [("ld", rname, i) for i in range(len(lst))]
+        for rname, lst in self.pending_st.items():
+            ready += [("st", rname, i) for i in range(len(lst))]
+        for rname, lst in self.pending_store.items():
+            ready += [("store", rname, i) for i in range(len(lst))]
+        ready += [("tma", i) for i in range(len(self.async_q))]
+        return ready
+
+    def run(self) -> list[Finding]:
+        steps = 0
+        while True:
+            steps += 1
+            if steps > self.MAX_STEPS:
+                self.find("NO_PROGRESS", "engine", "step limit reached")
+                break
+            roles = [r for r in self.next_op if self._role_enabled(r)]
+            asyncs = self._async_ready()
+            if not roles and not asyncs:
+                break
+            choice = self._choose(roles, asyncs)
+            if choice[0] == "role":
+                self._exec_role(choice[1])
+            else:
+                self._fire(choice[1])
+        if self.next_op:
+            self._report_deadlock()
+        else:
+            self._end_checks()
+        self._phase_hb_checks()
+        return self.findings
+
+    def _choose(self, roles, asyncs):
+        if self.priority is not None:
+            order = {n: i for i, n in enumerate(self.priority)}
+            if roles:
+                best = min(roles, key=lambda r: order.get(r, len(order)))
+                # async units still move: with probability 1/2 fire one first (keeps completion late)
+                if asyncs and self.rng.random() < 0.5:
+                    return ("async", self.rng.choice(asyncs))
+                return ("role", best)
+            return ("async", self.rng.choice(asyncs))
+        items = [("role", r) for r in roles] + [("async", a) for a in asyncs]
+        return self.rng.choice(items)
+
+    def _report_deadlock(self):
+        blocked = []
+        culprit = None
+        for rname, (op, ctx) in sorted(self.next_op.items()):
+            role = self.pipe.role(rname)
+            desc = self.label(role, op, ctx)
+            if isinstance(op, Wait):
+                st = role.state(op.state)
+                adv = self.advances[rname][op.state]
+                slot = st.position(adv)[0]
+                b = self.mbar[(op.barrier, slot)]
+                need = st.completions_needed(adv)
+                desc += f" [slot {slot} parity {st.parity(adv)}; phases completed {b.completed}, " \
+                        f"needs {need}; pending arrivals {b.arrived}/{b.count}]"
+                if b.completed > need:
+                    self.find("PHASE_OVERRUN", op.barrier,
+                              f"slot {slot} completed {b.completed} phases but {rname} waits for the "
+                              f"{need}-th: it was lapped and waits on the wrong parity forever")
+                culprit = culprit or op.barrier
+            elif isinstance(op, NamedSync):
+                culprit = culprit or op.barrier
+            blocked.append(desc)
+        self.find("DEADLOCK", culprit or "pipeline", "no role can proceed; blocked: " + "; ".join(blocked))
+
+    def _end_checks(self):
+        for (bname, slot), b in self.mbar.items():
+            if b.arrived or b.tx:
+                self.find("ARRIVAL_COUNT", bname,
+                          f"slot {slot}: {b.arrived} arrivals (of {b.count}) left in an unfinished phase "
+                          "after every role ended: the programs arrive a different number of times "
+                          "than the declared count")
+        for (bname, slot), inst in self.named.items():
+            if inst.arrived:
+                self.find("NAMED_COUNT", bname, f"instance {slot}: {inst.arrived} of {inst.count} threads "
+                                                "arrived and nobody released them")
+
+    def _phase_hb_checks(self):
+        """The wait observed its intended phase here; prove it does in every order of this program:
+        the phase two before must happen-before the wait (else it could pass one round early on the
+        stale parity), and the phase after must happen-after it (else the waiter could be lapped)."""
+        for ev, bname, slot, need in self.wait_records:
+            b = self.mbar[(bname, slot)]
+            if need >= 2 and need - 2 < len(b.phase_vcs):
+                earlier = b.arrivals.get(need - 2, [])
+                if earlier and not all(a.hb(ev.vc) for a in earlier):
+                    self.find("PHASE_ROUND", bname,
+                              f"slot {slot}: {ev.label} may pass on phase {need - 2} (same parity as the "
+                              f"phase {need - 1} it intends): that phase is not ordered before the wait")
+            nxt = b.arrivals.get(need, [])
+            if nxt and need < len(b.phase_vcs) and not any(ev.hb(a.vc) for a in nxt):
+                self.find("PHASE_ROUND", bname,
+                          f"slot {slot}: phase {need} can complete before {ev.label} observes phase "
+                          f"{need - 1}: the waiter can be lapped")
+
+    # ---- role ops --------------------------------------------------------------------------------
+    def _exec_role(self, rname: str) -> None:
+        op, ctx = self.next_op[rname]
+        role = self.pipe.role(rname)
+        agent = self.agents[rname]
+        ev = agent.tick(self.label(role, op, ctx))
+        slots = {}
+        h = getattr(self, "_op_" + type(op).__name__)
+        h(role, op, ctx, ev, slots)
+        self._pull(rname, None)
+
+    def _op_Wait(self, role, op, ctx, ev, slots):
+        st = role.state(op.state)
+        adv = self.advances[role.name][op.state]
+        slot = st.position(adv)[0]
+        b = self.mbar[(op.barrier, slot)]
+        need = st.completions_needed(adv)
+        if b.completed != need:
+            self.find("PHASE_ROUND", op.barrier,
+                      f"slot {slot}: {ev.label} passed with {b.completed} phases completed but intends "
+                      f"to observe {need}")
+        if b.completed >= 1:
+            self.agents[role.name].vc.join(b.phase_vcs[b.completed - 1])
+        ev.vc.join(self.agents[role.name].vc)
+        self.wait_records.append((ev, op.barrier, slot, need))
+
+    def _op_Arrive(self, role, op, ctx, ev, slots):
+        n = role.threads if op.scope is Scope.ALL else 1
+        slot = self.slot(role, op.slot)
+        self.mbar_arrive(op.barrier, slot, n, ev)
+
+    def _op_ExpectTx(self, role, op, ctx, ev, slots):
+        self.mbar_arrive(op.barrier, self.slot(role, op.slot), 1, ev, tx=op.bytes)
+
+    def _op_TmaLoad(self, role, op, ctx, ev, slots):
+        dslot, bslot = self.slot(role, op.dst_slot), self.slot(role, op.bar_slot)
+        agent = self.new_async_agent("tma", ev.vc)
+        blk = self.block_index(op.block, ctx) if op.tensor != "q" else None
+        label = ev.label
+
+        def fire():
+            e = agent.tick(label + " completes")
+            self.access(e, self._keys(op.dst, dslot), True, op.dst)
+            self.data.effect("tma_load", role, op, dict(ctx, block=blk), {"dst": dslot})
+            self.mbar_tx_done(op.barrier, bslot, op.bytes, e)
+
+        self.async_q.append(fire)
+
+    def _op_Mma(self, role, op, ctx, ev, slots):
+        aslot, bslot = self.slot(role, op.a_slot), self.slot(role, op.b_slot)
+        blk = self.block_index(op.block, ctx)
+        acc = {"true": True, "false": False, "not_first": blk != 0}[op.accumulate]
+        label = ev.label
+        issue_vc = ev.vc.copy()
+        unit = self._mma_unit(role)
+
+        def fire():
+            unit.vc.join(issue_vc)
+            e = unit.tick(label + " completes")
+            if op.kind == "qk":
+                self.access(e, self._keys(op.a, aslot), False, op.a)
+                self.access(e, self._keys(op.b, bslot), False, op.b)
+                self.access(e, self._keys(op.d, 0), True, op.d)
+            else:
+                self.access(e, self._keys(op.a, 0, op.k_lo, op.k_hi), False, op.a)
+                self.access(e, self._keys(op.b, bslot), False, op.b)
+                if acc:
+                    self.access(e, self._keys(op.d, 0), False, op.d)
+                self.access(e, self._keys(op.d, 0), True, op.d)
+            self.data.effect("mma", role, op, dict(ctx, block=blk, accumulate=acc), {"a": aslot, "b": bslot})
+
+        self.mma_queues[role.name].append(fire)
+
+    def _mma_unit(self, role) -> _Agent:
+        name = f"tensorcore@{role.name}"
+        if name not in self.agents:
+            self.agents[name] = _Agent(name)
+        return self.agents[name]
+
+    def _op_Commit(self, role, op, ctx, ev, slots):
+        slot = self.slot(role, op.slot)
+        issue_vc = ev.vc.copy()
+        unit = self._mma_unit(role)
+        label = ev.label
+
+        def fire():
+            unit.vc.join(issue_vc)
+            e = unit.tick(label + " fires")
+            self.mbar_arrive(op.barrier, slot, 1, e)
+
+        self.mma_queues[role.name].append(fire)
+
+    def _op_TmemLd(self, role, op, ctx, ev, slots):
+        agent = self.new_async_agent("tcgen05.ld", ev.vc)
+        label = ev.label
+        self.reg_pending[(role.name, op.dst)] = label
+
+        def fire():
+            e = agent.tick(label + " completes")
+            self.access(e, self._keys(op.region, 0, op.col_lo, op.col_hi), False, op.region)
+            self.data.effect("tmem_ld", role, op, ctx, {})
+            return e
+
+        self.pending_ld[role.name].append(fire)
+
+    def _op_TmemSt(self, role, op, ctx, ev, slots):
+        self._check_regs(role, (op.src,), ev)
+        agent = self.new_async_agent("tcgen05.st", ev.vc)
+        label = ev.label
+        snapshot = self.data.effect("tmem_st_issue", role, op, ctx, {})
+
+        def fire():
+            e = agent.tick(label + " completes")
+            self.access(e, self._keys(op.region, 0, op.col_lo, op.col_hi), True, op.region)
+            self.data.effect("tmem_st", role, op, dict(ctx, snapshot=snapshot), {})
+            return e
+
+        self.pending_st[role.name].append(fire)
+
+    def _check_regs(self, role, regs, ev):
+        for r in regs:
+            lbl = self.reg_pending.get((role.name, r))
+            if lbl is not None:
+                self.find("HAZARD_REG", role.name,
+                          f"{ev.label} uses register buffer {r!r} before tcgen05.wait::ld completed {lbl}")
+
+    def _op_WaitLd(self, role, op, ctx, ev, slots):
+        for (rn, reg) in [k for k in self.reg_pending if k[0] == role.name]:
+            del self.reg_pending[(rn, reg)]
+        self._join_done(role, "ld")
+        ev.vc.join(self.agents[role.name].vc)
+
+    def _op_WaitSt(self, role, op, ctx, ev, slots):
+        self._join_done(role, "st")
+        ev.vc.join(self.agents[role.name].vc)
+
+    def _join_done(self, role, kind):
+        key = (role.name, kind)
+        for vc in self._done_vcs.pop(key, []):
+            self.agents[role.name].vc.join(vc)
+
+    @property
+    def _done_vcs(self):
+        if not hasattr(self, "_dv"):
+            self._dv = defaultdict(list)
+        return self._dv
+
+    def _op_SmemSt(self, role, op, ctx, ev, slots):
+        self._check_regs(role, (op.src,), ev)
+        slot = self.slot(role, op.slot)
+        self.access(ev, self._keys(op.region, slot), True, op.region)
+        self.data.effect("smem_st", role, op, ctx, {"slot": slot})
+
+    def _op_SmemLd(self, role, op, ctx, ev, slots):
+        slot = self.slot(role, op.slot)
+        self.access(ev, self._keys(op.region, slot), False, op.region)
+        self.data.effect("smem_ld", role, op, ctx, {"slot": slot})
+
+    def _op_FenceProxyAsync(self, role, op, ctx, ev, slots):
+        pass
+
+    def _op_TmaStore(self, role, op, ctx, ev, slots):
+        slot = self.slot(role, op.src_slot)
+        agent = self.new_async_agent("tma.store", ev.vc)
+        label = ev.label
+
+        def fire():
+            e = agent.tick(label + " completes")
+            self.access(e, self._keys(op.src, slot), False, op.src)
+            self.data.effect("tma_store", role, op, ctx, {"slot": slot})
+            return e
+
+        self.pending_store[role.name].append(fire)
+
+    def _op_TmaStoreWait(self, role, op, ctx, ev, slots):
+        self._join_done(role, "store")
+        ev.vc.join(self.agents[role.name].vc)
+
+    def _op_Advance(self, role, op, ctx, ev, slots):
+        self.advances[role.name][op.state] += 1
+
+    def _op_Compute(self, role, op, ctx, ev, slots):
+        self._check_regs(role, op.reads, ev)
+        self.data.effect("compute", role, op, ctx, {})
+
+    def _named_instances(self, op, role):
+        b = self.pipe.barrier(op.barrier)
+        slot = self.slot(role, op.slot)
+        if b.slots > 2 and b.count == 64:  # per-warp pairing: instance stage*4 + warp, 32 threads each
+            return [(op.barrier, slot * 4 + w) for w in range(4)], 32
+        return [(op.barrier, slot)], role.threads
+
+    def _named_arrive(self, role, op, ev):
+        keys, n = self._named_instances(op, role)
+        for key in keys:
+            inst = self.named[key]
+            if role.name in inst.roles:
+                self.find("NAMED_OVERRUN", op.barrier,
+                          f"instance {key[1]}: {ev.label} arrives again before the previous use was released "
+                          "(named barriers have no phase: the counts of two uses merge)")
+            inst.roles.append(role.name)
+            inst.arrived += n
+            inst.acc.join(ev.vc)
+            if inst.arrived > inst.count:
+                self.find("NAMED_COUNT", op.barrier, f"instance {key[1]}: {inst.arrived} threads arrived, "
+                                                      f"declared {inst.count}")
+            if inst.arrived >= inst.count:
+                inst.released_vc[inst.generation] = inst.acc.copy()
+                inst.generation += 1
+                inst.arrived, inst.roles, inst.acc = 0, [], VC()
+        return keys
+
+    def _op_NamedArrive(self, role, op, ctx, ev, slots):
+        self._named_arrive(role, op, ev)
+
+    def _named_sync_ready(self, role, op) -> bool:
+        # bar.sync = arrive + wait: the engine performs the arrive when the op is first reached,
+        # then the op stays blocked until every instance it joined has released that generation.
+        token = self._sync_tokens.get(role.name)
+        if token is None or token[0] is not op:
+            ev = self.agents[role.name].tick(f"{role.name}: bar.arrive part of {_op_str(op)}")
+            keys = self._named_arrive(role, op, ev)
+            gens = [self.named[k].generation - (0 if role.name in self.named[k].roles else 1) for k in keys]
+            token = (op, keys, gens)
+            self._sync_tokens[role.name] = token
+        _, keys, gens = token
+        return all(self.named[k].generation > g for k, g in zip(keys, gens))
+
+    @property
+    def _sync_tokens(self):
+        if not hasattr(self, "_st"):
+            self._st = {}
+        return self._st
+
+    def _op_NamedSync(self, role, op, ctx, ev, slots):
+        _, keys, gens = self._sync_tokens.pop(role.name)
+        for k, g in zip(keys, gens):
+            self.agents[role.name].vc.join(self.named[k].released_vc[g])
+        ev.vc.join(self.agents[role.name].vc)
+
+    # ---- async completions ---------------------------------------------------------------------
+    def _fire(self, a) -> None:
+        kind = a[0]
+        if kind == "mma":
+            self.mma_queues[a[1]].pop(0)()
+        elif kind == "tma":
+            self.async_q.pop(a[1])()
+        else:
+            lst = {"ld": self.pending_ld, "st": self.pending_st, "store": self.pending_store}[kind][a[1]]
+            e = lst.pop(a[2])()
+            self._done_vcs[(a[1], kind)].append(e.vc)
+
+
+def _op_str(op) -> str:
+    name = type(op).__name__
+    parts = []
+    for k in ("barrier", "state", "slot", "tensor", "kind", "region", "fn", "a", "d", "k_lo", "k_hi",
+              "col_lo", "col_hi", "qtile"):
+        if hasattr(op, k):
+            parts.append(f"{k}={getattr(op, k)}")
+    return f"{name}({', '.join(parts)})"

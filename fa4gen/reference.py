@@ -1,0 +1,415 @@
+"""NumPy references for the FA4 forward: exact float64 attention, and the FA4 algorithm itself.
+
+``attention_exact`` is the mathematical answer (float64, max-subtracted softmax). ``fa4_forward``
+replays the generated kernel's algorithm (FA4_SPEC.md, seed fa4_chapter_zh.txt) tile by tile and
+block by block, with the kernel's fp32 decisions: GQA row packing, reverse K/V order, causal block
+skipping, masks only where a block crosses the diagonal or the Skv tail, conditional rescaling, the
+ex2 / cubic-emulation split, P rounded to fp16/bf16 for the PV product. Its exponent inputs, max,
+reference choice, acc_scale and P (fp32) are meant to be bit-identical to the kernel's; the
+reductions are not (see ``block_update``), so row_sum and O agree with hardware to a few fp32 ulp.
+
+Tensor conventions (flash-attn layout): q [B, Sq, Hq, D], k/v [B, Skv, Hkv, D], o like q,
+lse [B, Hq, Sq] float32. An 'fp16' tensor is a numpy float16 array; a 'bf16' tensor is a float32
+array whose values are bf16-representable (``round_to_dtype(x, 'bf16')`` makes one).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import DTYPES, KernelConfig
+from .exp2 import emulated_columns, exp2_emulated, exp2_hardware, fma_f32
+
+__all__ = [
+    "LN2",
+    "LOG2E",
+    "STATS_KEYS",
+    "BlockUpdate",
+    "RowState",
+    "StepResult",
+    "attention_exact",
+    "block_needs_mask",
+    "block_update",
+    "col_limits",
+    "fa4_forward",
+    "n_block_max",
+    "online_softmax_step",
+    "round_to_dtype",
+    "scale_log2_f32",
+]
+
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+
+# Counters fa4_forward adds into its optional ``stats`` dict (created as 0 when missing):
+STATS_KEYS = (
+    "tiles",                    # (batch, kv_head, m_block) Q tiles
+    "tiles_without_blocks",     # tiles with n_block_max == 0 (causal, Sq > Skv): O = 0, LSE = -inf
+    "blocks",                   # (tile, K/V block) pairs processed
+    "masked_blocks",            # of which took the mask path (diagonal or Skv tail)
+    "row_block_updates",        # (valid row, block) softmax updates
+    "later_row_block_updates",  # of which on a block after the tile's first one
+    "rescale_skipped",          # later updates that kept the old reference (delta >= -threshold)
+    "rescaled",                 # later updates that took the candidate (acc_scale = exp2(delta))
+    "warp_block_updates",       # (32-row warp with a valid row, later block) pairs
+    "warp_rescales",            # of which had some row with acc_scale < 1: WG2 rescales O
+    "exp2_hardware",            # P exponentials on ex2.approx (incl. masked and tail columns)
+    "exp2_emulated",            # P exponentials on the cubic emulation
+)
+
+
+# ---- dtypes -------------------------------------------------------------------------------------
+
+def _f64_to_f32_round_odd(x64: np.ndarray) -> np.ndarray:
+    """float64 -> float32 rounding to odd (inexact results get an odd last bit): a later
+    round-to-nearest to bf16 (8 bits <= 24 - 2) then equals one rounding of the float64 value."""
+    with np.errstate(over="ignore"):
+        r = x64.astype(np.float32)
+    r64 = r.astype(np.float64)
+    fix = np.isfinite(r) & (r64 != x64) & ~np.isnan(x64) & ((r.view(np.uint32) & 1) == 0)
+    if np.any(fix):
+        toward = np.where(x64 > r64, np.float32(np.inf), np.float32(-np.inf))
+        r = np.where(fix, np.nextafter(r, toward), r)
+    return r
+
+
+def round_to_dtype(x, dtype: str) -> np.ndarray:
+    """Round to nearest-even into ``dtype`` ('fp16' or 'bf16'), as cvt.rn.{f16,bf16}x2.f32 does.
+
+    'fp16' returns a float16 array (overflow -> inf, subnormals kept); 'bf16' returns a float32
+    array holding bf16 values (the top 16 bits of fp32; overflow -> inf; NaN stays a quiet NaN).
+    Float64 inputs are rounded once (no double rounding through fp32).
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    arr = np.asarray(x)
+    if not np.issubdtype(arr.dtype, np.floating):
+        arr = arr.astype(np.float64)
+    if dtype == "fp16":
+        with np.errstate(over="ignore"):
+            return arr.astype(np.float16)  # NumPy converts f32 and f64 to f16 with one RNE rounding
+    x32 = _f64_to_f32_round_odd(arr) if arr.dtype == np.float64 else arr.astype(np.float32)
+    bits = np.atleast_1d(x32).reshape(-1).view(np.uint32)
+    lsb = (bits >> np.uint32(16)) & np.uint32(1)
+    rounded = (bits + np.uint32(0x7FFF) + lsb) & np.uint32(0xFFFF0000)  # RNE on the dropped half
+    nan = np.isnan(np.atleast_1d(x32).reshape(-1))
+    rounded = np.where(nan, (bits | np.uint32(0x00400000)) & np.uint32(0xFFFF0000), rounded)
+    return rounded.view(np.float32).reshape(np.shape(x32))
+
+
+def _as_compute(x: np.ndarray, dtype: str, name: str) -> np.ndarray:
+    """Check that an input tensor holds ``dtype`` values; return it as float64."""
+    if dtype == "fp16":
+        if x.dtype != np.float16:
+            raise TypeError(f"{name}: cfg.dtype is 'fp16', expected a float16 array, got {x.dtype}")
+    else:
+        if x.dtype != np.float32:
+            raise TypeError(f"{name}: cfg.dtype is 'bf16', expected a float32 array of bf16 values, "
+                            f"got {x.dtype} (use round_to_dtype(x, 'bf16'))")
+        if np.any(x.view(np.uint32) & np.uint32(0xFFFF)):
+            raise ValueError(f"{name}: float32 values are not bf16-representable "
+                             "(use round_to_dtype(x, 'bf16'))")
+    return x.astype(np.float64)
+
+
+def scale_log2_f32(softmax_scale: float) -> np.float32:
+    """The kernel's ``scale_log2`` parameter: softmax_scale * log2(e), computed in float64 and
+    rounded once to fp32 (the runtime must pass exactly this value)."""
+    return np.float32(float(softmax_scale) * LOG2E)
+
+
+def _default_scale(head_dim: int, softmax_scale) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    s = float(softmax_scale)
+    if not math.isfinite(s) or s <= 0:
+        raise ValueError(f"softmax_scale must be a finite number > 0, got {softmax_scale!r}")
+    return s
+
+
+def _check_shapes(q, k, v) -> tuple[int, int, int, int, int, int]:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, np.ndarray) or t.ndim != 4:
+            raise ValueError(f"{name} must be a 4-D numpy array [B, S, H, D], got "
+                             f"{getattr(t, 'shape', type(t).__name__)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v shapes differ: {k.shape} vs {v.shape}")
+    b, sq, hq, d = q.shape
+    bk, skv, hkv, dk = k.shape
+    if bk != b or dk != d:
+        raise ValueError(f"q {q.shape} and k {k.shape} disagree on batch or head_dim")
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"q heads ({hq}) must be a multiple of kv heads ({hkv})")
+    return b, sq, hq, skv, hkv, d
+
+
+# ---- exact attention ----------------------------------------------------------------------------
+
+def attention_exact(q, k, v, causal: bool, softmax_scale=None):
+    """float64 softmax(q k^T * scale) v with GQA (q head h reads kv head h // (Hq // Hkv)) and the
+    bottom-right causal mask (query i sees keys j <= i + Skv - Sq). Rows without a valid key:
+    O = 0, LSE = -inf. Returns (o [B, Sq, Hq, D] float64, lse [B, Hq, Sq] float64)."""
+    q, k, v = (np.asarray(t) for t in (q, k, v))
+    b, sq, hq, skv, hkv, d = _check_shapes(q, k, v)
+    g = hq // hkv
+    scale = _default_scale(d, softmax_scale)
+    qg = q.astype(np.float64).reshape(b, sq, hkv, g, d)
+    s = np.einsum("bihgd,bjhd->bhgij", qg, k.astype(np.float64)) * scale
+    if causal:
+        allowed = np.arange(skv)[None, :] <= np.arange(sq)[:, None] + (skv - sq)
+        s = np.where(allowed, s, -np.inf)
+    m = s.max(axis=-1, initial=-np.inf)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(s - m_safe[..., None])
+    denom = e.sum(axis=-1)
+    num = np.einsum("bhgij,bjhd->bhgid", e, v.astype(np.float64))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        o = np.where(denom[..., None] > 0, num / denom[..., None], 0.0)
+        lse = np.where(denom > 0, m_safe + np.log(denom), -np.inf)
+    o = o.transpose(0, 3, 1, 2, 4).reshape(b, sq, hq, d)
+    return o, lse.reshape(b, hq, sq)
+
+
+# ---- tile geometry (shared with the simulator and the lowering) ---------------------------------
+
+def n_block_max(cfg: KernelConfig, m_block: int, seqlen_q: int, seqlen_k: int) -> int:
+    """Exclusive upper bound of the K/V blocks a Q tile visits. Causal: the tile's last sequence
+    position (m_block + 1) * seq_q_per_tile - 1 sees keys < (m_block + 1) * seq_q_per_tile + Skv - Sq;
+    0 when that is <= 0 (every row of the tile has no valid key)."""
+    if not cfg.causal:
+        return -(-seqlen_k // cfg.block_n)
+    hi = min(seqlen_k, (m_block + 1) * cfg.seq_q_per_tile + seqlen_k - seqlen_q)
+    return max(0, -(-hi // cfg.block_n))
+
+
+def block_needs_mask(cfg: KernelConfig, m_block: int, n_block: int, seqlen_q: int, seqlen_k: int) -> bool:
+    """True when some element of the block must be masked: it runs past Skv (TMA zero-fills K, so
+    the scores there are 0, not -inf), or (causal) its last key is beyond the tile's FIRST row's
+    limit m_block * seq_q_per_tile + Skv - Sq."""
+    end = (n_block + 1) * cfg.block_n
+    if end > seqlen_k:
+        return True
+    return cfg.causal and end > m_block * cfg.seq_q_per_tile + seqlen_k - seqlen_q + 1
+
+
+def col_limits(cfg: KernelConfig, seq: np.ndarray, seqlen_q: int, seqlen_k: int) -> np.ndarray:
+    """Per row, the exclusive key limit: Skv, or causally min(Skv, seq + Skv - Sq + 1) (may be <= 0)."""
+    if not cfg.causal:
+        return np.full(seq.shape, seqlen_k, dtype=np.int64)
+    return np.minimum(seqlen_k, seq.astype(np.int64) + seqlen_k - seqlen_q + 1)
+
+
+# ---- one softmax step -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RowState:
+    """Per-row online-softmax state of a tile: the reference ``ref`` (the seed's row_max, not always
+    the true max), row_sum and the unnormalised O, all fp32."""
+
+    ref: np.ndarray  # [R] float32
+    row_sum: np.ndarray  # [R] float32
+    o: np.ndarray  # [R, D] float32
+
+    @classmethod
+    def initial(cls, rows: int, head_dim: int) -> "RowState":
+        return cls(np.full(rows, -np.inf, np.float32), np.zeros(rows, np.float32),
+                   np.zeros((rows, head_dim), np.float32))
+
+
+@dataclass(frozen=True)
+class BlockUpdate:
+    state: RowState
+    acc_scale: np.ndarray  # [R] float32; 1 on the first block and where the old reference was kept
+    p: np.ndarray  # [R, N] float32 P before the cast for the PV MMA
+    rescaled: np.ndarray  # [R] bool; True where a later block took the candidate reference
+
+
+def block_update(state: RowState, s, v, scale_log2, threshold: float, *, first: bool,
+                 emulated=None, p_dtype: str | None = None) -> BlockUpdate:
+    """One K/V block of the online softmax for many rows at once, exactly the seed's steps.
+
+    s: [R, N] float32 scores (masked entries -inf); v: [N, D] values (any float; rows past Skv 0).
+    ``emulated``: bool[N] columns using exp2_emulated (None: all hardware). ``p_dtype``: the
+    dtype P is rounded to for the PV product (None: unrounded). Steps, all fp32:
+      blockmax; first block: ref = blockmax, acc = 1; later: cand = max(ref, blockmax),
+      safe = cand or 0 if -inf, delta = (ref - safe) * scale_log2; delta >= -threshold keeps ref
+      (acc = 1), else ref = cand, acc = ex2(delta) (hardware ex2, as the seed's T.ptx.exp2);
+      x = fma(s, scale_log2, -(ref_safe * scale_log2)) (the seed's one-FMA form, not
+      (s - ref) * scale_log2); p = ex2 or emulation per column.
+    row_sum = row_sum * acc + sum(p) and O = O * acc + round(p) @ v: the products by acc are fp32;
+    the block sums are formed in float64 and rounded once (the kernel's reduction trees and the
+    tensor cores' accumulation order are not modelled: a few fp32 ulp of difference).
+    """
+    s = np.asarray(s)
+    if s.dtype != np.float32 or s.ndim != 2:
+        raise TypeError(f"s must be a 2-D float32 array, got {s.dtype} {s.shape}")
+    sl2 = np.float32(scale_log2)
+    thr = np.float32(threshold)  # the kernel compares against an fp32 immediate
+    blk_max = s.max(axis=1, initial=np.float32(-np.inf))
+    with np.errstate(invalid="ignore"):
+        if first:
+            ref_new = blk_max
+            safe = np.where(blk_max == -np.inf, np.float32(0), blk_max)
+            acc = np.ones_like(blk_max)
+            rescaled = np.zeros(blk_max.shape, bool)
+        else:
+            cand = np.maximum(state.ref, blk_max)
+            safe_c = np.where(cand == -np.inf, np.float32(0), cand)
+            delta = (state.ref - safe_c) * sl2
+            keep = delta >= -thr
+            ref_new = np.where(keep, state.ref, cand)
+            safe = np.where(keep, state.ref, safe_c)
+            acc = np.where(keep, np.float32(1), exp2_hardware(delta))
+            rescaled = ~keep
+    neg_ref_scaled = (-safe) * sl2
+    x = fma_f32(s, sl2, neg_ref_scaled[:, None])
+    p = exp2_hardware(x)
+    if emulated is not None:
+        cols = np.flatnonzero(np.asarray(emulated, dtype=bool))
+        if cols.size:
+            p[:, cols] = exp2_emulated(np.ascontiguousarray(x[:, cols]))
+    p_mma = p if p_dtype is None else round_to_dtype(p, p_dtype)
+    row_sum = ((state.row_sum * acc).astype(np.float64) + p.astype(np.float64).sum(axis=1)).astype(np.float32)
+    o = ((state.o * acc[:, None]).astype(np.float64)
+         + p_mma.astype(np.float64) @ np.asarray(v, dtype=np.float64)).astype(np.float32)
+    return BlockUpdate(RowState(ref_new.astype(np.float32), row_sum, o), acc.astype(np.float32), p, rescaled)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    ref: np.float32
+    row_sum: np.float32
+    o: np.ndarray  # [D] float32
+    acc_scale: np.float32
+    p: np.ndarray  # [N] float32
+    rescaled: bool
+
+
+def online_softmax_step(ref, row_sum, o, s, v, scale_log2, threshold, *, first: bool = False,
+                        emulated=None, p_dtype: str | None = None) -> StepResult:
+    """One row, one block, written element by element straight from the seed's softmax code
+    (the readable twin of ``block_update``; tests hold them equal). Same arguments as
+    block_update for a single row: s [N], v [N, D], o [D]."""
+    f32 = np.float32
+    s = np.asarray(s, dtype=np.float32)
+    sl2, thr = f32(scale_log2), f32(threshold)
+    ref, row_sum = f32(ref), f32(row_sum)
+    tile_max = f32(-np.inf)
+    for val in s:
+        tile_max = max(tile_max, val)
+    if first:
+        new_ref, acc, rescaled = tile_max, f32(1), False
+        ref_safe = f32(0) if tile_max == -np.inf else tile_max
+    else:
+        tile_max = max(ref, tile_max)  # the seed seeds the max with the old row_max
+        ref_safe = f32(0) if tile_max == -np.inf else tile_max
+        delta = f32((ref - ref_safe) * sl2)
+        if delta >= -thr:
+            new_ref, ref_safe, acc, rescaled = ref, ref, f32(1), False
+        else:
+            new_ref, acc, rescaled = tile_max, exp2_hardware(delta)[()], True
+    neg = f32(-ref_safe * sl2)
+    emu = np.zeros(s.shape, bool) if emulated is None else np.asarray(emulated, dtype=bool)
+    p = np.empty(s.shape, np.float32)
+    for j, val in enumerate(s):
+        xj = fma_f32(val, sl2, neg)
+        p[j] = (exp2_emulated(xj) if emu[j] else exp2_hardware(xj))[()]
+    p_mma = p if p_dtype is None else round_to_dtype(p, p_dtype)
+    new_sum = f32(float(f32(row_sum * acc)) + float(p.astype(np.float64).sum()))
+    o32 = np.asarray(o, dtype=np.float32)
+    new_o = ((o32 * acc).astype(np.float64)
+             + p_mma.astype(np.float64) @ np.asarray(v, dtype=np.float64)).astype(np.float32)
+    return StepResult(f32(new_ref), new_sum, new_o, f32(acc), p, rescaled)
+
+
+# ---- the FA4 forward --------------------------------------------------------------------------------
+
+def _bump(stats, key, n):
+    if stats is not None:
+        stats[key] = stats.get(key, 0) + int(n)
+
+
+def fa4_forward(q, k, v, cfg: KernelConfig, softmax_scale=None, stats: dict | None = None):
+    """The FA4 forward as the generated kernel computes it. Returns (o, lse): o [B, Sq, Hq, D] in
+    cfg.dtype's array convention, lse [B, Hq, Sq] float32 (LSE = ln(row_sum) + ref * scale, with
+    row_sum relative to the final reference ref; -inf where no key is valid).
+
+    Per (batch, kv_head, m_block) Q tile of block_m rows: row r holds sequence position
+    m_block * seq_q_per_tile + r // G of head kv_head * G + r % G (rows past Sq are padding the kernel
+    computes and never stores; skipped here). K/V blocks n_block_max - 1 down to 0; masked blocks
+    all use hardware ex2, others split per ``emulated_columns``. O = O * (1 / row_sum) in fp32
+    (0 where row_sum is 0), then rounded to cfg.dtype.
+    """
+    if not isinstance(cfg, KernelConfig):
+        raise TypeError(f"cfg must be a KernelConfig, got {type(cfg).__name__}")
+    q, k, v = (np.asarray(t) for t in (q, k, v))
+    b, sq, hq, skv, hkv, d = _check_shapes(q, k, v)
+    if d != cfg.head_dim:
+        raise ValueError(f"head_dim {d} does not match cfg.head_dim {cfg.head_dim}")
+    if hq != hkv * cfg.gqa_ratio:
+        raise ValueError(f"Hq / Hkv = {hq} / {hkv} does not match cfg.gqa_ratio {cfg.gqa_ratio}")
+    q64, k64, v64 = (_as_compute(t, cfg.dtype, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
+    scale = _default_scale(d, softmax_scale)
+    sl2 = scale_log2_f32(scale)
+    g, sqt, bm, bn = cfg.gqa_ratio, cfg.seq_q_per_tile, cfg.block_m, cfg.block_n
+    emu_cols = emulated_columns(cfg, apply_mask=False)
+    n_emu = int(emu_cols.sum())
+
+    o_out = np.zeros((b, sq, hq, d), np.float32)
+    lse_out = np.full((b, hq, sq), -np.inf, np.float32)
+    rows = np.arange(bm)
+    for bi in range(b):
+        for kvh in range(hkv):
+            k_bh = k64[bi, :, kvh, :]
+            v_pad = np.zeros((-(-skv // bn) * bn, d))
+            v_pad[:skv] = v64[bi, :, kvh, :]  # TMA zero-fills the tail rows of the last V block
+            for m in range(-(-sq // sqt)):
+                seq = m * sqt + rows // g
+                valid = seq < sq
+                seq_v, head_v, warp_v = seq[valid], (kvh * g + rows % g)[valid], (rows // 32)[valid]
+                _bump(stats, "tiles", 1)
+                nmax = n_block_max(cfg, m, sq, skv)
+                if nmax == 0:
+                    _bump(stats, "tiles_without_blocks", 1)
+                    continue  # O stays 0, LSE -inf: the kernel's epilogue must store exactly that
+                r = seq_v.size
+                s_all = (q64[bi, seq_v, head_v, :] @ k_bh.T).astype(np.float32)  # fp32 accumulate, one rounding
+                limits = col_limits(cfg, seq_v, sq, skv)
+                state = RowState.initial(r, d)
+                for n in range(nmax - 1, -1, -1):
+                    c0 = n * bn
+                    s = np.full((r, bn), -np.inf, np.float32)
+                    s[:, :max(0, min(bn, skv - c0))] = s_all[:, c0:c0 + bn]
+                    masked = block_needs_mask(cfg, m, n, sq, skv)
+                    if masked:
+                        s[c0 + np.arange(bn)[None, :] >= limits[:, None]] = -np.inf
+                    first = n == nmax - 1
+                    upd = block_update(state, s, v_pad[c0:c0 + bn], sl2, cfg.rescale_threshold,
+                                       first=first, emulated=None if masked else emu_cols,
+                                       p_dtype=cfg.dtype)
+                    state = upd.state
+                    if stats is not None:
+                        _bump(stats, "blocks", 1)
+                        _bump(stats, "masked_blocks", masked)
+                        _bump(stats, "row_block_updates", r)
+                        emu = 0 if masked else n_emu * r
+                        _bump(stats, "exp2_emulated", emu)
+                        _bump(stats, "exp2_hardware", r * bn - emu)
+                        if not first:
+                            _bump(stats, "later_row_block_updates", r)
+                            _bump(stats, "rescaled", upd.rescaled.sum())
+                            _bump(stats, "rescale_skipped", r - upd.rescaled.sum())
+                            warps = np.unique(warp_v)
+                            _bump(stats, "warp_block_updates", warps.size)
+                            _bump(stats, "warp_rescales", np.unique(warp_v[upd.acc_scale < 1]).size)
+                pos = state.row_sum > 0
+                inv = np.zeros(r, np.float32)
+                inv[pos] = np.float32(1) / state.row_sum[pos]
+                o_out[bi, seq_v, head_v, :] = state.o * inv[:, None]
+                with np.errstate(divide="ignore"):
+                    lse = np.log(state.row_sum.astype(np.float64)) + state.ref.astype(np.float64) * float(sl2) * LN2
+                lse_out[bi, head_v, seq_v] = np.where(pos, lse, -np.inf).astype(np.float32)
+    return round_to_dtype(o_out, cfg.dtype), lse_out

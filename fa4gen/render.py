@@ -1,0 +1,49 @@
+"""Jinja environment over the `templates/` tree: `render(template_name, ctx) -> str`.
+
+Templates only spell instructions; every value they print is computed in Python (fa4gen.lower.*).
+StrictUndefined turns a missing context key into an error instead of an empty string in the PTX.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import itertools
+from pathlib import Path
+
+import jinja2
+
+__all__ = ["render", "templates_dir", "environment"]
+
+
+def templates_dir() -> Path:
+    """The installed package `fa4gen.templates` (pyproject maps it to templates/), else the checkout's."""
+    try:
+        root = importlib.resources.files("fa4gen.templates")
+        path = Path(str(root))
+        if path.is_dir() and any(path.glob("*/*.j2")):
+            return path
+    except (ModuleNotFoundError, TypeError):
+        pass
+    path = Path(__file__).resolve().parent.parent / "templates"
+    if not path.is_dir():
+        raise FileNotFoundError(f"fa4gen templates not found (looked for the package fa4gen.templates and {path})")
+    return path
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def render(template_name: str, ctx: dict) -> str:
+    """Render one template. `uid()` gives each expansion of a macro a fresh label suffix."""
+    counter = itertools.count()
+    return environment().get_template(template_name).render(**ctx, uid=lambda: next(counter))
