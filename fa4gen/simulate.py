@@ -1,0 +1,234 @@
+"""CPU simulator: executes the pipeline's role programs on NumPy data.
+
+The Blackwell kernel's stand-in for hardware here. It runs the same programs the verifier proves and
+the PTX is lowered from, under a seeded random interleaving with asynchronous TMA / MMA /
+tcgen05.ld / tcgen05.st completion (a result lands at a random later step, before the wait or commit
+that publishes it). TMEM is one 128 x 512 float32 array; P is written through a 16-bit view of the
+same bytes (16-bit column c -> physical column c // 2), so P really overwrites the upper half of S.
+The softmax math is the reference's (`reference.block_update`, `exp2`), so on a sound pipeline the
+output equals `reference.fa4_forward` up to fp32 rounding of the MMA accumulation order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import KernelConfig
+from .ir import build_pipeline
+from .ir.core import Cond, Pipeline, Role, Space
+from .passes.engine import DataModel, Engine, Finding, Scenario
+from .reference import (LN2, RowState, _as_compute, _check_shapes, _default_scale, block_needs_mask,
+                        block_update, col_limits, n_block_max, round_to_dtype, scale_log2_f32)
+from .exp2 import emulated_columns
+
+
+def _to_bits(x: np.ndarray, dtype: str) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    if dtype == "fp16":
+        return x.astype(np.float16).view(np.uint16)
+    return (round_to_dtype(x, "bf16").astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def _from_bits(b: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "fp16":
+        return b.view(np.float16).astype(np.float32)
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+@dataclass(frozen=True)
+class Task:
+    batch: int
+    kv_head: int
+    m_block: int  # covers Q tiles 2*m_block and 2*m_block + 1
+    n_blocks: int
+
+
+def schedule_tasks(cfg: KernelConfig, batch: int, hkv: int, sq: int, skv: int) -> list[Task]:
+    """Tasks in kernel order: linear for non-causal; causal LPT: heaviest m_blocks first."""
+    per_task = 2 * cfg.seq_q_per_tile
+    m_blocks = -(-sq // per_task)
+    tasks = []
+    for b in range(batch):
+        for h in range(hkv):
+            for m in range(m_blocks):
+                n = max(n_block_max(cfg, 2 * m, sq, skv), n_block_max(cfg, 2 * m + 1, sq, skv), 1)
+                tasks.append(Task(b, h, m, n))
+    if cfg.causal:
+        tasks.sort(key=lambda t: -t.m_block)
+    return tasks
+
+
+class NumpyData(DataModel):
+    def __init__(self, pipe: Pipeline, q, k, v, scale: float, tasks: list[Task]):
+        self.cfg = cfg = pipe.config
+        self.pipe = pipe
+        self.q, self.k, self.v = q, k, v
+        self.b, self.sq, self.hq, self.skv, self.hkv, self.d = _check_shapes(q, k, v)
+        self.scale = scale
+        self.sl2 = scale_log2_f32(scale)
+        self.tasks = tasks
+        self.smem: dict = {}
+        self.tmem = np.full((128, 512), np.nan, np.float32)
+        self.tmem16 = self.tmem.view(np.uint16)
+        self.regs: dict[str, dict] = {r.name: {} for r in pipe.roles}
+        self.o = np.full((self.b, self.sq, self.hq, self.d), np.nan, np.float32)
+        self.lse = np.full((self.b, self.hq, self.sq), np.nan, np.float32)
+        rows = np.arange(128)
+        self.row_seq_off = rows // cfg.gqa_ratio
+        self.row_head_off = rows % cfg.gqa_ratio
+
+    # ---- geometry --------------------------------------------------------------------------------
+    def tile_rows(self, task: Task, qtile: int):
+        seq = (2 * task.m_block + qtile) * self.cfg.seq_q_per_tile + self.row_seq_off
+        head = task.kv_head * self.cfg.gqa_ratio + self.row_head_off
+        return seq, head, seq < self.sq
+
+    def kv_block(self, task: Task, t: int) -> int:
+        return task.n_blocks - 1 - t  # blocks are visited in reverse
+
+    # ---- hooks -----------------------------------------------------------------------------------
+    def cond(self, role: Role, cond: Cond, ctx: dict) -> bool:
+        if cond is Cond.ANY_RESCALE:
+            return bool(np.any(self.regs[role.name]["acc_scale"] < 1))
+        raise ValueError(cond)
+
+    def effect(self, kind, role, op, ctx, slots):
+        regs = self.regs[role.name]
+        task = self.tasks[ctx["task"]]
+        if kind == "tma_load":
+            if op.tensor == "q":
+                seq, head, valid = self.tile_rows(task, op.qtile)
+                tile = np.zeros((128, self.d))
+                tile[valid] = self.q[task.batch, seq[valid], head[valid], :]
+            else:
+                src = self.k if op.tensor == "k" else self.v
+                c0 = self.kv_block(task, ctx["block"]) * 128
+                tile = np.zeros((128, self.d))
+                hi = min(self.skv, c0 + 128)
+                if hi > c0:  # TMA zero-fills rows past Skv
+                    tile[:hi - c0] = src[task.batch, c0:hi, task.kv_head, :]
+            self.smem[(op.dst, slots["dst"])] = tile
+        elif kind == "mma":
+            d_reg = self.pipe.region(op.d)
+            if op.kind == "qk":
+                s = self.smem[(op.a, slots["a"])] @ self.smem[(op.b, slots["b"])].T
+                self.tmem[:, d_reg.col:d_reg.col + 128] = s.astype(np.float32)
+            else:
+                p_reg = self.pipe.region(op.a)
+                bits = self.tmem16[:, 2 * p_reg.col + op.k_lo: 2 * p_reg.col + op.k_hi]
+                p = _from_bits(np.ascontiguousarray(bits), self.cfg.dtype).astype(np.float64)
+                vv = self.smem[(op.b, slots["b"])][op.k_lo:op.k_hi]
+                cols = slice(d_reg.col, d_reg.col + self.d)
+                old = self.tmem[:, cols].astype(np.float64) if ctx["accumulate"] else 0.0
+                self.tmem[:, cols] = (old + p @ vv).astype(np.float32)
+        elif kind == "tmem_ld":
+            r = self.pipe.region(op.region)
+            buf = regs.setdefault(op.dst, np.full((128, 128), np.nan, np.float32))
+            buf[:, op.col_lo:op.col_hi] = self.tmem[:, r.col + op.col_lo:r.col + op.col_hi]
+        elif kind == "tmem_st_issue":
+            r = self.pipe.region(op.region)
+            vals = regs[op.src][:, op.col_lo:op.col_hi]
+            return _to_bits(vals, self.cfg.dtype) if r.dtype == "f16" else vals.astype(np.float32).copy()
+        elif kind == "tmem_st":
+            r = self.pipe.region(op.region)
+            if r.dtype == "f16":
+                self.tmem16[:, 2 * r.col + op.col_lo:2 * r.col + op.col_hi] = ctx["snapshot"]
+            else:
+                self.tmem[:, r.col + op.col_lo:r.col + op.col_hi] = ctx["snapshot"]
+        elif kind == "smem_st":
+            self.smem[(op.region, slots["slot"])] = (regs.get("tag"), np.array(regs[op.src], copy=True))
+        elif kind == "smem_ld":
+            tag, val = self.smem[(op.region, slots["slot"])]
+            regs[op.dst] = np.array(val, copy=True)
+        elif kind == "tma_store":
+            (t_idx, qtile), tile = self.smem[(op.src, slots["slot"])]
+            seq, head, valid = self.tile_rows(self.tasks[t_idx], qtile)
+            self.o[self.tasks[t_idx].batch, seq[valid], head[valid], :] = tile[valid][:, :self.d]
+        elif kind == "compute":
+            self._compute(role, op, ctx, task, regs)
+
+    def _compute(self, role, op, ctx, task, regs):
+        cfg = self.cfg
+        if op.fn == "softmax_max":
+            t = ctx["t"]
+            first = t == 0
+            if first:
+                regs["row_max"] = np.full(128, -np.inf, np.float32)
+                regs["row_sum"] = np.zeros(128, np.float32)
+            tile_m = 2 * task.m_block + op.qtile
+            nb = self.kv_block(task, t)
+            seq, _, _ = self.tile_rows(task, op.qtile)
+            s = np.array(regs["s"][:, :128], np.float32)
+            masked = block_needs_mask(cfg, tile_m, nb, self.sq, self.skv)
+            if masked:
+                limits = col_limits(cfg, seq, self.sq, self.skv)
+                s[nb * 128 + np.arange(128)[None, :] >= limits[:, None]] = -np.inf
+            upd = block_update(RowState(regs["row_max"], regs["row_sum"], np.zeros((128, 1), np.float32)),
+                               s, np.zeros((128, 1)), self.sl2, cfg.rescale_threshold, first=first,
+                               emulated=emulated_columns(cfg, apply_mask=masked))
+            regs["row_max"], regs["acc_scale"] = upd.state.ref, upd.acc_scale
+            regs["_p"], regs["_row_sum_next"] = upd.p, upd.state.row_sum
+        elif op.fn == "softmax_exp":
+            regs["p"] = regs.pop("_p")
+        elif op.fn == "row_sum":
+            regs["row_sum"] = regs.pop("_row_sum_next")
+        elif op.fn == "rescale_o":
+            regs["o"] = (regs["o"] * regs["acc_scale"][:, None]).astype(np.float32)
+        elif op.fn == "normalize":
+            rs = regs[op.reads[1]]
+            inv = np.zeros(128, np.float32)
+            pos = rs > 0
+            inv[pos] = np.float32(1) / rs[pos]
+            regs["o_out"] = round_to_dtype(regs["o"][:, :self.d] * inv[:, None], cfg.dtype)
+            regs["tag"] = (ctx["task"], op.qtile)
+        elif op.fn == "store_lse":
+            seq, head, valid = self.tile_rows(task, op.qtile)
+            rs, ref = regs["row_sum"], regs["row_max"]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                lse = np.log(rs.astype(np.float64)) + ref.astype(np.float64) * float(self.sl2) * LN2
+            lse = np.where(rs > 0, lse, -np.inf).astype(np.float32)
+            self.lse[task.batch, head[valid], seq[valid]] = lse[valid]
+        else:
+            raise ValueError(f"simulator has no function {op.fn!r}")
+
+
+@dataclass
+class SimResult:
+    o: np.ndarray
+    lse: np.ndarray
+    findings: list[Finding]
+
+
+def simulate(pipe_or_cfg, q, k, v, softmax_scale=None, seed: int = 0, num_ctas: int = 1,
+             priority=None) -> SimResult:
+    """Run the pipeline's programs over q [B, Sq, Hq, D], k, v [B, Skv, Hkv, D].
+
+    Tasks are dealt to `num_ctas` CTAs round-robin (the persistent scheduler's task += num_ctas);
+    each CTA is one engine run. Returns O, LSE and the engine's findings (hazards, deadlocks).
+    """
+    pipe = pipe_or_cfg if isinstance(pipe_or_cfg, Pipeline) else build_pipeline(pipe_or_cfg)
+    cfg = pipe.config
+    if pipe.arch != "sm_100a":
+        raise NotImplementedError("the simulator executes the sm_100a pipeline's TMEM programs")
+    q, k, v = (np.asarray(t) for t in (q, k, v))
+    b, sq, hq, skv, hkv, d = _check_shapes(q, k, v)
+    if d != cfg.head_dim or hq != hkv * cfg.gqa_ratio:
+        raise ValueError(f"shapes {q.shape}/{k.shape} do not fit {cfg.name}")
+    if skv == 0:
+        raise ValueError("Skv = 0: no keys (the API returns O = 0, LSE = -inf without a launch)")
+    q64, k64, v64 = (_as_compute(t, cfg.dtype, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
+    scale = _default_scale(d, softmax_scale)
+    tasks = schedule_tasks(cfg, b, hkv, sq, skv)
+    data = NumpyData(pipe, q64, k64, v64, scale, tasks)
+    findings: list[Finding] = []
+    for cta in range(num_ctas):
+        mine = tasks[cta::num_ctas]
+        if not mine:
+            continue
+        data.tasks = mine
+        eng = Engine(pipe, Scenario(tuple(t.n_blocks for t in mine)), data=data, seed=seed * 7919 + cta,
+                     priority=priority)
+        findings += eng.run()
+    return SimResult(data.o, data.lse, findings)
