@@ -20,15 +20,15 @@ prefers ptxas for that reason.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
@@ -206,6 +206,7 @@ def find_ptxas() -> Path | None:
     return _find_tool("ptxas", "FA4GEN_PTXAS")
 
 
+@functools.lru_cache(maxsize=8)
 def ptxas_version(ptxas: Path) -> str:
     """'13.0.88' from `ptxas --version` ('' if it cannot be read)."""
     try:
@@ -471,8 +472,8 @@ def assemble(ptx: str, arch: str, *, name: str, keep_dir: Path | str | None = No
                 kept_ptx = kept_dir / f"{name}.ptx"
                 kept_ptx.write_text(ptx)
                 (kept_dir / f"{name}.log").write_text(log)
-            if keep is not None and cubin_path.exists() and kind != FailureKind.ASSEMBLER:
-                cubin_path.unlink()  # a refused cubin must not be picked up later
+            if keep is not None and cubin_path.exists():
+                cubin_path.unlink()  # a refused (or partial) cubin must not be picked up later
             cmd = _ptxas_cmd("ptxas", arch, kept_ptx, "/dev/null",
                              relocatable=(chosen == Backend.NVJITLINK),
                              extra=extra if chosen == Backend.PTXAS else ())

@@ -486,7 +486,7 @@ def check_tmem_alloc(ncols: int) -> int:
 
 def tmem_lane_base_for_warp(warp_id: int) -> int:
     """First TMEM lane a warp may tcgen05.ld/st: warp w of a warpgroup owns lanes
-    32*(w%4) .. 32*(w%4)+31 (§9.7.16.2.3 access restrictions), whatever the warpgroup."""
+    32*(w%4) .. 32*(w%4)+31 (§9.7.16.8.1 access restrictions), whatever the warpgroup."""
     if isinstance(warp_id, bool) or not isinstance(warp_id, int) or warp_id < 0:
         raise EncodingError(f"warp_id={warp_id!r} must be a non-negative int")
     return 32 * (warp_id % 4)
@@ -535,7 +535,7 @@ class TmaDtype(Enum):
         try:
             return cls[name.upper()]
         except KeyError:
-            raise EncodingError(f"tensor map dtype {name!r}: one of fp16, bf16, fp32 or a "
+            raise TensorMapError(f"tensor map dtype {name!r}: one of fp16, bf16, fp32 or a "
                                 f"CUtensorMapDataType name") from None
 
 
