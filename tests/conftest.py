@@ -1,0 +1,33 @@
+"""Skips tests marked `gpu` unless torch sees a GPU that fa4gen has a kernel for (sm_90).
+
+Only decides when gpu-marked tests were collected, so CPU runs never import torch because of it."""
+
+import functools
+
+import pytest
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_skip_reason() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA GPU"
+    major, minor = torch.cuda.get_device_capability(0)
+    if (major, minor) != (9, 0):
+        return f"GPU 0 is sm_{major}{minor}; fa4gen's runnable kernels are sm_90a (H100/H200)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return
+    reason = gpu_skip_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=f"gpu test: {reason}")
+    for item in gpu_items:
+        item.add_marker(skip)
