@@ -1,0 +1,343 @@
+"""sm_90a (Hopper) lowering: KernelConfig -> template context -> PTX + manifest.
+
+The kernel is the FA4 algorithm (conditional rescaling, exp2 split between MUFU and an FMA cubic,
+reverse K/V order, bottom-right causal mask, GQA row packing, LSE) on FlashAttention-3's Hopper
+structure:
+
+* CTA = 3 warpgroups. WG0 is the producer (one thread issues every TMA load; setmaxnreg.dec),
+  WG1 and WG2 are consumers (setmaxnreg.inc), each owning 64 rows of the 128-row Q tile.
+* S = Q K^T: wgmma m64n128k16, A and B from 128B-swizzled K-major SMEM.
+  O += P V: wgmma m64n{D}k16 with P from registers (RS form) and V MN-major (imm-trans-b = 1).
+* mbarrier rings: Q (1 slot), K and V (kv stages each), full = TMA expect_tx, empty = one arrival
+  per consumer warp (8).
+* Ping-pong: named barriers hand the tensor core from one consumer WG to the other, so one WG's
+  softmax overlaps the other's GEMMs; inside a WG the next block's QK^T is issued before the
+  previous block's PV and both run under this block's softmax.
+
+Everything the templates print is computed here: register names, SMEM offsets, descriptor
+constants, per-register mask columns and exp-path choices. The templates only spell PTX.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+from ..config import GENERATOR_VERSION, KernelConfig
+from ..render import render
+
+try:  # the fitted coefficients live in fa4gen.exp2 (shared with the reference and the sm_100a kernel)
+    from ..exp2 import EXP2_POLY as _EXP2_POLY
+except ImportError:  # pragma: no cover - only while fa4gen/exp2.py is absent
+    _EXP2_POLY = (1.0, 0.69515, 0.22756, 0.07712)  # PLACEHOLDER: published FA4 values
+
+__all__ = ["Sm90Options", "Probe", "NamedBarrier", "build_sm90", "lower_sm90", "manifest_sm90",
+           "smem_plan", "Sm90LoweringError", "SMEM_LIMIT"]
+
+ENTRY = "fa4_fwd"
+PTX_VERSION = "8.5"  # wgmma, setmaxnreg, elect.sync, 5-D TMA: PTX 8.0+; the H200 driver (580) takes 9.0
+THREADS = 384
+SMEM_LIMIT = 232448  # bytes of dynamic SMEM a CTA may opt into on sm_90 (227 KiB)
+SMEM_ALIGN = 1024  # 128B-swizzle atoms (8 rows x 128 B) must start 1024-aligned for base_offset = 0
+HALF_COLS = 64  # 16-bit columns per 128-byte swizzle row: the TMA box's inner extent
+ROWS = 128  # Q tile rows == K/V block keys
+WG_ROWS = 64  # rows per consumer warpgroup (wgmma M)
+N_CONSUMERS = 2
+EMPTY_ARRIVALS = 4 * N_CONSUMERS  # one lane per consumer warp releases a slot
+NEG_INF = "0fFF800000"
+LN2 = math.log(2.0)
+
+# wgmma SMEM matrix-descriptor layout (PTX ISA 9.7.15.5.1, "Matrix Descriptor Format"):
+# start>>4 in [0,14), leading-dim byte offset>>4 in [16,30), stride-dim byte offset>>4 in [32,46),
+# base offset in [49,52), swizzle mode in [62,64) with 1 = 128B.
+SWIZZLE_128B = 1
+
+
+class Sm90LoweringError(ValueError):
+    """A config the sm_90a kernel cannot take (names what and why)."""
+
+
+class Probe(enum.Enum):
+    """Diagnostic variants of the same kernel (same ABI), for the device harness.
+
+    QK: O <- cast(Q K^T) of the first visited K block (needs D == 128 so a 128-key row fits a
+        128-column O row): checks TMA loads, the SS descriptors, the accumulator layout and the
+        epilogue store without softmax.
+    PV: O <- cast(cast(Q K^T) V) of that block: adds the RS wgmma with transposed V.
+    """
+
+    NONE = "none"
+    QK = "qk"
+    PV = "pv"
+
+
+class NamedBarrier(enum.IntEnum):
+    """bar.sync/bar.arrive ids (0 is the CTA-wide barrier used once after mbarrier init)."""
+
+    SCHED_WG1 = 1  # consumer 0 waits here for its turn on the tensor core
+    SCHED_WG2 = 2
+    EPI_WG1 = 3  # consumer 0's 128 threads around the O SMEM staging
+    EPI_WG2 = 4
+
+
+@dataclass(frozen=True)
+class Sm90Options:
+    """Lowering knobs that are not part of the algorithm's config (tuning and diagnostics)."""
+
+    pingpong: bool = True
+    producer_regs: int = 32
+    consumer_regs: int = 240
+    probe: Probe = Probe.NONE
+
+    def __post_init__(self):
+        for name in ("producer_regs", "consumer_regs"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v % 8 or not 24 <= v <= 256:
+                raise Sm90LoweringError(f"{name}={v!r}: setmaxnreg takes a multiple of 8 in [24, 256]")
+        if 128 * (self.producer_regs + N_CONSUMERS * self.consumer_regs) > 65536:
+            raise Sm90LoweringError("register budget: 128 x (producer + 2 x consumer) must be <= 65536")
+        if not isinstance(self.probe, Probe):
+            raise Sm90LoweringError(f"probe={self.probe!r}: a Probe")
+
+
+@dataclass(frozen=True)
+class SmemPlan:
+    q: int
+    k: int
+    v: int
+    o: int
+    bar: int
+    kv_stage_bytes: int
+    kv_stages: int
+    total: int  # bytes requested at launch, including the slack for aligning the base to 1024
+
+    @property
+    def barriers(self) -> dict[str, int]:
+        s = self.kv_stages
+        return {"q_full": 0, "q_empty": 8, "k_full": 16, "k_empty": 16 + 8 * s,
+                "v_full": 16 + 16 * s, "v_empty": 16 + 24 * s}
+
+
+def smem_plan(cfg: KernelConfig) -> SmemPlan:
+    """SMEM layout; K/V stages are the config's, capped by what fits (recorded in the manifest)."""
+    tile = ROWS * cfg.head_dim * cfg.elem_bytes  # Q, K, V or O tile: 128 rows x D
+    fixed = 2 * tile  # Q + O staging
+    bar_bytes = 16 + 32 * 4
+    fit = (SMEM_LIMIT - SMEM_ALIGN - fixed - bar_bytes) // (2 * tile)
+    stages = min(cfg.kv_stages, fit)
+    if stages < 2:
+        raise Sm90LoweringError(f"head_dim {cfg.head_dim}: fewer than 2 K/V stages fit in SMEM")
+    q = 0
+    k = q + tile
+    v = k + stages * tile
+    o = v + stages * tile
+    bar = o + tile
+    total = bar + 16 + 32 * stages + SMEM_ALIGN
+    return SmemPlan(q=q, k=k, v=v, o=o, bar=bar, kv_stage_bytes=tile, kv_stages=stages, total=total)
+
+
+def _desc_const(lbo: int, sbo: int) -> int:
+    """Descriptor bits independent of the start address (added at run time, >>4, in [0, 14))."""
+    return ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (SWIZZLE_128B << 62)
+
+
+def _tree(op: str, srcs: list[str], tmp: str) -> tuple[list[tuple[str, str, str]], str]:
+    """Pairwise reduction as (dst, a, b) ops over fresh temporaries `tmp0, tmp1, ...`: depth log2(n)."""
+    ops, level, n = [], list(srcs), 0
+    while len(level) > 1:
+        nxt = []
+        for i in range(0, len(level) - 1, 2):
+            dst = f"{tmp}{n}"
+            n += 1
+            ops.append((dst, level[i], level[i + 1]))
+            nxt.append(dst)
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    return ops, level[0]
+
+
+def hopper_emulated(cfg: KernelConfig, c: int, e: int) -> bool:
+    """Whether the value in 8-column chunk c, pair element e of a thread's row takes the FMA cubic.
+
+    On sm_100a a thread owns one whole row and the split is by column: the last 2*emu_pairs of
+    every 16 columns, in 32-column fragments [emu_start, 3). A Hopper thread owns 32 values of a
+    row (columns 8c + 2*(lane%4) + e), so the column-based rule would depend on the lane. The same
+    fractions are kept with a per-register rule: the thread's k-th value (k = 2c + e, column
+    order) lies in fragment k // 8 (the same 32 columns as on sm_100a); the last emu_pairs of each
+    fragment's 8 values are emulated in fragments [emu_start, 3). Masked blocks use MUFU only.
+    """
+    k = 2 * c + e
+    return cfg.emu_start <= k // 8 < 3 and k % 8 >= 8 - cfg.emu_pairs
+
+
+def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
+    """Template context for templates/sm90/fa4_fwd.ptx.j2."""
+    opt = options or Sm90Options()
+    if cfg.arch != "sm_90a":
+        raise Sm90LoweringError(f"arch {cfg.arch!r}: this lowering emits sm_90a only")
+    if opt.probe is not Probe.NONE and cfg.head_dim != 128:
+        raise Sm90LoweringError("probes write a 128-key S row into O: head_dim must be 128")
+    D = cfg.head_dim
+    G = cfg.gqa_ratio
+    sqt = cfg.seq_q_per_tile
+    plan = smem_plan(cfg)
+    halves = D // HALF_COLS
+    half_bytes = ROWS * HALF_COLS * cfg.elem_bytes  # 16 KiB: one 128-row x 128-byte swizzled slab
+    dt = {"bf16": "bf16", "fp16": "f16"}[cfg.dtype]
+
+    s_regs = [f"%s{i}" for i in range(ROWS // 2)]  # m64n128 f32 accumulator: 64 per thread
+    o_regs = [f"%o{i}" for i in range(D // 2)]
+    p_regs = [f"%pk{i}" for i in range(ROWS // 4)]  # 8 k16-steps x 4 .b32 A-fragment registers
+
+    # wgmma accumulator fragment (PTX ISA 9.7.15.5.1, "Register Fragments", m64nNk16 .f32 D):
+    # register i of a thread holds row lane/4 + 8*((i>>1)&1) of its warp's 16 rows and column
+    # 8*(i>>2) + 2*(lane%4) + (i&1). The A fragment of a k16 step j is (rows r, r+8) x (cols
+    # 16j + 2*(lane%4) + {0,1}, +8): exactly accumulator registers 8j..8j+7 paired in order, so P
+    # is S converted pairwise with no data movement (cvt packs its first source in the upper half).
+    p_pack = [(p_regs[4 * j + t], s_regs[8 * j + 2 * t + 1], s_regs[8 * j + 2 * t]) for j in range(8) for t in range(4)]
+
+    rows = []
+    for r in range(2):
+        elems = []
+        for i, reg in enumerate(s_regs):
+            if (i >> 1) & 1 != r:
+                continue
+            c, e = i >> 2, i & 1
+            elems.append({"reg": reg, "col": 8 * c + e, "emu": hopper_emulated(cfg, c, e), "i": i})
+        max_ops, max_res = _tree("max", [x["reg"] for x in elems], f"%mx{r}_")
+        sum_ops, sum_res = _tree("add", [x["reg"] for x in elems], f"%sm{r}_")
+        rows.append({"elems": elems, "max_ops": max_ops, "max_res": max_res, "sum_ops": sum_ops,
+                     "sum_res": sum_res, "ref": f"%ref{r}", "nrs": f"%nrs{r}", "sum": f"%sum{r}",
+                     "acc": f"%acc{r}", "lim": f"%lim{r}", "bmax": f"%bmax{r}", "idx": r})
+    n_tmp = max(len(r["max_ops"]) for r in rows)
+
+    o_rescale = [(reg, f"%acc{(i >> 1) & 1}") for i, reg in enumerate(o_regs)]
+    # O staging in 128B-swizzled SMEM (the TMA store's layout): 16-byte chunk c of row R sits at
+    # chunk c ^ (R % 8) (CU_TENSOR_MAP_SWIZZLE_128B). A thread's rows are lane/4 and lane/4 + 8, so
+    # R % 8 == lane/4 for both and the XOR term is one per-thread register (%xsw).
+    o_store = []
+    for cfull in range(D // 8):
+        h, c8 = divmod(cfull, 8)
+        for r in range(2):
+            i0 = 4 * cfull + 2 * r
+            o_store.append({"c16": c8 * 16, "off": h * half_bytes + r * 8 * 128,
+                            "lo": o_regs[i0], "hi": o_regs[i0 + 1], "inv": f"%inv{r}"})
+
+    ksteps_qk = D // 16
+    qk_steps = [{"a": (k // 4) * (half_bytes >> 4) + (k % 4) * 2, "b": (k // 4) * (half_bytes >> 4) + (k % 4) * 2,
+                 "scale_d": "%p_false" if k == 0 else "%p_true"} for k in range(ksteps_qk)]
+    # V is [keys, D] with D contiguous: MN-major for the B operand of O += P V. One k16 step reads
+    # 16 keys = 2 x 8-row groups 1024 B apart (SBO) of every 64-column slab; slabs are LBO apart.
+    pv_steps = [{"b": (16 * 128 * j) >> 4, "a": p_regs[4 * j:4 * j + 4]} for j in range(ROWS // 16)]
+
+    bars = plan.barriers
+    ctx = {
+        "generator_version": GENERATOR_VERSION,
+        "name": cfg.name,
+        "ptx_version": PTX_VERSION,
+        "target": "sm_90a",
+        "entry": ENTRY,
+        "threads": THREADS,
+        "producer_regs": opt.producer_regs,
+        "consumer_regs": opt.consumer_regs,
+        "pingpong": opt.pingpong,
+        "probe": opt.probe.value,
+        "causal": cfg.causal,
+        "G": G,
+        "log2_G": G.bit_length() - 1,
+        "sqt": sqt,
+        "head_dim": D,
+        "halves": halves,
+        "half_cols": HALF_COLS,
+        "half_bytes": half_bytes,
+        "o_wg_bytes": WG_ROWS * 128,
+        "kv_stages": plan.kv_stages,
+        "smem": plan,
+        "bars": bars,
+        "empty_arrivals": EMPTY_ARRIVALS,
+        "q_tx": ROWS * D * cfg.elem_bytes,
+        "kv_tx": ROWS * D * cfg.elem_bytes,
+        "nb": {b.name.lower(): int(b) for b in NamedBarrier},
+        "wgmma_qk": f"wgmma.mma_async.sync.aligned.m64n128k16.f32.{dt}.{dt}",
+        "wgmma_pv": f"wgmma.mma_async.sync.aligned.m64n{D}k16.f32.{dt}.{dt}",
+        "cvt_pack": f"cvt.rn.{dt}x2.f32",
+        "desc_k_major": hex(_desc_const(lbo=16, sbo=1024)),
+        "desc_v": hex(_desc_const(lbo=half_bytes, sbo=1024)),
+        "qk_steps": qk_steps,
+        "pv_steps": pv_steps,
+        "s_regs": s_regs,
+        "o_regs": o_regs,
+        "p_regs": p_regs,
+        "p_pack": p_pack,
+        "rows": rows,
+        "n_tmp": n_tmp,
+        "o_rescale": o_rescale,
+        "o_store": o_store,
+        "neg_inf": NEG_INF,
+        "threshold": f"0f{_f32_hex(-cfg.rescale_threshold)}",
+        "ln2": f"0f{_f32_hex(LN2)}",
+        "poly": [f"0f{_f32_hex(c)}" for c in _EXP2_POLY],
+        # O store box: 64 rows = one consumer WG (see manifest): G <= 64 -> (G, 64/G) else (64, 1).
+        "o_box_g": min(G, WG_ROWS),
+        "o_box_s": max(WG_ROWS // G, 1),
+        "o_wg_g_step": WG_ROWS if G > WG_ROWS else 0,
+        "o_wg_s_step": WG_ROWS // G if G <= WG_ROWS else 0,
+    }
+    return ctx
+
+
+def _f32_hex(x: float) -> str:
+    import struct
+
+    return struct.pack(">f", x).hex().upper()
+
+
+def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
+    opt = options or Sm90Options()
+    plan = smem_plan(cfg)
+    G = cfg.gqa_ratio
+    dtype = cfg.dtype
+    qo_dims = ["D", "G", "Hkv", "Sq", "B"]
+    kv_dims = ["D", "Hkv", "Skv", "B"]
+    return {
+        "name": cfg.name if opt == Sm90Options() else f"{cfg.name}_{_options_tag(opt)}",
+        "config": cfg.to_dict(),
+        "content_hash": cfg.content_hash,
+        "generator_version": GENERATOR_VERSION,
+        "arch": "sm_90a",
+        "entry": ENTRY,
+        "threads_per_cta": THREADS,
+        "dynamic_smem_bytes": plan.total,
+        "grid": {"policy": "one_per_task" if cfg.causal else "persistent",
+                 "task_unit": "one 128-row Q tile: (batch, kv_head, m_block)"},
+        "tensor_maps": {
+            "q": {"dims": qo_dims, "box": [HALF_COLS, G, 1, cfg.seq_q_per_tile, 1], "swizzle": "128B", "dtype": dtype},
+            "k": {"dims": kv_dims, "box": [HALF_COLS, 1, ROWS, 1], "swizzle": "128B", "dtype": dtype},
+            "v": {"dims": kv_dims, "box": [HALF_COLS, 1, ROWS, 1], "swizzle": "128B", "dtype": dtype},
+            "o": {"dims": qo_dims, "box": [HALF_COLS, min(G, WG_ROWS), 1, max(WG_ROWS // G, 1), 1],
+                  "swizzle": "128B", "dtype": dtype},
+        },
+        "params": ["tmap_q", "tmap_k", "tmap_v", "tmap_o", "lse_ptr", "batch", "seqlen_q", "seqlen_k",
+                   "num_heads_kv", "scale_log2", "num_m_blocks", "num_tasks"],
+        "sm90": {"kv_stages": plan.kv_stages, "pingpong": opt.pingpong, "probe": opt.probe.value,
+                 "producer_regs": opt.producer_regs, "consumer_regs": opt.consumer_regs},
+    }
+
+
+def _options_tag(opt: Sm90Options) -> str:
+    parts = []
+    if not opt.pingpong:
+        parts.append("nopp")
+    if opt.probe is not Probe.NONE:
+        parts.append(f"probe{opt.probe.value}")
+    if (opt.producer_regs, opt.consumer_regs) != (32, 240):
+        parts.append(f"r{opt.producer_regs}-{opt.consumer_regs}")
+    return "_".join(parts) or "opt"
+
+
+def build_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> tuple[str, dict]:
+    """(PTX text, manifest) of the sm_90a kernel for `cfg`."""
+    ctx = lower_sm90(cfg, options)
+    return render("sm90/fa4_fwd.ptx.j2", ctx), manifest_sm90(cfg, options)

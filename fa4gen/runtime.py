@@ -1,0 +1,205 @@
+"""Load and launch a generated cubin through the CUDA driver API (cuda-python), on torch tensors.
+
+`Kernel.load(cubin, manifest)` loads the module once; `kernel(q, k, v, o, lse=None, softmax_scale=s)`
+encodes the four tensor maps the manifest describes (docs/ABI.md) from the tensors' pointers and
+strides, and launches on torch's current stream. Inputs are assumed validated by the caller
+(fa4gen.api): contiguous last dim, 16-byte aligned pointers and strides, dtype matching the kernel.
+
+Every CUresult is checked; a failure raises CudaError naming the call and the driver's message.
+torch and cuda-python are imported lazily so the generator runs without them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass
+
+__all__ = ["CudaError", "Kernel", "RuntimeSetupError", "tensor_map_geometry"]
+
+_BOX_INNER_BYTES_128B = 128
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed: `.call` is the function, `.code` the CUresult name."""
+
+    def __init__(self, call: str, code, message: str):
+        self.call = call
+        self.code = code
+        super().__init__(f"{call} failed: {code} ({message})")
+
+
+class RuntimeSetupError(RuntimeError):
+    """The manifest and the tensors do not fit together (a caller or generator bug, not a CUDA error)."""
+
+
+def _driver():
+    try:
+        from cuda.bindings import driver
+    except ImportError as e:  # pragma: no cover - depends on the machine
+        raise RuntimeSetupError("cuda-python (cuda-bindings) is required to launch kernels: pip install cuda-bindings") from e
+    return driver
+
+
+def _check(call: str, result):
+    """Unpack a cuda-python result tuple, raising CudaError on anything but CUDA_SUCCESS."""
+    drv = _driver()
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        e2, msg = drv.cuGetErrorString(err)
+        text = msg.decode() if e2 == drv.CUresult.CUDA_SUCCESS and msg else "no message"
+        raise CudaError(call, getattr(err, "name", str(err)), text)
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+@dataclass(frozen=True)
+class MapGeometry:
+    dims: tuple[int, ...]  # elements, innermost first
+    strides: tuple[int, ...]  # bytes, for dims[1:]
+    box: tuple[int, ...]
+
+
+def tensor_map_geometry(role: str, spec: dict, shape: tuple[int, ...], strides: tuple[int, ...],
+                        elem_bytes: int, gqa_ratio: int) -> MapGeometry:
+    """Global dims/strides of one tensor map from a [B, S, H, D] tensor (strides in elements).
+
+    Q and O use the 5-D GQA view (D, G, Hkv, Sq, B): the head axis of stride sH splits into
+    G (stride sH) and Hkv (stride G*sH). K and V use (D, Hkv, Skv, B).
+    """
+    B, S, H, D = shape
+    sB, sS, sH, sD = strides
+    if sD != 1:
+        raise RuntimeSetupError(f"{role}: the head dim must be contiguous (stride 1), got stride {sD}")
+    by_name = {
+        "D": (D, 1), "B": (B, sB), "Sq": (S, sS), "Skv": (S, sS),
+    }
+    if "G" in spec["dims"]:
+        if H % gqa_ratio:
+            raise RuntimeSetupError(f"{role}: {H} heads is not a multiple of the GQA ratio {gqa_ratio}")
+        by_name["G"] = (gqa_ratio, sH)
+        by_name["Hkv"] = (H // gqa_ratio, gqa_ratio * sH)
+    else:
+        by_name["Hkv"] = (H, sH)
+    try:
+        dims = tuple(by_name[n][0] for n in spec["dims"])
+        estr = tuple(by_name[n][1] for n in spec["dims"])
+    except KeyError as e:
+        raise RuntimeSetupError(f"{role}: the manifest names an unknown tensor-map dim {e.args[0]!r}") from None
+    box = tuple(int(b) for b in spec["box"])
+    if len(box) != len(dims):
+        raise RuntimeSetupError(f"{role}: box {box} and dims {spec['dims']} differ in rank")
+    if spec.get("swizzle") == "128B" and box[0] * elem_bytes > _BOX_INNER_BYTES_128B:
+        raise RuntimeSetupError(f"{role}: a 128B-swizzled box is at most 128 bytes wide, got {box[0] * elem_bytes}")
+    return MapGeometry(dims=dims, strides=tuple(s * elem_bytes for s in estr[1:]), box=box)
+
+
+class Kernel:
+    """One loaded fa4_fwd kernel. Construct with `Kernel.load(cubin, manifest)`."""
+
+    def __init__(self, module, function, manifest: dict, sm_count: int, device: int):
+        self._module = module
+        self._function = function
+        self.manifest = manifest
+        self.sm_count = sm_count
+        self.device = device
+        self._cfg = manifest["config"]
+        self._maps_cache: dict = {}
+
+    # ---- loading -------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, cubin: bytes, manifest: dict) -> "Kernel":
+        import torch
+
+        drv = _driver()
+        if not torch.cuda.is_available():
+            raise RuntimeSetupError("no CUDA device visible to torch")
+        device = torch.cuda.current_device()
+        torch.cuda.init()
+        torch.empty(1, device="cuda")  # make torch's primary context current on this thread
+        _check("cuInit", drv.cuInit(0))
+        ctx = _check("cuCtxGetCurrent", drv.cuCtxGetCurrent())
+        if ctx is None or int(ctx) == 0:
+            dev = _check("cuDeviceGet", drv.cuDeviceGet(device))
+            ctx = _check("cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(dev))
+            _check("cuCtxSetCurrent", drv.cuCtxSetCurrent(ctx))
+        module = _check("cuModuleLoadData", drv.cuModuleLoadData(bytes(cubin)))
+        entry = manifest.get("entry", "fa4_fwd")
+        function = _check(f"cuModuleGetFunction({entry})", drv.cuModuleGetFunction(module, entry.encode()))
+        smem = int(manifest["dynamic_smem_bytes"])
+        _check("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", drv.cuFuncSetAttribute(
+            function, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
+        dev = _check("cuDeviceGet", drv.cuDeviceGet(device))
+        sm_count = _check("cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)", drv.cuDeviceGetAttribute(
+            drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))
+        return cls(module, function, manifest, int(sm_count), device)
+
+    # ---- launching -----------------------------------------------------------------------------
+    def _encode(self, role: str, t) -> object:
+        drv = _driver()
+        spec = self.manifest["tensor_maps"][role]
+        key = (role, t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+        cached = self._maps_cache.get(key)
+        if cached is not None:
+            return cached
+        elem = t.element_size()
+        geo = tensor_map_geometry(role, spec, tuple(t.shape), tuple(t.stride()), elem, int(self._cfg["gqa_ratio"]))
+        dtype = {"bf16": drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                 "fp16": drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}[spec["dtype"]]
+        swz = {"128B": drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+               "none": drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE}[spec["swizzle"]]
+        rank = len(geo.dims)
+        tmap = _check(f"cuTensorMapEncodeTiled({role})", drv.cuTensorMapEncodeTiled(
+            dtype, rank, t.data_ptr(), [drv.cuuint64_t(d) for d in geo.dims],
+            [drv.cuuint64_t(s) for s in geo.strides], [drv.cuuint32_t(b) for b in geo.box],
+            [drv.cuuint32_t(1)] * rank, drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
+            drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
+        if len(self._maps_cache) > 64:
+            self._maps_cache.clear()
+        self._maps_cache[key] = tmap
+        return tmap
+
+    def grid(self, num_tasks: int) -> int:
+        policy = self.manifest["grid"]["policy"]
+        if policy == "persistent":
+            return min(num_tasks, self.sm_count)
+        if policy == "one_per_task":
+            return num_tasks
+        raise RuntimeSetupError(f"unknown grid policy {policy!r} in the manifest")
+
+    def __call__(self, q, k, v, o, lse=None, softmax_scale: float | None = None) -> None:
+        import torch
+
+        drv = _driver()
+        B, Sq, Hq, D = q.shape
+        Skv, Hkv = k.shape[1], k.shape[2]
+        G = int(self._cfg["gqa_ratio"])
+        if Hq != Hkv * G:
+            raise RuntimeSetupError(f"Hq={Hq} is not Hkv={Hkv} x the kernel's GQA ratio {G}")
+        if softmax_scale is None:
+            softmax_scale = 1.0 / math.sqrt(D)
+        rows_per_tile = 128 // G
+        num_m_blocks = -(-Sq // rows_per_tile)
+        num_tasks = B * Hkv * num_m_blocks
+        if num_tasks == 0:
+            return
+        maps = [self._encode(r, t) for r, t in (("q", q), ("k", k), ("v", v), ("o", o))]
+        lse_ptr = 0 if lse is None else lse.data_ptr()
+        scalars = (ctypes.c_uint64(lse_ptr), ctypes.c_uint32(B), ctypes.c_uint32(Sq), ctypes.c_uint32(Skv),
+                   ctypes.c_uint32(Hkv), ctypes.c_float(softmax_scale * math.log2(math.e)),
+                   ctypes.c_uint32(num_m_blocks), ctypes.c_uint32(num_tasks))
+        # void* per parameter, in ABI order; the driver copies the values during the launch call,
+        # so `scalars` and `maps` only need to outlive it.
+        argv = (ctypes.c_void_p * 12)(*[m.getPtr() for m in maps], *[ctypes.addressof(x) for x in scalars])
+        config = drv.CUlaunchConfig()
+        config.gridDimX = self.grid(num_tasks)
+        config.gridDimY = config.gridDimZ = 1
+        config.blockDimX = int(self.manifest["threads_per_cta"])
+        config.blockDimY = config.blockDimZ = 1
+        config.sharedMemBytes = int(self.manifest["dynamic_smem_bytes"])
+        config.hStream = drv.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+        config.numAttrs = 0
+        config.attrs = []
+        _check("cuLaunchKernelEx", drv.cuLaunchKernelEx(config, self._function, ctypes.addressof(argv), 0))
