@@ -15,7 +15,9 @@ Policy (why a log line can fail a build that produced a cubin):
 Backends: `ptxas` compiles the whole program (setmaxnreg honoured). `nvjitlink` (cuda-python,
 no toolkit needed) always compiles PTX as a relocatable unit (`ptxas -c`), and then ptxas ignores
 setmaxnreg with C7504: a kernel that uses setmaxnreg fails the policy under nvjitlink. "auto"
-prefers ptxas for that reason.
+prefers ptxas for that reason. (Seen on the H200 machine, driver 580.159.04: its ptxas 13.0.88 lies
+in /usr/local/cuda/bin, off PATH, which find_ptxas searches; the driver's own JIT of PTX text
+compiles whole-program too: it kept setmaxnreg under `.maxnreg 168` and reported C7508 without it.)
 """
 
 from __future__ import annotations

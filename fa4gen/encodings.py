@@ -570,7 +570,10 @@ class TensorMapError(EncodingError):
 
 @dataclass(frozen=True)
 class TensorMapArgs:
-    """Exactly the arguments of cuTensorMapEncodeTiled after validation (enum codes as ints)."""
+    """Exactly the arguments of cuTensorMapEncodeTiled after validation (enum codes as ints).
+
+    global_strides has rank - 1 entries, except for rank 1 where it holds one unused entry.
+    """
 
     dtype: int
     rank: int
@@ -658,6 +661,7 @@ class TensorMapSpec:
                                      f"{self.swizzle.name} swizzle span of {self.swizzle.span_bytes} B: "
                                      f"split it into boxes of {self.swizzle.span_bytes // esize} elements")
         if self.interleave == TmaInterleave.B32 and self.swizzle != Swizzle.B32:
+            # Documented for cuTensorMapEncodeTiled; driver r580 was seen to accept it anyway.
             raise TensorMapError("interleave 32B requires swizzle 32B")
         if self.oob_fill == TmaOobFill.NAN_REQUEST_ZERO_FMA and not self.dtype.is_float:
             raise TensorMapError("oob fill NAN_REQUEST_ZERO_FMA needs a floating-point dtype")
@@ -692,6 +696,12 @@ class TensorMapSpec:
         if address is not None:
             if address % align:
                 raise TensorMapError(f"global address {address:#x} is not {align}-byte aligned")
+        if rank == 1:
+            # cuda-bindings passes an empty list as NULL, which driver r580 rejects
+            # (CUDA_ERROR_INVALID_VALUE, seen on the H200 with cuda-bindings 13.3.1); one stride
+            # of the padded row, which a rank-1 map never reads, is accepted.
+            row = shape[0] * self.dtype.itemsize
+            strides = (-(-row // 16) * 16,)
         return TensorMapArgs(dtype=self.dtype.code, rank=rank, global_dim=shape, global_strides=strides,
                              box_dim=self.box, element_strides=self.elem_strides,
                              interleave=int(self.interleave), swizzle=self.swizzle.tma_code,

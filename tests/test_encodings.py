@@ -304,6 +304,13 @@ def test_tensor_map_runtime_errors(shape, strides, addr, words):
         _q_map().validate(shape, strides, address=addr)
 
 
+def test_tensor_map_rank1_passes_one_stride():
+    """A rank-1 map has no strides, but an empty list reaches driver r580 as NULL and is rejected
+    (seen on the H200): validate() hands over one padded-row stride instead."""
+    args = TensorMapSpec(dtype="fp32", dims=("N",), box=(64,), swizzle="none").validate((1001,), ())
+    assert args.global_strides == (4016,)
+
+
 def test_tensor_map_interleave32_needs_swizzle32_and_32b_strides():
     spec = TensorMapSpec(dtype="fp16", dims=("C", "W", "H"), box=(16, 8, 8), swizzle=Swizzle.B32,
                          interleave=TmaInterleave.B32)
