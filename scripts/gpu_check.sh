@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The one command to run on a GPU machine (H100/H200): environment, prebuild of the 32 sm_90a
+# variants into the cubin cache, `pytest -m gpu`, then the benchmark; ends with one summary line.
+#   bash scripts/gpu_check.sh            (from anywhere; runs from the checkout, no install)
+# Environment: FA4GEN_CACHE_DIR (default: a fresh temporary directory, so every run builds),
+# OUT (when set, logs and the benchmark's JSON are copied there), GPU_CHECK_SKIP_BENCH=1.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+# From the checkout: the image has no hatchling and needs no install; render.py falls back to ./templates.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export FA4GEN_CACHE_DIR="${FA4GEN_CACHE_DIR:-$(mktemp -d /tmp/fa4gen-cache.XXXXXX)}"
+PY="${PYTHON:-python3}"
+LOGS="$(mktemp -d /tmp/gpu_check.XXXXXX)"
+say() { printf '\n== %s\n' "$*"; }
+
+say environment
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader || echo "no nvidia-smi"
+"$PY" - <<'EOF'
+import importlib.metadata as md, shutil, sys
+import torch
+print("python", sys.version.split()[0], "| torch", torch.__version__, "cuda", torch.version.cuda,
+      "cudnn", torch.backends.cudnn.version())
+print("gpu:", torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+      torch.cuda.get_device_capability() if torch.cuda.is_available() else "")
+for pkg in ("cuda-bindings", "nvidia-nvjitlink", "triton"):
+    try:
+        print(pkg, md.version(pkg))
+    except md.PackageNotFoundError:
+        print(pkg, "not installed")
+print("ptxas:", shutil.which("ptxas") or "none (assemble falls back to nvJitLink)")
+EOF
+
+say "prebuild: 32 sm_90a variants -> $FA4GEN_CACHE_DIR"
+"$PY" - <<'EOF' 2>&1 | tee "$LOGS/prebuild.txt"
+import itertools, os, time
+from concurrent.futures import ProcessPoolExecutor
+
+def one(key):
+    from fa4gen import api
+    from fa4gen.cache import CubinCache
+    from fa4gen.config import KernelConfig
+    d, dt, causal, g = key
+    cfg = KernelConfig(arch="sm_90a", head_dim=d, dtype=dt, causal=causal, gqa_ratio=g)
+    try:
+        r = CubinCache().get_or_build(cfg, api.build)
+        return cfg.name, "hit" if r.hit else "built", r.build_s, len(r.cubin), ""
+    except Exception as e:
+        return cfg.name, "FAILED", 0.0, 0, f"{type(e).__name__}: {str(e)[:300]}"
+
+keys = list(itertools.product((64, 128), ("fp16", "bf16"), (False, True), (1, 2, 4, 8)))
+t0 = time.perf_counter()
+with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as ex:
+    rows = list(ex.map(one, keys))
+for name, how, s, size, err in rows:
+    print(f"  {name:40s} {how:6s} {s:6.2f} s {size:8d} B {err}")
+bad = sum(how == "FAILED" for _, how, *_ in rows)
+times = [s for _, how, s, *_ in rows if how == "built"]
+print(f"prebuild: {len(rows) - bad}/{len(rows)} ok in {time.perf_counter() - t0:.1f} s wall"
+      + (f"; build per kernel {min(times):.2f}-{max(times):.2f} s" if times else ""))
+EOF
+
+say "pytest -m gpu"
+timeout 480 "$PY" -m pytest -m gpu tests -rfEs --durations=10 -p no:cacheprovider \
+    --junitxml="$LOGS/gpu_tests.xml" 2>&1 | tee "$LOGS/pytest_gpu.txt"
+rc_tests=${PIPESTATUS[0]}
+tests_line=$(grep -E "[0-9]+ (passed|failed|error|errors|skipped|deselected)" "$LOGS/pytest_gpu.txt" | tail -n 1)
+
+rc_bench=skipped
+bench_file=""
+if [ "${GPU_CHECK_SKIP_BENCH:-0}" != 1 ]; then
+    say "benchmark"
+    timeout 300 "$PY" -m bench.attention 2>&1 | tee "$LOGS/bench.txt"
+    rc_bench=${PIPESTATUS[0]}
+    bench_file=$(grep -o "wrote .*" "$LOGS/bench.txt" | tail -n 1 | cut -c7-)
+fi
+
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+    cp "$LOGS"/*.txt "$LOGS"/*.xml "$OUT"/ 2>/dev/null || true
+fi
+echo
+echo "gpu_check: pytest -m gpu rc=$rc_tests [${tests_line:-no summary}]; bench rc=$rc_bench ${bench_file:+-> $bench_file}"
+[ "$rc_tests" = 0 ] && { [ "$rc_bench" = 0 ] || [ "$rc_bench" = skipped ]; }
