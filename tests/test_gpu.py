@@ -97,10 +97,10 @@ def reference(q, k, v, causal, scale):
 @pytest.fixture
 def exact_fp32():
     """The reference must be real fp32: TF32 matmuls would round the logits to 10 bits."""
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
     yield
-    torch.backends.cuda.matmul.allow_tf32 = old
+    torch.set_float32_matmul_precision(old)
 
 
 def check_against_reference(o, lse, q, k, v, causal, scale, dtype, label):
