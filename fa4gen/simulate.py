@@ -118,7 +118,8 @@ class NumpyData(DataModel):
             else:
                 p_reg = self.pipe.region(op.a)
                 bits = self.tmem16[:, 2 * p_reg.col + op.k_lo: 2 * p_reg.col + op.k_hi]
-                p = _from_bits(np.ascontiguousarray(bits), self.cfg.dtype).astype(np.float64)
+                with np.errstate(invalid="ignore"):  # a hazardous pipeline may read never-written NaN bits
+                    p = _from_bits(np.ascontiguousarray(bits), self.cfg.dtype).astype(np.float64)
                 vv = self.smem[(op.b, slots["b"])][op.k_lo:op.k_hi]
                 cols = slice(d_reg.col, d_reg.col + self.d)
                 old = self.tmem[:, cols].astype(np.float64) if ctx["accumulate"] else 0.0

@@ -90,6 +90,7 @@ class _MbarSlot:
     acc: VC = field(default_factory=VC)
     phase_vcs: list = field(default_factory=list)  # clock of each completed phase
     arrivals: dict = field(default_factory=lambda: defaultdict(list))  # phase -> [Event]
+    who: dict = field(default_factory=lambda: defaultdict(set))  # phase -> roles that arrived in it
 
 
 @dataclass
@@ -266,8 +267,9 @@ class Engine:
         return a
 
     # ---- mbarriers -----------------------------------------------------------------------------
-    def mbar_arrive(self, bname: str, slot: int, n: int, ev: Event, tx: int = 0) -> None:
+    def mbar_arrive(self, bname: str, slot: int, n: int, ev: Event, tx: int = 0, who: str = "") -> None:
         b = self.mbar[(bname, slot)]
+        b.who[b.completed].add(who)
         b.arrived += n
         b.tx += tx
         b.acc.join(ev.vc)
@@ -278,8 +280,9 @@ class Engine:
                       f"{b.count} (last by {ev.label})")
         self._maybe_complete(bname, slot)
 
-    def mbar_tx_done(self, bname: str, slot: int, nbytes: int, ev: Event) -> None:
+    def mbar_tx_done(self, bname: str, slot: int, nbytes: int, ev: Event, who: str = "") -> None:
         b = self.mbar[(bname, slot)]
+        b.who[b.completed].add(who)
         b.tx -= nbytes
         b.acc.join(ev.vc)
         b.arrivals[b.completed].append(ev)
@@ -347,6 +350,7 @@ class Engine:
                 self._exec_role(choice[1])
             else:
                 self._fire(choice[1])
+        self._arriver_checks()
         if self.next_op:
             self._report_deadlock()
         else:
@@ -367,9 +371,23 @@ class Engine:
         items = [("role", r) for r in roles] + [("async", a) for a in asyncs]
         return self.rng.choice(items)
 
+    def _arriver_checks(self):
+        """Every completed phase must contain an arrival from each role that arrives on the slot:
+        a phase completed by a subset means the declared count is smaller than what the programs
+        arrive per round, and the rest spills into the next phase."""
+        for (bname, slot), b in self.mbar.items():
+            everyone = set().union(*b.who.values()) if b.who else set()
+            for ph in range(b.completed):
+                missing = everyone - b.who.get(ph, set())
+                if missing:
+                    self.find("ARRIVAL_COUNT", bname,
+                              f"slot {slot}: phase {ph} completed (count {b.count}) before {sorted(missing)} "
+                              f"arrived; their arrivals spill into the next phase")
+                    break
+
     def _report_deadlock(self):
         blocked = []
-        culprit = None
+        partial, empty = [], []
         for rname, (op, ctx) in sorted(self.next_op.items()):
             role = self.pipe.role(rname)
             desc = self.label(role, op, ctx)
@@ -385,11 +403,13 @@ class Engine:
                     self.find("PHASE_OVERRUN", op.barrier,
                               f"slot {slot} completed {b.completed} phases but {rname} waits for the "
                               f"{need}-th: it was lapped and waits on the wrong parity forever")
-                culprit = culprit or op.barrier
+                (partial if b.arrived else empty).append(op.barrier)
             elif isinstance(op, NamedSync):
-                culprit = culprit or op.barrier
+                partial.append(op.barrier)
             blocked.append(desc)
-        self.find("DEADLOCK", culprit or "pipeline", "no role can proceed; blocked: " + "; ".join(blocked))
+        # the subject lists every barrier in the cycle, half-arrived ones (the likely culprits) first
+        culprits = list(dict.fromkeys(partial + empty)) or ["pipeline"]
+        self.find("DEADLOCK", ", ".join(culprits), "no role can proceed; blocked: " + "; ".join(blocked))
 
     def _end_checks(self):
         for (bname, slot), b in self.mbar.items():
@@ -450,10 +470,10 @@ class Engine:
     def _op_Arrive(self, role, op, ctx, ev, slots):
         n = role.threads if op.scope is Scope.ALL else 1
         slot = self.slot(role, op.slot)
-        self.mbar_arrive(op.barrier, slot, n, ev)
+        self.mbar_arrive(op.barrier, slot, n, ev, who=role.name)
 
     def _op_ExpectTx(self, role, op, ctx, ev, slots):
-        self.mbar_arrive(op.barrier, self.slot(role, op.slot), 1, ev, tx=op.bytes)
+        self.mbar_arrive(op.barrier, self.slot(role, op.slot), 1, ev, tx=op.bytes, who=role.name)
 
     def _op_TmaLoad(self, role, op, ctx, ev, slots):
         dslot, bslot = self.slot(role, op.dst_slot), self.slot(role, op.bar_slot)
@@ -465,7 +485,7 @@ class Engine:
             e = agent.tick(label + " completes")
             self.access(e, self._keys(op.dst, dslot), True, op.dst)
             self.data.effect("tma_load", role, op, dict(ctx, block=blk), {"dst": dslot})
-            self.mbar_tx_done(op.barrier, bslot, op.bytes, e)
+            self.mbar_tx_done(op.barrier, bslot, op.bytes, e, who=role.name)
 
         self.async_q.append(fire)
 
@@ -509,7 +529,7 @@ class Engine:
         def fire():
             unit.vc.join(issue_vc)
             e = unit.tick(label + " fires")
-            self.mbar_arrive(op.barrier, slot, 1, e)
+            self.mbar_arrive(op.barrier, slot, 1, e, who=role.name)
 
         self.mma_queues[role.name].append(fire)
 

@@ -1,0 +1,175 @@
+"""fa4gen command line: build, verify and (on a GPU machine) benchmark generated kernels."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .config import ConfigError, KernelConfig
+
+_ARCH = click.Choice(["sm_100a", "sm_90a"])
+
+
+def _config_options(f):
+    opts = [
+        click.option("--arch", type=_ARCH, default="sm_100a", show_default=True,
+                     help="Target: sm_100a (Blackwell, generated and checked here, not executed) or sm_90a "
+                          "(Hopper H100/H200, runs)."),
+        click.option("--head-dim", "head_dim", type=int, default=128, show_default=True, help="Head dimension (64 or 128)."),
+        click.option("--dtype", type=click.Choice(["bf16", "fp16"]), default="bf16", show_default=True),
+        click.option("--causal", is_flag=True, help="Bottom-right causal mask with block skipping and LPT order."),
+        click.option("--gqa", "gqa", type=int, default=1, show_default=True,
+                     help="Query heads per KV head (GQA ratio); must divide 128."),
+        click.option("--kv-stages", type=int, default=None, help="K/V SMEM ring depth (default: the arch's)."),
+        click.option("--rescale-threshold", type=float, default=None,
+                     help="Skip rescaling O while the reference max moved less than this (log2 units, default 8)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold) -> KernelConfig:
+    kw = dict(arch=arch, head_dim=head_dim, dtype=dtype, causal=causal, gqa_ratio=gqa)
+    if kv_stages is not None:
+        kw["kv_stages"] = kv_stages
+    if rescale_threshold is not None:
+        kw["rescale_threshold"] = rescale_threshold
+    try:
+        return KernelConfig(**kw)
+    except ConfigError as e:
+        click.echo(f"fa4gen: error: {e}", err=True)
+        sys.exit(2)
+
+
+def pipeline_summary(pipe, report) -> dict:
+    """Everything a reviewer reads before the PTX: the manifest's core."""
+    from .ir.core import BarrierKind, Space
+
+    cfg = pipe.config
+    return {
+        "name": cfg.name,
+        "content_hash": cfg.content_hash,
+        "config": cfg.to_dict(),
+        "arch": pipe.arch,
+        "threads_per_cta": pipe.threads,
+        "smem_bytes": pipe.smem_bytes,
+        "smem_limit": pipe.smem_limit,
+        "tmem_alloc_cols": pipe.tmem_alloc_cols,
+        "tmem_map": [{"region": r.name, "dtype": r.dtype, "cols": [r.col, r.col_end], "alias_of": r.alias_of}
+                     for r in pipe.regions if r.space is Space.TMEM],
+        "smem_map": [{"region": r.name, "slots": r.slots, "bytes_per_slot": r.bytes_per_slot}
+                     for r in pipe.regions if r.space is Space.SMEM],
+        "roles": [{"role": r.name, "warps": list(r.warps), "setmaxnreg": r.regs} for r in pipe.roles],
+        "registers_per_cta": sum(r.threads * r.regs for r in pipe.roles),
+        "barriers": [{"name": b.name, "kind": b.kind.value, "slots": b.slots,
+                      ("threads" if b.kind is BarrierKind.NAMED else "arrivals"): b.count,
+                      **({"tx_bytes": b.tx_bytes} if b.tx_bytes else {}),
+                      **({"named_ids": [b.named_id, b.named_id + b.slots - 1]} if b.kind is BarrierKind.NAMED else {})}
+                     for b in pipe.barriers],
+        "verify": {"ok": report.ok, "runs": report.runs,
+                   "findings": [{"code": f.code, "subject": f.subject, "message": f.message} for f in report.findings]},
+    }
+
+
+def _print_summary(s: dict) -> None:
+    click.echo(f"{s['name']}  ({s['arch']}, {s['threads_per_cta']} threads, hash {s['content_hash']})")
+    click.echo(f"  SMEM  {s['smem_bytes']} / {s['smem_limit']} bytes: " +
+               ", ".join(f"{m['region']} {m['slots']}x{m['bytes_per_slot']}" for m in s["smem_map"]))
+    if s["tmem_map"]:
+        click.echo(f"  TMEM  {s['tmem_alloc_cols']} columns: " + ", ".join(
+            f"{m['region']}[{m['cols'][0]},{m['cols'][1]})" + (f" in {m['alias_of']}" if m["alias_of"] else "")
+            for m in s["tmem_map"]))
+    click.echo(f"  regs  {s['registers_per_cta']} / 65536 per CTA: " +
+               ", ".join(f"{r['role']} {r['setmaxnreg']}" for r in s["roles"]))
+    click.echo("  barriers: " + ", ".join(
+        f"{b['name']}[{b['slots']}]:{b['kind']}/{b.get('arrivals', b.get('threads'))}" for b in s["barriers"]))
+    v = s["verify"]
+    click.echo(f"  verify: {'OK' if v['ok'] else 'FAILED'} ({v['runs']} runs)")
+    for f in v["findings"]:
+        click.echo(f"    [{f['code']}] {f['subject']}: {f['message']}")
+
+
+@click.group(help="fa4gen: generate FlashAttention-4-style attention forward kernels as PTX.\n\n"
+                  "sm_100a kernels are generated, verified, simulated and assembled here but never executed "
+                  "(no Blackwell GPU); sm_90a kernels run on H100/H200.")
+@click.version_option(package_name="fa4gen")
+def main():
+    pass
+
+
+@main.command(help="Build one kernel variant: verify its pipeline IR, write DIR/<name>.json (config, TMEM "
+                   "map, SMEM bytes, register budgets, barrier table, verify result) and, when the emitter "
+                   "and an assembler are available, DIR/<name>.ptx and DIR/<name>.cubin.")
+@_config_options
+@click.option("--out", "out", type=click.Path(file_okay=False), default="generated", show_default=True)
+@click.option("--emit", type=click.Choice(["ir", "ptx", "cubin", "sass"]), multiple=True,
+              help="Artifacts to write besides the manifest (repeatable). Default: ptx and cubin.")
+def build(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, out, emit):
+    cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold)
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        from . import codegen
+    except ImportError:
+        codegen = None
+    emit = tuple(emit) or ("ptx", "cubin")
+    if codegen is not None and hasattr(codegen, "build"):
+        try:
+            res = codegen.build(cfg, out_dir=out_dir, emit=emit)
+        except Exception as e:  # assembler / verifier errors carry their own report
+            click.echo(f"fa4gen: build failed: {e}", err=True)
+            sys.exit(1)
+        summary = res.manifest
+    else:
+        from .ir import build_pipeline
+        from .passes import verify
+
+        pipe = build_pipeline(cfg)
+        rep = verify(pipe)
+        summary = pipeline_summary(pipe, rep)
+        (out_dir / f"{cfg.name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if "ir" in emit:
+            (out_dir / f"{cfg.name}.ir.json").write_text(json.dumps(pipe.to_json(), indent=1) + "\n")
+        if not rep.ok:
+            _print_summary(summary)
+            sys.exit(1)
+    _print_summary(summary)
+    for suffix in (".json", ".ptx", ".cubin", ".sass", ".ir.json"):
+        p = out_dir / f"{cfg.name}{suffix}"
+        if p.exists():
+            click.echo(f"  wrote {p}")
+
+
+@main.command(help="Verify a variant's pipeline IR and print the full report (exit 0 ok, 1 findings). "
+                   "--mutation NAME verifies a broken variant from the corpus instead.")
+@_config_options
+@click.option("--mutation", default=None, help="Apply a corpus mutation (see --list-mutations).")
+@click.option("--list-mutations", is_flag=True, help="List the broken-pipeline corpus and exit.")
+def verify(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, mutation, list_mutations):
+    from .ir import build_pipeline
+    from .passes import verify as run_verify
+    from .passes.mutations import CORPUS, by_name
+
+    if list_mutations:
+        for m in CORPUS:
+            click.echo(f"{m.name:28s} {m.code:14s} {m.culprit:12s} {m.what}")
+        return
+    cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold)
+    pipe = build_pipeline(cfg)
+    if mutation:
+        try:
+            pipe = by_name(mutation).apply(pipe)
+        except KeyError as e:
+            click.echo(f"fa4gen: error: {e.args[0]}", err=True)
+            sys.exit(2)
+    rep = run_verify(pipe)
+    _print_summary(pipeline_summary(pipe, rep))
+    sys.exit(0 if rep.ok else 1)
+
+
+if __name__ == "__main__":
+    main()

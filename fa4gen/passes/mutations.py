@@ -1,0 +1,163 @@
+"""The broken-pipeline corpus: mutations of the real pipelines that `verify` must reject.
+
+Each Mutation names what it breaks and the finding (code, culprit) that must catch it. Tests run the
+whole corpus; `fa4gen verify --mutation NAME` shows one report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+from ..ir.core import (Arrive, Commit, ExpectTx, If, Loop, NamedSync, Pipeline, Role, SmemSt, State, Wait,
+                       WaitLd, WaitSt)
+
+
+def rewrite(program: tuple, fn: Callable) -> tuple:
+    """Map every op through fn(op) -> tuple of ops (empty to drop it), keeping loop structure."""
+    out = []
+    for st in program:
+        if isinstance(st, Loop):
+            out.append(dataclasses.replace(st, body=rewrite(st.body, fn)))
+        elif isinstance(st, If):
+            out.append(dataclasses.replace(st, then=rewrite(st.then, fn), orelse=rewrite(st.orelse, fn)))
+        else:
+            out.extend(fn(st))
+    return tuple(out)
+
+
+def with_role(pipe: Pipeline, name: str, **changes) -> Pipeline:
+    roles = tuple(dataclasses.replace(r, **changes) if r.name == name else r for r in pipe.roles)
+    return dataclasses.replace(pipe, roles=roles)
+
+
+def edit_program(pipe: Pipeline, role: str, fn: Callable) -> Pipeline:
+    return with_role(pipe, role, program=rewrite(pipe.role(role).program, fn))
+
+
+def drop_first(pred: Callable) -> Callable:
+    """An op filter that drops only the first op matching pred (textual order)."""
+    done = []
+
+    def fn(op):
+        if not done and pred(op):
+            done.append(op)
+            return ()
+        return (op,)
+
+    return fn
+
+
+def with_barrier(pipe: Pipeline, name: str, **changes) -> Pipeline:
+    bars = tuple(dataclasses.replace(b, **changes) if b.name == name else b for b in pipe.barriers)
+    return dataclasses.replace(pipe, barriers=bars)
+
+
+def with_region(pipe: Pipeline, name: str, **changes) -> Pipeline:
+    regs = tuple(dataclasses.replace(r, **changes) if r.name == name else r for r in pipe.regions)
+    return dataclasses.replace(pipe, regions=regs)
+
+
+def with_states(pipe: Pipeline, role: str, fn: Callable[[State], State]) -> Pipeline:
+    r = pipe.role(role)
+    return with_role(pipe, role, states=tuple(fn(s) for s in r.states))
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    what: str
+    apply: Callable[[Pipeline], Pipeline]
+    code: str  # the finding code that must appear
+    culprit: str  # ... naming this barrier / region / role
+    breaks_data: bool = False  # the simulator must diverge or report a hazard
+
+
+def _sscale_early(pipe: Pipeline) -> Pipeline:
+    # softmax0 writes sScale before waiting for WG2 to hand the slot back
+    def fn(op):
+        if isinstance(op, Wait) and op.barrier == "softmax_corr_empty":
+            return ()
+        if isinstance(op, SmemSt) and op.region == "sScale":
+            return (op, Wait("softmax_corr_empty", "ce"))
+        return (op,)
+
+    return edit_program(pipe, "softmax0", fn)
+
+
+def _kv_empty_early(pipe: Pipeline) -> Pipeline:
+    # the MMA warp releases the V stage (kv_empty commit) before issuing the PV MMA of Q tile 1
+    def fn(op):
+        if isinstance(op, Commit) and op.barrier == "kv_empty" and op.slot == "v":
+            return ()
+        if isinstance(op, Wait) and op.barrier == "p_o_rescale" and op.state == "por1":
+            return (Commit("kv_empty", "v"), op)
+        return (op,)
+
+    return edit_program(pipe, "mma", fn)
+
+
+def _kv_depth(pipe: Pipeline) -> Pipeline:
+    # the load warp walks a ring one stage shorter than the MMA warp's
+    return with_states(pipe, "load", lambda s: dataclasses.replace(s, depth=s.depth - 1) if s.name in ("k", "v") else s)
+
+
+CORPUS: tuple[Mutation, ...] = (
+    Mutation("dropped_wait_p_ready_2", "MMA issues the second PV part without waiting p_ready_2",
+             lambda p: edit_program(p, "mma", drop_first(lambda op: isinstance(op, Wait) and op.barrier == "p_ready_2")),
+             "HAZARD_RAW", "P0", breaks_data=True),
+    Mutation("wrong_arrival_count", "p_o_rescale declared with 128 arrivals (softmax and WG2 bring 256)",
+             lambda p: with_barrier(p, "p_o_rescale", count=128), "ARRIVAL_COUNT", "p_o_rescale"),
+    Mutation("flipped_phase", "softmax0 waits s_ready starting at parity 1 (a producer's phase)",
+             lambda p: with_states(p, "softmax0", lambda s: dataclasses.replace(s, start_phase=1) if s.name == "sr" else s),
+             "PHASE_ROUND", "s_ready", breaks_data=True),
+    Mutation("p_over_o", "P0 placed in O0's columns while still declared an alias of S0",
+             lambda p: with_region(p, "P0", col=256), "TMEM_ALIAS", "P0"),
+    Mutation("missing_wait_st", "softmax0 arrives p_o_rescale without tcgen05.wait::st after its P stores",
+             lambda p: edit_program(p, "softmax0", drop_first(lambda op: isinstance(op, WaitSt))),
+             "HAZARD_RAW", "P0", breaks_data=True),
+    Mutation("missing_pre_arrival", "WG2 does not pre-arrive p_o_rescale[0] before the first PV MMA",
+             lambda p: edit_program(p, "correction", drop_first(
+                 lambda op: isinstance(op, Arrive) and op.barrier == "p_o_rescale" and op.slot == 0)),
+             "DEADLOCK", "p_o_rescale"),
+    Mutation("sscale_reused_early", "softmax0 rewrites sScale before softmax_corr_empty hands it back",
+             _sscale_early, "HAZARD_WAR", "sScale", breaks_data=True),
+    Mutation("kv_ring_depth_off_by_one", "the load warp's K/V ring is one stage shorter than the MMA warp's",
+             _kv_depth, "DEADLOCK", "kv_full"),
+    Mutation("register_budget", "WG2 asks setmaxnreg 72: 128 x (200 + 200 + 72 + 48) > 65,536",
+             lambda p: with_role(p, "correction", regs=72), "REG_BUDGET", "cta"),
+    Mutation("tmem_over_512", "O1 starts at column 480: its D columns run past the 512-column allocation",
+             lambda p: with_region(p, "O1", col=480), "TMEM_BUDGET", "O1"),
+    Mutation("named_barrier_count", "statistics named barrier declared with 192 threads",
+             lambda p: with_barrier(p, "stats", count=192), "NAMED_COUNT", "stats"),
+    Mutation("kv_read_after_empty", "PV MMA of Q tile 1 reads the V stage after its kv_empty commit",
+             _kv_empty_early, "HAZARD_WAR", "KV", breaks_data=True),
+    Mutation("dropped_wait_ld", "softmax0 uses S registers without tcgen05.wait::ld",
+             lambda p: edit_program(p, "softmax0", drop_first(lambda op: isinstance(op, WaitLd))),
+             "HAZARD_REG", "softmax0", breaks_data=True),
+    Mutation("dropped_commit_s_ready", "MMA never commits s_ready[1]",
+             lambda p: edit_program(p, "mma", lambda op: () if isinstance(op, Commit) and op.barrier == "s_ready"
+                                    and op.slot == 1 else (op,)),
+             "DEADLOCK", "s_ready"),
+    Mutation("expect_tx_bytes", "the load warp announces half the Q bytes in expect_tx",
+             lambda p: edit_program(p, "load", lambda op: (dataclasses.replace(op, bytes=op.bytes // 2),)
+                                    if isinstance(op, ExpectTx) and op.barrier == "q_full" else (op,)),
+             "TX_COUNT", "q_full"),
+    Mutation("named_barrier_id_zero", "statistics barrier on hardware id 0 (__syncthreads')",
+             lambda p: with_barrier(p, "stats", named_id=0), "NAMED_ID", "stats"),
+    Mutation("dropped_named_sync", "WG2 reads sScale[0] without joining the statistics barrier",
+             lambda p: edit_program(p, "correction", lambda op: () if isinstance(op, NamedSync) and op.slot == 0
+                                    else (op,)),
+             "NAMED_COUNT", "stats"),
+)
+
+
+def by_name(name: str) -> Mutation:
+    for m in CORPUS:
+        if m.name == name:
+            return m
+    raise KeyError(f"no mutation {name!r}; known: {', '.join(m.name for m in CORPUS)}")
+
+
+__all__ = ["CORPUS", "Mutation", "by_name", "rewrite", "Role"]

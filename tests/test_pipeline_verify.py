@@ -1,0 +1,82 @@
+"""The real pipelines verify clean; the static checks fire on what they guard."""
+
+import itertools
+
+import pytest
+
+from fa4gen import KernelConfig
+from fa4gen.ir import build_pipeline
+from fa4gen.ir.core import BarrierKind, Space, walk_ops, Arrive, NamedArrive, Scope
+from fa4gen.passes import VerificationError, check_or_raise, verify
+
+MATRIX = [KernelConfig(head_dim=d, causal=c, gqa_ratio=g)
+          for d, c, g in itertools.product((64, 128), (False, True), (1, 4))]
+
+
+@pytest.mark.parametrize("cfg", MATRIX, ids=lambda c: c.name)
+def test_real_pipelines_verify_clean(cfg):
+    rep = verify(build_pipeline(cfg))
+    assert rep.ok, rep.text()
+    assert rep.runs >= 4 * 8
+
+
+def test_tmem_map_matches_spec():
+    p = build_pipeline(KernelConfig())
+    cols = {r.name: (r.col, r.col_end, r.alias_of) for r in p.regions if r.space is Space.TMEM}
+    assert cols == {"S0": (0, 128, None), "P0": (64, 128, "S0"), "S1": (128, 256, None),
+                    "P1": (192, 256, "S1"), "O0": (256, 384, None), "O1": (384, 512, None)}
+    assert p.tmem_alloc_cols == 512
+
+
+def test_register_budget_is_exactly_the_seed_split():
+    p = build_pipeline(KernelConfig())
+    assert {r.name: r.regs for r in p.roles} == {"softmax0": 200, "softmax1": 200, "correction": 64,
+                                                 "mma": 48, "load": 48, "store": 48, "idle": 48}
+    assert sum(r.threads * r.regs for r in p.roles) == 65536
+
+
+def test_barrier_table_matches_spec():
+    p = build_pipeline(KernelConfig(gqa_ratio=4))
+    table = {b.name: (b.kind, b.slots, b.count) for b in p.barriers}
+    assert table["p_o_rescale"] == (BarrierKind.MBAR, 2, 256)
+    assert table["p_ready_2"] == (BarrierKind.MBAR, 2, 128)
+    assert table["kv_full"] == (BarrierKind.TMA, 3, 1)
+    assert table["kv_empty"] == (BarrierKind.TCGEN05, 3, 1)
+    assert table["stats"] == (BarrierKind.NAMED, 2, 256)
+    assert table["corr_epi_empty"] == (BarrierKind.MBAR, 2, 32)
+    g1 = {b.name: (b.slots, b.count) for b in build_pipeline(KernelConfig(gqa_ratio=1)).barriers}
+    assert g1["stats"] == (8, 64)  # four 64-thread barriers per stage pair warp k with warp k
+
+
+@pytest.mark.parametrize("causal,first_chunks", [(False, 3), (True, 2)])
+def test_p_store_split_follows_k_split(causal, first_chunks):
+    """Softmax stores K_SPLIT/32 chunks, wait::st, arrive p_o_rescale; then the rest."""
+    p = build_pipeline(KernelConfig(causal=causal))
+    seq = [type(op).__name__ for op in walk_ops(p.role("softmax0").program)
+           if type(op).__name__ in ("TmemSt", "WaitSt", "Arrive")]
+    i = seq.index("Arrive")
+    assert seq[:i] == ["TmemSt"] * first_chunks + ["WaitSt"]
+    assert seq[i + 1:i + 2 + 4 - first_chunks] == ["TmemSt"] * (4 - first_chunks) + ["WaitSt"]
+
+
+def test_epilogue_owner_depends_on_causal():
+    nc, c = build_pipeline(KernelConfig()), build_pipeline(KernelConfig(causal=True))
+    owner = lambda p: {r.name for r in p.roles for op in walk_ops(r.program)  # noqa: E731
+                       if isinstance(op, Arrive) and op.barrier == "corr_epi_full"}
+    assert owner(nc) == {"correction"}
+    assert owner(c) == {"softmax0", "softmax1"}
+
+
+def test_check_or_raise_carries_the_report():
+    import dataclasses
+    p = build_pipeline(KernelConfig())
+    bad = dataclasses.replace(p, smem_limit=1000)
+    with pytest.raises(VerificationError) as ei:
+        check_or_raise(bad, scenarios=((1,),))
+    assert "SMEM_BUDGET" in ei.value.report.codes()
+    assert not ei.value.report.ok
+
+
+def test_smem_over_limit_for_deep_kv_ring():
+    rep = verify(build_pipeline(KernelConfig(kv_stages=4)), scenarios=((1,),))
+    assert "SMEM_BUDGET" in rep.codes()
