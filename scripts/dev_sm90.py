@@ -143,7 +143,7 @@ def load_kernels(args, log):
     return kernels
 
 
-def wait_or_die(log, what, timeout=20.0):
+def wait_or_die(log, what, timeout=10.0):
     import torch
 
     ev = torch.cuda.Event()

@@ -38,6 +38,7 @@ __all__ = ["Sm90Options", "Probe", "NamedBarrier", "build_sm90", "lower_sm90", "
 ENTRY = "fa4_fwd"
 PTX_VERSION = "8.5"  # wgmma, setmaxnreg, elect.sync, 5-D TMA: PTX 8.0+; the H200 driver (580) takes 9.0
 THREADS = 384
+ENTRY_REGS = (65536 // THREADS) // 8 * 8  # 168: ptxas caps a .maxntid 384 / .minnctapersm 1 kernel here
 SMEM_LIMIT = 232448  # bytes of dynamic SMEM a CTA may opt into on sm_90 (227 KiB)
 SMEM_ALIGN = 1024  # 128B-swizzle atoms (8 rows x 128 B) must start 1024-aligned for base_offset = 0
 HALF_COLS = 64  # 16-bit columns per 128-byte swizzle row: the TMA box's inner extent
@@ -86,7 +87,7 @@ class Sm90Options:
     """Lowering knobs that are not part of the algorithm's config (tuning and diagnostics)."""
 
     pingpong: bool = True
-    producer_regs: int = 32
+    producer_regs: int = 24
     consumer_regs: int = 240
     probe: Probe = Probe.NONE
 
@@ -95,8 +96,13 @@ class Sm90Options:
             v = getattr(self, name)
             if not isinstance(v, int) or v % 8 or not 24 <= v <= 256:
                 raise Sm90LoweringError(f"{name}={v!r}: setmaxnreg takes a multiple of 8 in [24, 256]")
-        if 128 * (self.producer_regs + N_CONSUMERS * self.consumer_regs) > 65536:
-            raise Sm90LoweringError("register budget: 128 x (producer + 2 x consumer) must be <= 65536")
+        # setmaxnreg moves registers inside the CTA's launch-time allocation (384 threads x the
+        # entry cap); an inc that the pool cannot cover blocks forever (seen on the H200: 32/240/240
+        # hangs, 24/240/240 = 3 x 168 runs).
+        if 128 * (self.producer_regs + N_CONSUMERS * self.consumer_regs) > THREADS * ENTRY_REGS:
+            raise Sm90LoweringError(f"register budget: producer + 2 x consumer must be <= {3 * ENTRY_REGS} "
+                                    f"(3 warpgroups x the entry cap {ENTRY_REGS}), got "
+                                    f"{self.producer_regs} + 2 x {self.consumer_regs}")
         if not isinstance(self.probe, Probe):
             raise Sm90LoweringError(f"probe={self.probe!r}: a Probe")
 
@@ -332,7 +338,7 @@ def _options_tag(opt: Sm90Options) -> str:
         parts.append("nopp")
     if opt.probe is not Probe.NONE:
         parts.append(f"probe{opt.probe.value}")
-    if (opt.producer_regs, opt.consumer_regs) != (32, 240):
+    if (opt.producer_regs, opt.consumer_regs) != (24, 240):
         parts.append(f"r{opt.producer_regs}-{opt.consumer_regs}")
     return "_".join(parts) or "opt"
 
