@@ -46,6 +46,7 @@ SHAPES = (
     (2, 8192, 32, 8, 128, True),
     (4, 4096, 32, 32, 64, True),
 )
+DEVICE = "cuda"
 IMPLS = ("fa4gen", "fa4gen_kernel", "cudnn", "flash")
 
 
@@ -114,8 +115,8 @@ def run_shape(shape, dtype_name, warmup_ms, rep_ms):
 
     b, s, hq, hkv, d, causal = shape
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
-    gen = torch.Generator(device="cuda").manual_seed(1234)
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt, generator=gen) for h in (hq, hkv, hkv))
+    gen = torch.Generator(device=DEVICE).manual_seed(1234)
+    q, k, v = (torch.randn(b, s, h, d, device=DEVICE, dtype=dt, generator=gen) for h in (hq, hkv, hkv))
     row = dict(B=b, Sq=s, Skv=s, Hq=hq, Hkv=hkv, D=d, dtype=dtype_name, causal=causal)
     outputs, notes, ms = {}, {}, {}
 
@@ -208,6 +209,12 @@ def markdown(rows) -> str:
     return "\n".join(lines)
 
 
+def _write(path: Path, result: dict) -> None:
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    if os.environ.get("OUT") and Path(os.environ["OUT"]).is_dir():
+        shutil.copy(path, Path(os.environ["OUT"]) / path.name)
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -225,24 +232,22 @@ def main(argv=None):
         return 2
     shapes = SHAPES if not args.only else tuple(SHAPES[int(i)] for i in args.only.split(","))
     env = environment(["-m", "bench.attention", *argv])
-    rows = []
-    for shape in shapes:
-        row = run_shape(shape, args.dtype, args.warmup_ms, args.rep_ms)
-        rows.append(row)
-        print(f"  {shape}: fa4gen {row['fa4gen_tflops']} / kernel {row['fa4gen_kernel_tflops']}, "
-              f"cudnn {row['cudnn_tflops']}, flash {row['flash_tflops']} TFLOP/s"
-              + (f"  notes: {row['notes']}" if row.get("notes") else ""), flush=True)
-
-    result = {**env, "dtype": args.dtype, "timing": f"triton do_bench median, warmup {args.warmup_ms} ms, "
-                                                      f"rep {args.rep_ms} ms", "results": rows}
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H%M%SZ")
     gpu = re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"]).strip("-")
     path = out_dir / f"{stamp}_{gpu}.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    if os.environ.get("OUT"):
-        shutil.copy(path, Path(os.environ["OUT"]) / path.name)
+    result = {**env, "dtype": args.dtype, "timing": f"triton do_bench median, warmup {args.warmup_ms} ms, "
+                                                      f"rep {args.rep_ms} ms", "complete": False, "results": []}
+    for i, shape in enumerate(shapes):
+        row = run_shape(shape, args.dtype, args.warmup_ms, args.rep_ms)
+        result["results"].append(row)
+        result["complete"] = i == len(shapes) - 1
+        _write(path, result)  # after every shape: a hang later still leaves the rows measured so far
+        print(f"  {shape}: fa4gen {row['fa4gen_tflops']} / kernel {row['fa4gen_kernel_tflops']}, "
+              f"cudnn {row['cudnn_tflops']}, flash {row['flash_tflops']} TFLOP/s"
+              + (f"  notes: {row['notes']}" if row.get("notes") else ""), flush=True)
+    rows = result["results"]
     print()
     print(markdown(rows))
     print(f"\nwrote {path}")
