@@ -1,0 +1,158 @@
+"""KernelConfig: validation names the field, names are stable, the hash covers everything."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+import fa4gen.config as config_module
+from fa4gen.config import ConfigError, KernelConfig
+
+BAD_VALUES = [
+    ("arch", "sm_80"),
+    ("arch", "sm_100"),
+    ("head_dim", 96),
+    ("head_dim", 256),
+    ("head_dim", True),
+    ("causal", 1),
+    ("causal", "yes"),
+    ("gqa_ratio", 3),
+    ("gqa_ratio", 0),
+    ("gqa_ratio", 256),
+    ("gqa_ratio", True),
+    ("dtype", "fp32"),
+    ("dtype", "float16"),
+    ("block_m", 64),
+    ("block_n", 256),
+    ("q_stages", 1),
+    ("kv_stages", 1),
+    ("kv_stages", 5),
+    ("kv_stages", 2.0),
+    ("kv_stages", True),
+    ("rescale_threshold", -1.0),
+    ("rescale_threshold", math.inf),
+    ("rescale_threshold", math.nan),
+    ("rescale_threshold", True),
+    ("rescale_threshold", "8"),
+    ("emu_pairs", -1),
+    ("emu_pairs", 9),
+    ("emu_pairs", True),
+    ("emu_pairs", 2.0),
+    ("emu_start", -1),
+    ("emu_start", 4),
+    ("emu_start", False),
+    ("k_split", 48),
+    ("k_split", 0),
+    ("k_split", 128),
+    ("k_split", 160),
+    ("k_split", True),
+]
+
+
+@pytest.mark.parametrize("field,value", BAD_VALUES)
+def test_invalid_field_raises_config_error_naming_it(field, value):
+    with pytest.raises(ConfigError) as info:
+        KernelConfig(**{field: value})
+    err = info.value
+    assert err.field == field
+    assert field in str(err) and repr(value) in str(err)
+    assert isinstance(err, ValueError)  # callers catching ValueError still see it
+
+
+def test_every_field_has_a_rejected_value():
+    covered = {f for f, _ in BAD_VALUES}
+    assert covered == {f.name for f in dataclasses.fields(KernelConfig)}
+
+
+def test_defaults_are_resolved():
+    nc, c = KernelConfig(), KernelConfig(causal=True)
+    assert (nc.emu_pairs, nc.emu_start, nc.k_split) == (2, 1, 96)
+    assert (c.emu_pairs, c.emu_start, c.k_split) == (2, 0, 64)
+    assert nc.p_chunks_first == 3 and c.p_chunks_first == 2
+    assert KernelConfig(gqa_ratio=16).seq_q_per_tile == 8
+    # an explicit default is the same config (same name, same hash)
+    explicit = KernelConfig(emu_pairs=2, emu_start=1, k_split=96, rescale_threshold=8)
+    assert explicit == nc and explicit.content_hash == nc.content_hash and explicit.name == nc.name
+    assert isinstance(KernelConfig(rescale_threshold=8).rescale_threshold, float)
+
+
+def test_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        KernelConfig().head_dim = 64
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    ({}, "fa4_sm100a_d128_bf16_noncausal_gqa1"),
+    ({"causal": True, "gqa_ratio": 4}, "fa4_sm100a_d128_bf16_causal_gqa4"),
+    ({"arch": "sm_90a", "head_dim": 64, "dtype": "fp16"}, "fa4_sm90a_d64_fp16_noncausal_gqa1"),
+])
+def test_default_names_are_stable(kwargs, name):
+    assert KernelConfig(**kwargs).name == name
+
+
+def test_tuned_variant_names_carry_the_hash():
+    tuned = KernelConfig(kv_stages=4)
+    assert tuned.name == "fa4_sm100a_d128_bf16_noncausal_gqa1_" + tuned.content_hash[:8]
+    assert tuned.name != KernelConfig().name
+
+
+ALTERNATIVES = {
+    "arch": "sm_90a", "head_dim": 64, "causal": True, "gqa_ratio": 2, "dtype": "fp16",
+    "kv_stages": 2, "rescale_threshold": 0.0, "emu_pairs": 1, "emu_start": 2, "k_split": 32,
+}
+
+
+@pytest.mark.parametrize("field", sorted(ALTERNATIVES))
+def test_hash_and_name_change_with_each_field(field):
+    base = KernelConfig()
+    other = base.replace(**{field: ALTERNATIVES[field]})
+    assert other != base
+    assert other.content_hash != base.content_hash
+    assert other.name != base.name
+
+
+def test_fixed_fields_have_no_alternative_but_are_hashed():
+    # block_m, block_n, q_stages admit one value today; the hash still reads every field
+    fixed = {f.name for f in dataclasses.fields(KernelConfig)} - set(ALTERNATIVES)
+    assert fixed == {"block_m", "block_n", "q_stages"}
+    assert set(KernelConfig().to_dict()) >= fixed
+
+
+def test_hash_changes_with_generator_version(monkeypatch):
+    before = KernelConfig().content_hash
+    tuned_before = KernelConfig(kv_stages=4).name
+    monkeypatch.setattr(config_module, "GENERATOR_VERSION", config_module.GENERATOR_VERSION + ".dev1")
+    assert KernelConfig().content_hash != before
+    assert KernelConfig(kv_stages=4).name != tuned_before
+    assert KernelConfig().name == "fa4_sm100a_d128_bf16_noncausal_gqa1"  # default names stay readable
+
+
+def test_hash_is_deterministic():
+    assert KernelConfig(causal=True).content_hash == KernelConfig(causal=True).content_hash
+    assert len(KernelConfig().content_hash) == 16
+    int(KernelConfig().content_hash, 16)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"causal": True, "gqa_ratio": 8, "dtype": "fp16"},
+                                    {"arch": "sm_90a", "head_dim": 64, "emu_pairs": 0, "k_split": 64}])
+def test_from_dict_round_trip(kwargs):
+    cfg = KernelConfig(**kwargs)
+    again = KernelConfig.from_dict(cfg.to_dict())
+    assert again == cfg and again.content_hash == cfg.content_hash and again.name == cfg.name
+
+
+def test_from_dict_unknown_field():
+    d = KernelConfig().to_dict()
+    d["warp_count"] = 4
+    with pytest.raises(ConfigError) as info:
+        KernelConfig.from_dict(d)
+    assert info.value.field == "warp_count" and "not a KernelConfig field" in str(info.value)
+
+
+def test_from_dict_validates():
+    d = KernelConfig().to_dict()
+    d["head_dim"] = 96
+    with pytest.raises(ConfigError, match="head_dim"):
+        KernelConfig.from_dict(d)
