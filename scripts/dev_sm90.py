@@ -52,6 +52,10 @@ def variants() -> dict[str, tuple[KernelConfig, Sm90Options]]:
     add("d128_nc_noemu", emu_pairs=0)
     add("d128_c_noemu", causal=True, emu_pairs=0)
     add("d128_nc_thr0", rescale_threshold=0.0)
+    add("d64_nc_noemu", head_dim=64, emu_pairs=0)
+    add("d64_c_noemu", head_dim=64, causal=True, emu_pairs=0)
+    add("d128_c_gqa4_noemu", causal=True, gqa_ratio=4, emu_pairs=0)
+    add("d128_nc_gqa4_noemu", gqa_ratio=4, emu_pairs=0)
     return V
 
 
@@ -318,8 +322,8 @@ def bench(kernels, log, tags_for_main):
                 res[name] = float("nan")
                 log(f"  {name} unavailable for {tag} B{B} S{S}: {type(e).__name__}: {str(e)[:100]}")
         extra = {}
-        if (B, S, Hq, Hkv, D) == (2, 8192, 16, 16, 128):
-            for t in tags_for_main[causal]:
+        if True:
+            for t in tags_for_main.get(tag, ()):
                 if t in kernels:
                     Kt = kernels[t][2]
                     Kt(q, k, v, o, None)
@@ -357,8 +361,10 @@ def cmd_run(args):
     log(f"correctness: {n_ok}/{len(results)} variants ok, probes {'ok' if probes_ok else 'FAIL'}")
     rows = []
     if args.bench and (n_ok == len(results) or args.bench_anyway):
-        rows = bench(kernels, log, {False: ["d128_nc_nopp", "d128_nc_noemu", "d128_nc_thr0"],
-                                    True: ["d128_c_noemu"]})
+        rows = bench(kernels, log, {"d128_nc": ["d128_nc_nopp", "d128_nc_noemu", "d128_nc_thr0"],
+                                    "d128_c": ["d128_c_noemu"], "d64_nc": ["d64_nc_noemu"],
+                                    "d64_c": ["d64_c_noemu"], "d128_c_gqa4": ["d128_c_gqa4_noemu"],
+                                    "d128_nc_gqa4": ["d128_nc_gqa4_noemu"]})
     log("\n== correctness ==")
     for tag, (ok, worst) in results.items():
         log(f"{tag:22s} {'ok  ' if ok else 'FAIL'} worst rel err {worst:.2e}")

@@ -20,6 +20,7 @@ constants, per-register mask columns and exp-path choices. The templates only sp
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from dataclasses import dataclass, field
@@ -114,33 +115,48 @@ class SmemPlan:
     v: int
     o: int
     bar: int
-    kv_stage_bytes: int
+    tile_bytes: int  # one 128-row x D tile (Q slot, K or V stage, O staging)
+    q_stages: int
     kv_stages: int
     total: int  # bytes requested at launch, including the slack for aligning the base to 1024
 
     @property
     def barriers(self) -> dict[str, int]:
-        s = self.kv_stages
-        return {"q_full": 0, "q_empty": 8, "k_full": 16, "k_empty": 16 + 8 * s,
-                "v_full": 16 + 16 * s, "v_empty": 16 + 24 * s}
+        q, s = self.q_stages, self.kv_stages
+        return {"q_full": 0, "q_empty": 8 * q, "k_full": 16 * q, "k_empty": 16 * q + 8 * s,
+                "v_full": 16 * q + 16 * s, "v_empty": 16 * q + 24 * s}
+
+    @property
+    def barrier_bytes(self) -> int:
+        return 16 * self.q_stages + 32 * self.kv_stages
 
 
 def smem_plan(cfg: KernelConfig) -> SmemPlan:
-    """SMEM layout; K/V stages are the config's, capped by what fits (recorded in the manifest)."""
-    tile = ROWS * cfg.head_dim * cfg.elem_bytes  # Q, K, V or O tile: 128 rows x D
-    fixed = 2 * tile  # Q + O staging
-    bar_bytes = 16 + 32 * 4
-    fit = (SMEM_LIMIT - SMEM_ALIGN - fixed - bar_bytes) // (2 * tile)
-    stages = min(cfg.kv_stages, fit)
+    """SMEM layout. Stages are the config's, capped by what fits (the manifest records the result).
+
+    Q slots (cfg.q_stages, 2) hold consecutive tasks' tiles of a persistent CTA, so the next tile's
+    Q loads while this one finishes; K/V keep at least 2 stages, and Q drops to 1 slot before
+    K/V would (D = 128: 2 Q + 2x2 K/V + O = 224 KiB fits; 3 K/V stages would not).
+    """
+    tile = ROWS * cfg.head_dim * cfg.elem_bytes
+
+    def stages_for(q_stages):
+        fixed = (q_stages + 1) * tile + 16 * q_stages + 32 * 4  # Q slots + O staging + barriers (<= 4 stages)
+        return min(cfg.kv_stages, (SMEM_LIMIT - SMEM_ALIGN - fixed) // (2 * tile))
+
+    q_stages = cfg.q_stages
+    while q_stages > 1 and stages_for(q_stages) < 2:
+        q_stages -= 1
+    stages = stages_for(q_stages)
     if stages < 2:
         raise Sm90LoweringError(f"head_dim {cfg.head_dim}: fewer than 2 K/V stages fit in SMEM")
     q = 0
-    k = q + tile
+    k = q + q_stages * tile
     v = k + stages * tile
     o = v + stages * tile
     bar = o + tile
-    total = bar + 16 + 32 * stages + SMEM_ALIGN
-    return SmemPlan(q=q, k=k, v=v, o=o, bar=bar, kv_stage_bytes=tile, kv_stages=stages, total=total)
+    plan = SmemPlan(q=q, k=k, v=v, o=o, bar=bar, tile_bytes=tile, q_stages=q_stages, kv_stages=stages, total=0)
+    return dataclasses.replace(plan, total=bar + plan.barrier_bytes + SMEM_ALIGN)
 
 
 def _desc_const(lbo: int, sbo: int) -> int:
@@ -260,6 +276,7 @@ def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
         "half_bytes": half_bytes,
         "o_wg_bytes": WG_ROWS * 128,
         "kv_stages": plan.kv_stages,
+        "q_stages": plan.q_stages,
         "smem": plan,
         "bars": bars,
         "empty_arrivals": EMPTY_ARRIVALS,
@@ -316,8 +333,9 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
         "entry": ENTRY,
         "threads_per_cta": THREADS,
         "dynamic_smem_bytes": plan.total,
-        "grid": {"policy": "one_per_task" if cfg.causal else "persistent",
-                 "task_unit": "one 128-row Q tile: (batch, kv_head, m_block)"},
+        # Persistent for both: causal tasks come heaviest first (LPT order in the kernel's task
+        # decode), dealt round-robin to the resident CTAs.
+        "grid": {"policy": "persistent", "task_unit": "one 128-row Q tile: (batch, kv_head, m_block)"},
         "tensor_maps": {
             "q": {"dims": qo_dims, "box": [HALF_COLS, G, 1, cfg.seq_q_per_tile, 1], "swizzle": "128B", "dtype": dtype},
             "k": {"dims": kv_dims, "box": [HALF_COLS, 1, ROWS, 1], "swizzle": "128B", "dtype": dtype},
@@ -327,7 +345,7 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
         },
         "params": ["tmap_q", "tmap_k", "tmap_v", "tmap_o", "lse_ptr", "batch", "seqlen_q", "seqlen_k",
                    "num_heads_kv", "scale_log2", "num_m_blocks", "num_tasks"],
-        "sm90": {"kv_stages": plan.kv_stages, "pingpong": opt.pingpong, "probe": opt.probe.value,
+        "sm90": {"kv_stages": plan.kv_stages, "q_stages": plan.q_stages, "pingpong": opt.pingpong, "probe": opt.probe.value,
                  "producer_regs": opt.producer_regs, "consumer_regs": opt.consumer_regs},
     }
 
