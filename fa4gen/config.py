@@ -80,8 +80,10 @@ class KernelConfig:
         if isinstance(self.kv_stages, bool) or not isinstance(self.kv_stages, int) or not 2 <= self.kv_stages <= 4:
             raise ConfigError("kv_stages", self.kv_stages, "an integer in [2, 4]")
         thr = self.rescale_threshold
-        if isinstance(thr, bool) or not isinstance(thr, (int, float)) or not math.isfinite(thr) or thr < 0:
-            raise ConfigError("rescale_threshold", thr, "a finite number >= 0 (log2 units; 0 = always rescale)")
+        if isinstance(thr, bool) or not isinstance(thr, (int, float)) or not math.isfinite(thr) or not 0 <= thr <= 15:
+            # P reaches 2^threshold between rescales: fp16 overflows at 2^16
+            raise ConfigError("rescale_threshold", thr, "a number in [0, 15] (log2 units; 0 = always rescale; "
+                                                        "P can reach 2^threshold and fp16 overflows at 2^16)")
         fix("rescale_threshold", float(thr))
         pairs = EMU_PAIRS_DEFAULT if self.emu_pairs is None else self.emu_pairs
         if isinstance(pairs, bool) or not isinstance(pairs, int) or not 0 <= pairs <= 8:

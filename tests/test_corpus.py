@@ -48,3 +48,14 @@ def test_data_breaking_mutations_fail_in_the_simulator(mut):
             failed = True
             break
     assert failed, f"{mut.name}: the simulator neither diverged nor reported a hazard"
+
+
+from fa4gen.passes.mutations import SM90_CORPUS  # noqa: E402
+
+
+@pytest.mark.parametrize("mut", SM90_CORPUS, ids=lambda m: m.name)
+def test_sm90_mutation_rejected_with_culprit(mut):
+    base = build_pipeline(KernelConfig(arch="sm_90a", head_dim=64, causal=True, gqa_ratio=2))
+    rep = verify(mut.apply(base))
+    hits = [f for f in rep.findings if f.code == mut.code and mut.culprit in f.subject.split(", ")]
+    assert hits, f"{mut.name}: expected {mut.code} on {mut.culprit}, got:\n{rep.text()}"

@@ -80,3 +80,16 @@ def test_check_or_raise_carries_the_report():
 def test_smem_over_limit_for_deep_kv_ring():
     rep = verify(build_pipeline(KernelConfig(kv_stages=4)), scenarios=((1,),))
     assert "SMEM_BUDGET" in rep.codes()
+
+
+SM90_MATRIX = [KernelConfig(arch="sm_90a", head_dim=d, causal=c, gqa_ratio=g)
+               for d, c, g in itertools.product((64, 128), (False, True), (1, 8))]
+
+
+@pytest.mark.parametrize("cfg", SM90_MATRIX, ids=lambda c: c.name)
+def test_sm90_pipelines_verify_clean(cfg):
+    p = build_pipeline(cfg)
+    rep = verify(p)
+    assert rep.ok, rep.text()
+    assert p.tmem_alloc_cols == 0 and not [r for r in p.regions if r.space is Space.TMEM]
+    assert sum(r.threads * r.regs for r in p.roles) <= 65536

@@ -25,6 +25,7 @@ class Space(enum.Enum):
     GMEM = "gmem"
     SMEM = "smem"
     TMEM = "tmem"
+    REG = "reg"  # per-thread registers (sm_90a wgmma accumulators and the P A-fragments)
 
 
 class BarrierKind(enum.Enum):
@@ -38,12 +39,14 @@ class Scope(enum.Enum):
     """Who executes an op inside its role: one elected thread, or every thread of the role."""
 
     ELECTED = "elected"
+    WARP = "warp"  # one elected lane per warp of the role
     ALL = "all"
 
 
 class Cond(enum.Enum):
     FIRST_BLOCK = "first_block"  # the current K/V iteration is the task's first block
     NOT_FIRST_BLOCK = "not_first_block"
+    LAST_BLOCK = "last_block"  # the current K/V iteration (block 0 outside a K/V loop) is the last
     ANY_RESCALE = "any_rescale"  # data-dependent: vote.any(acc_scale < 1) over the warp
     HAS_LSE = "has_lse"  # runtime: the caller asked for LSE (lse_ptr != 0)
 
@@ -203,6 +206,13 @@ class Mma:
 
 
 @dataclass(frozen=True)
+class MmaWait:
+    """wgmma.wait_group N: every MMA this role issued, except the N most recent, has completed."""
+
+    pending: int
+
+
+@dataclass(frozen=True)
 class Commit:
     """tcgen05.commit: barrier[slot] gets 1 arrival once the issuer's prior MMAs complete."""
 
@@ -293,7 +303,7 @@ class Compute:
     writes: tuple[str, ...] = ()
 
 
-Op = Union[Wait, Arrive, ExpectTx, TmaLoad, TmaStore, TmaStoreWait, Mma, Commit, TmemLd, TmemSt, WaitLd,
+Op = Union[Wait, Arrive, ExpectTx, TmaLoad, TmaStore, TmaStoreWait, Mma, MmaWait, Commit, TmemLd, TmemSt, WaitLd,
            WaitSt, SmemSt, SmemLd, FenceProxyAsync, NamedArrive, NamedSync, Advance, Compute]
 
 

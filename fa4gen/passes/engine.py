@@ -29,7 +29,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
-                       FenceProxyAsync, If, Loop, LoopKind, Mma, NamedArrive, NamedSync, Pipeline, Role,
+                       FenceProxyAsync, If, Loop, LoopKind, Mma, MmaWait, NamedArrive, NamedSync, Pipeline, Role,
                        Scope, SmemLd, SmemSt, Space, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt,
                        Wait, WaitLd, WaitSt)
 
@@ -175,24 +175,26 @@ class Engine:
 
     # ---- program walking ------------------------------------------------------------------------
     def _program(self, role: Role):
-        for task, n in enumerate(self.sc.blocks_per_task):
-            ctx = {"task": task, "n": n, "t": None, "loop": None}
-            yield from self._stmts(role, role.program, ctx)
+        ctx = {"task": 0, "n": self.sc.blocks_per_task[0], "t": None, "loop": None}
+        yield from self._stmts(role, role.program, ctx)
 
     def _stmts(self, role, stmts, ctx):
         for st in stmts:
             if isinstance(st, Loop):
                 if st.kind is LoopKind.TASKS:
-                    yield from self._stmts(role, st.body, ctx)  # tasks are iterated by _program
+                    for task, n in enumerate(self.sc.blocks_per_task):
+                        yield from self._stmts(role, st.body, dict(ctx, task=task, n=n))
                 else:
                     start = 0 if st.kind is LoopKind.KV else 1
                     for t in range(start, ctx["n"]):
                         yield from self._stmts(role, st.body, dict(ctx, t=t, loop=st.kind))
             elif isinstance(st, If):
-                if st.cond in (Cond.FIRST_BLOCK, Cond.NOT_FIRST_BLOCK):
-                    if ctx["t"] is None:
-                        raise ValueError(f"{role.name}: {st.cond.value} outside a K/V loop")
-                    taken = (ctx["t"] == 0) == (st.cond is Cond.FIRST_BLOCK)
+                if st.cond in (Cond.FIRST_BLOCK, Cond.NOT_FIRST_BLOCK, Cond.LAST_BLOCK):
+                    t = 0 if ctx["t"] is None else ctx["t"]  # outside a K/V loop: the prologue's block 0
+                    if st.cond is Cond.LAST_BLOCK:
+                        taken = t == ctx["n"] - 1
+                    else:
+                        taken = (t == 0) == (st.cond is Cond.FIRST_BLOCK)
                 elif st.cond is Cond.HAS_LSE:
                     taken = self.sc.has_lse
                 else:
@@ -235,8 +237,10 @@ class Engine:
             return range(r.col + lo // 2, r.col + (hi + 1) // 2)
         return range(r.col + lo, r.col + hi)
 
-    def _keys(self, region_name: str, slot: int, lo=None, hi=None):
+    def _keys(self, region_name: str, slot: int, lo=None, hi=None, owner: str = ""):
         r = self.pipe.region(region_name)
+        if r.space is Space.REG:  # registers are private to the role that owns them
+            return [("reg", owner, region_name)]
         if r.space is Space.TMEM:
             full = (0, 2 * r.cols if r.dtype == "f16" else r.cols)
             lo, hi = (full if lo is None else (lo, hi))
@@ -318,6 +322,8 @@ class Engine:
             return not self.pending_st[rname]
         if isinstance(op, TmaStoreWait):
             return not self.pending_store[rname]
+        if isinstance(op, MmaWait):
+            return len(self.mma_queues[rname]) <= op.pending
         return True
 
     def _async_ready(self):
@@ -468,7 +474,7 @@ class Engine:
         self.wait_records.append((ev, op.barrier, slot, need))
 
     def _op_Arrive(self, role, op, ctx, ev, slots):
-        n = role.threads if op.scope is Scope.ALL else 1
+        n = {Scope.ALL: role.threads, Scope.WARP: len(role.warps), Scope.ELECTED: 1}[op.scope]
         slot = self.slot(role, op.slot)
         self.mbar_arrive(op.barrier, slot, n, ev, who=role.name)
 
@@ -501,16 +507,17 @@ class Engine:
             unit.vc.join(issue_vc)
             e = unit.tick(label + " completes")
             if op.kind == "qk":
-                self.access(e, self._keys(op.a, aslot), False, op.a)
-                self.access(e, self._keys(op.b, bslot), False, op.b)
-                self.access(e, self._keys(op.d, 0), True, op.d)
+                self.access(e, self._keys(op.a, aslot, owner=role.name), False, op.a)
+                self.access(e, self._keys(op.b, bslot, owner=role.name), False, op.b)
+                self.access(e, self._keys(op.d, 0, owner=role.name), True, op.d)
             else:
-                self.access(e, self._keys(op.a, 0, op.k_lo, op.k_hi), False, op.a)
-                self.access(e, self._keys(op.b, bslot), False, op.b)
+                self.access(e, self._keys(op.a, 0, op.k_lo, op.k_hi, owner=role.name), False, op.a)
+                self.access(e, self._keys(op.b, bslot, owner=role.name), False, op.b)
                 if acc:
-                    self.access(e, self._keys(op.d, 0), False, op.d)
-                self.access(e, self._keys(op.d, 0), True, op.d)
+                    self.access(e, self._keys(op.d, 0, owner=role.name), False, op.d)
+                self.access(e, self._keys(op.d, 0, owner=role.name), True, op.d)
             self.data.effect("mma", role, op, dict(ctx, block=blk, accumulate=acc), {"a": aslot, "b": bslot})
+            self._done_vcs[(role.name, "mma")].append(e.vc)
 
         self.mma_queues[role.name].append(fire)
 
@@ -519,6 +526,10 @@ class Engine:
         if name not in self.agents:
             self.agents[name] = _Agent(name)
         return self.agents[name]
+
+    def _op_MmaWait(self, role, op, ctx, ev, slots):
+        self._join_done(role, "mma")
+        ev.vc.join(self.agents[role.name].vc)
 
     def _op_Commit(self, role, op, ctx, ev, slots):
         slot = self.slot(role, op.slot)
@@ -624,6 +635,13 @@ class Engine:
 
     def _op_Compute(self, role, op, ctx, ev, slots):
         self._check_regs(role, op.reads, ev)
+        reg_regions = {r.name for r in self.pipe.regions if r.space is Space.REG}
+        for name in op.reads:
+            if name in reg_regions:
+                self.access(ev, [("reg", role.name, name)], False, name)
+        for name in op.writes:
+            if name in reg_regions:
+                self.access(ev, [("reg", role.name, name)], True, name)
         self.data.effect("compute", role, op, ctx, {})
 
     def _named_instances(self, op, role):

@@ -10,8 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
-from ..ir.core import (Arrive, Commit, ExpectTx, If, Loop, NamedSync, Pipeline, Role, SmemSt, State, Wait,
-                       WaitLd, WaitSt)
+from ..ir.core import (Arrive, Commit, ExpectTx, If, Loop, LoopKind, MmaWait, NamedArrive, NamedSync, Pipeline, Role, SmemSt,
+                       State, Wait, WaitLd, WaitSt)
 
 
 def rewrite(program: tuple, fn: Callable) -> tuple:
@@ -153,11 +153,48 @@ CORPUS: tuple[Mutation, ...] = (
 )
 
 
+def _sm90_pack_early(pipe: Pipeline) -> Pipeline:
+    # rewrite P while the PV wgmma that reads it may still run: drop the K/V loop's wait_group 0
+    def in_loop(st):
+        if isinstance(st, Loop) and st.kind is LoopKind.KV_REST:
+            return dataclasses.replace(st, body=tuple(op for op in st.body
+                                                      if not (isinstance(op, MmaWait) and op.pending == 0)))
+        if isinstance(st, Loop):
+            return dataclasses.replace(st, body=tuple(in_loop(b) for b in st.body))
+        return st
+
+    return with_role(pipe, "consumer0", program=tuple(in_loop(st) for st in pipe.role("consumer0").program))
+
+
+def _sm90_release_k_early(pipe: Pipeline) -> Pipeline:
+    # consumer 1 hands the K stage back before wgmma.wait_group has retired the QK^T reading it
+    def fn(op):
+        if isinstance(op, MmaWait):
+            return ()
+        return (op,)
+
+    return edit_program(pipe, "consumer1", fn)
+
+
+SM90_CORPUS: tuple[Mutation, ...] = (
+    Mutation("sm90_pack_p_before_pv_done", "consumer0 rewrites the P registers while the PV wgmma reads them",
+             _sm90_pack_early, "HAZARD_WAR", "P"),
+    Mutation("sm90_release_k_before_wait", "consumer1 arrives k_empty without wgmma.wait_group",
+             _sm90_release_k_early, "HAZARD_WAR", "K"),
+    Mutation("sm90_no_pingpong_prearrive", "consumer1 does not pre-arrive, so consumer0 never gets the tensor core",
+             lambda p: with_role(p, "consumer1", program=tuple(
+                 st for st in p.role("consumer1").program if not isinstance(st, NamedArrive))),
+             "DEADLOCK", "sched"),
+    Mutation("sm90_q_empty_count", "q_empty declared with 4 arrivals (two consumers x 4 warps bring 8)",
+             lambda p: with_barrier(p, "q_empty", count=4), "ARRIVAL_COUNT", "q_empty"),
+)
+
+
 def by_name(name: str) -> Mutation:
-    for m in CORPUS:
+    for m in CORPUS + SM90_CORPUS:
         if m.name == name:
             return m
     raise KeyError(f"no mutation {name!r}; known: {', '.join(m.name for m in CORPUS)}")
 
 
-__all__ = ["CORPUS", "Mutation", "by_name", "rewrite", "Role"]
+__all__ = ["CORPUS", "SM90_CORPUS", "Mutation", "by_name", "rewrite", "Role"]

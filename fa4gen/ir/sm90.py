@@ -1,0 +1,112 @@
+"""The sm_90a (Hopper) pipeline, as IR: the protocol of the kernel in templates/sm90/.
+
+CTA = 3 warpgroups. WG0 warp 0 is the TMA producer (warps 1-3 idle, same setmaxnreg), WG1 and WG2
+are consumers that each own 64 rows of the 128-row Q tile. S, P and O live in registers (wgmma
+accumulators; P as the RS-form A fragments), so the TMEM hand-offs of sm_100a become
+`wgmma.wait_group` (MmaWait) points. Q has one SMEM slot, K and V separate rings; every empty
+barrier gets one arrival per consumer warp (8). A pair of 256-thread named barriers passes the
+tensor core back and forth between the consumers (ping-pong): consumer 1 pre-arrives once so
+consumer 0 goes first, and consumer 0 takes the last hand-off after its final task.
+"""
+
+from __future__ import annotations
+
+from ..config import KernelConfig
+from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync,
+                   If, Loop, LoopKind, Mma, MmaWait, NamedArrive, NamedSync, Pipeline, Region, Role, Scope,
+                   SmemSt, Space, State, TmaLoad, TmaStore, TmaStoreWait, Wait)
+
+SM90_SMEM_LIMIT = 232448
+SCHED_BAR_ID = 1  # ids 1, 2: ping-pong; 3, 4: per-consumer epilogue (0 is __syncthreads)
+EPI_BAR_ID = 3
+PRODUCER_REGS, CONSUMER_REGS = 24, 240
+
+
+def _kv_stages(cfg: KernelConfig) -> int:
+    """K and V rings of equal depth that fit beside Q and the O staging buffers."""
+    tile = 128 * cfg.head_dim * 2
+    fixed = tile + 2 * 64 * cfg.head_dim * 2 + 1024
+    return max(1, min(cfg.kv_stages, (SM90_SMEM_LIMIT - fixed) // (2 * tile)))
+
+
+def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
+    if cfg.arch != "sm_90a":
+        raise ValueError(f"build_sm90_pipeline needs arch sm_90a, got {cfg.arch}")
+    d, tile = cfg.head_dim, 128 * cfg.head_dim * 2
+    kv = _kv_stages(cfg)
+    regions = (
+        Region("Q", Space.SMEM, cfg.dtype, 128, slots=1, bytes_per_slot=tile),
+        Region("K", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=tile),
+        Region("V", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=tile),
+        Region("O_smem", Space.SMEM, cfg.dtype, 64, slots=2, bytes_per_slot=64 * d * 2),
+        Region("S", Space.REG, "f32", 64),
+        Region("P", Space.REG, cfg.dtype, 64),
+        Region("O", Space.REG, "f32", 64),
+    )
+    barriers = (
+        Barrier("q_full", BarrierKind.TMA, 1, 1, tx_bytes=tile),
+        Barrier("q_empty", BarrierKind.MBAR, 1, 8),
+        Barrier("k_full", BarrierKind.TMA, kv, 1, tx_bytes=tile),
+        Barrier("k_empty", BarrierKind.MBAR, kv, 8),
+        Barrier("v_full", BarrierKind.TMA, kv, 1, tx_bytes=tile),
+        Barrier("v_empty", BarrierKind.MBAR, kv, 8),
+        Barrier("sched", BarrierKind.NAMED, 2, 256, named_id=SCHED_BAR_ID),
+        Barrier("epi", BarrierKind.NAMED, 2, 128, named_id=EPI_BAR_ID),
+    )
+
+    def load(tensor: str, bar: str, state: str, block: BlockRef, dst: str):
+        return (Wait(f"{bar}_empty", state), ExpectTx(f"{bar}_full", state, tile),
+                TmaLoad(tensor, dst, state, f"{bar}_full", state, tile, block=block), Advance(state))
+
+    producer = Role("producer", (0,), PRODUCER_REGS,
+                    (State("q", 1, 1), State("k", kv, 1), State("v", kv, 1)),
+                    (Loop(LoopKind.TASKS, (
+                        *load("q", "q", "q", BlockRef.FIRST, "Q"),
+                        *load("k", "k", "k", BlockRef.FIRST, "K"),
+                        Loop(LoopKind.KV_REST, (*load("k", "k", "k", BlockRef.CUR, "K"),
+                                                *load("v", "v", "v", BlockRef.PREV, "V"))),
+                        *load("v", "v", "v", BlockRef.LAST, "V"),
+                    )),))
+
+    def consumer(i: int) -> Role:
+        def qk(block):
+            return Mma("qk", "Q", 0, "K", "k", "S", 0, d, "false", block)
+
+        def pv(block):
+            return Mma("pv", "P", 0, "V", "v", "O", 0, 128, "not_first", block)
+
+        rescale = If(Cond.ANY_RESCALE, (Compute("rescale_o", i, reads=("O",), writes=("O",)),))
+        release_q = If(Cond.LAST_BLOCK, (Arrive("q_empty", 0, Scope.WARP),))
+        softmax = Compute("softmax", i, reads=("S",), writes=("S",))
+        pack = Compute("pack_p", i, reads=("S",), writes=("P",))
+        body = (
+            Wait("q_full", "q"), Advance("q"),
+            Wait("k_full", "k"), NamedSync("sched", i), qk(BlockRef.FIRST), NamedArrive("sched", 1 - i),
+            MmaWait(0), Arrive("k_empty", "k", Scope.WARP), Advance("k"), release_q,
+            softmax, pack,
+            Loop(LoopKind.KV_REST, (
+                Wait("k_full", "k"), Wait("v_full", "v"), NamedSync("sched", i),
+                qk(BlockRef.CUR), rescale, pv(BlockRef.PREV), NamedArrive("sched", 1 - i),
+                MmaWait(1),  # S(t) done; O += P V(t-1) may still run under this block's softmax
+                Arrive("k_empty", "k", Scope.WARP), Advance("k"), release_q,
+                softmax,
+                MmaWait(0), Arrive("v_empty", "v", Scope.WARP), Advance("v"),
+                pack,  # P registers are rewritten only after the PV MMA that read them completed
+            )),
+            Wait("v_full", "v"), NamedSync("sched", i), rescale, pv(BlockRef.LAST), NamedArrive("sched", 1 - i),
+            MmaWait(0), Arrive("v_empty", "v", Scope.WARP), Advance("v"),
+            Compute("normalize", i, reads=("O",), writes=("O",)),
+            If(Cond.HAS_LSE, (Compute("store_lse", i),)),
+            TmaStoreWait(), NamedSync("epi", i),  # the previous task's store has read O_smem
+            SmemSt("O_smem", i, "O"), FenceProxyAsync(), NamedSync("epi", i),
+            TmaStore("O_smem", i),
+        )
+        prologue = (NamedArrive("sched", 0),) if i == 1 else ()
+        epilogue = (NamedSync("sched", 0),) if i == 0 else ()
+        return Role(f"consumer{i}", tuple(range(4 + 4 * i, 8 + 4 * i)), CONSUMER_REGS,
+                    (State("q", 1, 0), State("k", kv, 0), State("v", kv, 0)),
+                    (*prologue, Loop(LoopKind.TASKS, body), *epilogue, TmaStoreWait()))
+
+    roles = (producer, Role("producer_idle", (1, 2, 3), PRODUCER_REGS, (), ()), consumer(0), consumer(1))
+    return Pipeline(cfg, "sm_90a", 12, regions, barriers, roles, 0, SM90_SMEM_LIMIT,
+                    notes=(f"{kv} K/V stages", "ping-pong consumers"))
