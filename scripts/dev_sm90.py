@@ -52,6 +52,7 @@ def variants() -> dict[str, tuple[KernelConfig, Sm90Options]]:
     add("d128_nc_noemu", emu_pairs=0)
     add("d128_c_noemu", causal=True, emu_pairs=0)
     add("d128_nc_thr0", rescale_threshold=0.0)
+    add("d128_c_onepertask", Sm90Options(persistent=False), causal=True)
     add("d64_nc_noemu", head_dim=64, emu_pairs=0)
     add("d64_c_noemu", head_dim=64, causal=True, emu_pairs=0)
     add("d128_c_gqa4_noemu", causal=True, gqa_ratio=4, emu_pairs=0)
@@ -362,7 +363,7 @@ def cmd_run(args):
     rows = []
     if args.bench and (n_ok == len(results) or args.bench_anyway):
         rows = bench(kernels, log, {"d128_nc": ["d128_nc_nopp", "d128_nc_noemu", "d128_nc_thr0"],
-                                    "d128_c": ["d128_c_noemu"], "d64_nc": ["d64_nc_noemu"],
+                                    "d128_c": ["d128_c_noemu", "d128_c_onepertask"], "d64_nc": ["d64_nc_noemu"],
                                     "d64_c": ["d64_c_noemu"], "d128_c_gqa4": ["d128_c_gqa4_noemu"],
                                     "d128_nc_gqa4": ["d128_nc_gqa4_noemu"]})
     log("\n== correctness ==")

@@ -88,6 +88,7 @@ class Sm90Options:
     """Lowering knobs that are not part of the algorithm's config (tuning and diagnostics)."""
 
     pingpong: bool = True
+    persistent: bool = True  # False: one CTA per task (the same kernel runs a single round)
     producer_regs: int = 24
     consumer_regs: int = 240
     probe: Probe = Probe.NONE
@@ -335,7 +336,7 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
         "dynamic_smem_bytes": plan.total,
         # Persistent for both: causal tasks come heaviest first (LPT order in the kernel's task
         # decode), dealt round-robin to the resident CTAs.
-        "grid": {"policy": "persistent", "task_unit": "one 128-row Q tile: (batch, kv_head, m_block)"},
+        "grid": {"policy": "persistent" if opt.persistent else "one_per_task", "task_unit": "one 128-row Q tile: (batch, kv_head, m_block)"},
         "tensor_maps": {
             "q": {"dims": qo_dims, "box": [HALF_COLS, G, 1, cfg.seq_q_per_tile, 1], "swizzle": "128B", "dtype": dtype},
             "k": {"dims": kv_dims, "box": [HALF_COLS, 1, ROWS, 1], "swizzle": "128B", "dtype": dtype},
@@ -354,6 +355,8 @@ def _options_tag(opt: Sm90Options) -> str:
     parts = []
     if not opt.pingpong:
         parts.append("nopp")
+    if not opt.persistent:
+        parts.append("onepertask")
     if opt.probe is not Probe.NONE:
         parts.append(f"probe{opt.probe.value}")
     if (opt.producer_regs, opt.consumer_regs) != (24, 240):
