@@ -1,6 +1,7 @@
 """CPU simulator: executes the pipeline's role programs on NumPy data.
 
-The Blackwell kernel's stand-in for hardware here. It runs the same programs the verifier proves and
+The Blackwell kernel's stand-in for hardware here (it runs the sm_90a pipeline's programs too, with
+S, P and O in per-consumer registers). It runs the same programs the verifier proves and
 the PTX is lowered from, under a seeded random interleaving with asynchronous TMA / MMA /
 tcgen05.ld / tcgen05.st completion (a result lands at a random later step, before the wait or commit
 that publishes it). TMEM is one 128 x 512 float32 array; P is written through a 16-bit view of the
@@ -45,15 +46,20 @@ class Task:
     n_blocks: int
 
 
+def tiles_per_task(cfg: KernelConfig) -> int:
+    """sm_100a: two 128-row Q tiles in flight per task; sm_90a: one, split over two consumers."""
+    return 2 if cfg.arch == "sm_100a" else 1
+
+
 def schedule_tasks(cfg: KernelConfig, batch: int, hkv: int, sq: int, skv: int) -> list[Task]:
     """Tasks in kernel order: linear for non-causal; causal LPT: heaviest m_blocks first."""
-    per_task = 2 * cfg.seq_q_per_tile
-    m_blocks = -(-sq // per_task)
+    tpt = tiles_per_task(cfg)
+    m_blocks = -(-sq // (tpt * cfg.seq_q_per_tile))
     tasks = []
     for b in range(batch):
         for h in range(hkv):
             for m in range(m_blocks):
-                n = max(n_block_max(cfg, 2 * m, sq, skv), n_block_max(cfg, 2 * m + 1, sq, skv), 1)
+                n = max(max(n_block_max(cfg, tpt * m + j, sq, skv) for j in range(tpt)), 1)
                 tasks.append(Task(b, h, m, n))
     if cfg.causal:
         tasks.sort(key=lambda t: -t.m_block)
@@ -81,7 +87,7 @@ class NumpyData(DataModel):
 
     # ---- geometry --------------------------------------------------------------------------------
     def tile_rows(self, task: Task, qtile: int):
-        seq = (2 * task.m_block + qtile) * self.cfg.seq_q_per_tile + self.row_seq_off
+        seq = (tiles_per_task(self.cfg) * task.m_block + qtile) * self.cfg.seq_q_per_tile + self.row_seq_off
         head = task.kv_head * self.cfg.gqa_ratio + self.row_head_off
         return seq, head, seq < self.sq
 
@@ -195,6 +201,78 @@ class NumpyData(DataModel):
             raise ValueError(f"simulator has no function {op.fn!r}")
 
 
+class NumpyDataSm90(NumpyData):
+    """sm_90a: S, P and O are per-consumer registers (64 rows each); Q is one 128-row tile."""
+
+    def effect(self, kind, role, op, ctx, slots):
+        regs = self.regs[role.name]
+        task = self.tasks[ctx["task"]]
+        if kind == "mma":
+            half = slice(64 * int(role.name[-1]), 64 * int(role.name[-1]) + 64)
+            if op.kind == "qk":
+                regs["S"] = (self.smem[(op.a, slots["a"])][half] @ self.smem[(op.b, slots["b"])].T).astype(np.float32)
+            else:
+                old = regs["O"].astype(np.float64) if ctx["accumulate"] else 0.0
+                pv = regs["P"].astype(np.float64) @ self.smem[(op.b, slots["b"])]
+                regs["O"] = (old + pv).astype(np.float32)
+        elif kind == "smem_st":
+            self.smem[(op.region, slots["slot"])] = (regs["tag"], np.array(regs["o_out"], copy=True))
+        elif kind == "tma_store":
+            (t_idx, half), tile = self.smem[(op.src, slots["slot"])]
+            seq, head, valid = self.tile_rows(self.tasks[t_idx], 0)
+            rows = slice(64 * half, 64 * half + 64)
+            seq, head, valid = seq[rows], head[rows], valid[rows]
+            self.o[self.tasks[t_idx].batch, seq[valid], head[valid], :] = tile[valid][:, :self.d]
+        elif kind == "compute":
+            self._compute90(role, op, ctx, task, regs)
+        else:
+            super().effect(kind, role, op, ctx, slots)
+
+    def _compute90(self, role, op, ctx, task, regs):
+        cfg, half = self.cfg, op.qtile
+        rows = slice(64 * half, 64 * half + 64)
+        if op.fn == "softmax":
+            t = 0 if ctx["t"] is None else ctx["t"]
+            if t == 0:
+                regs["row_max"] = np.full(64, -np.inf, np.float32)
+                regs["row_sum"] = np.zeros(64, np.float32)
+            nb = self.kv_block(task, t)
+            seq = self.tile_rows(task, 0)[0][rows]
+            s = np.array(regs["S"], np.float32)
+            masked = block_needs_mask(cfg, task.m_block, nb, self.sq, self.skv)
+            if masked:
+                limits = col_limits(cfg, seq, self.sq, self.skv)
+                s[nb * 128 + np.arange(128)[None, :] >= limits[:, None]] = -np.inf
+            upd = block_update(RowState(regs["row_max"], regs["row_sum"], np.zeros((64, 1), np.float32)),
+                               s, np.zeros((128, 1)), self.sl2, cfg.rescale_threshold, first=t == 0,
+                               emulated=emulated_columns(cfg, apply_mask=masked))
+            regs["row_max"], regs["acc_scale"], regs["row_sum"] = upd.state.ref, upd.acc_scale, upd.state.row_sum
+            regs["S"] = upd.p
+        elif op.fn == "pack_p":
+            regs["P"] = round_to_dtype(regs["S"], cfg.dtype).astype(np.float32)
+        elif op.fn == "rescale_o":
+            regs["O"] = (regs["O"] * regs["acc_scale"][:, None]).astype(np.float32)
+        elif op.fn == "normalize":
+            rs = regs["row_sum"]
+            inv = np.zeros(64, np.float32)
+            inv[rs > 0] = np.float32(1) / rs[rs > 0]
+            regs["o_out"] = round_to_dtype(regs["O"] * inv[:, None], cfg.dtype)
+            regs["tag"] = (ctx["task"], half)
+        elif op.fn == "store_lse":
+            seq, head, valid = (x[rows] for x in self.tile_rows(task, 0))
+            rs, ref = regs["row_sum"], regs["row_max"]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                lse = np.log(rs.astype(np.float64)) + ref.astype(np.float64) * float(self.sl2) * LN2
+            self.lse[task.batch, head[valid], seq[valid]] = np.where(rs > 0, lse, -np.inf).astype(np.float32)[valid]
+        else:
+            raise ValueError(f"simulator has no sm_90a function {op.fn!r}")
+
+    def cond(self, role, cond, ctx):
+        if cond is Cond.ANY_RESCALE:
+            return bool(np.any(self.regs[role.name]["acc_scale"] < 1))
+        raise ValueError(cond)
+
+
 @dataclass
 class SimResult:
     o: np.ndarray
@@ -211,8 +289,6 @@ def simulate(pipe_or_cfg, q, k, v, softmax_scale=None, seed: int = 0, num_ctas: 
     """
     pipe = pipe_or_cfg if isinstance(pipe_or_cfg, Pipeline) else build_pipeline(pipe_or_cfg)
     cfg = pipe.config
-    if pipe.arch != "sm_100a":
-        raise NotImplementedError("the simulator executes the sm_100a pipeline's TMEM programs")
     q, k, v = (np.asarray(t) for t in (q, k, v))
     b, sq, hq, skv, hkv, d = _check_shapes(q, k, v)
     if d != cfg.head_dim or hq != hkv * cfg.gqa_ratio:
@@ -222,7 +298,7 @@ def simulate(pipe_or_cfg, q, k, v, softmax_scale=None, seed: int = 0, num_ctas: 
     q64, k64, v64 = (_as_compute(t, cfg.dtype, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
     scale = _default_scale(d, softmax_scale)
     tasks = schedule_tasks(cfg, b, hkv, sq, skv)
-    data = NumpyData(pipe, q64, k64, v64, scale, tasks)
+    data = (NumpyData if pipe.arch == "sm_100a" else NumpyDataSm90)(pipe, q64, k64, v64, scale, tasks)
     findings: list[Finding] = []
     for cta in range(num_ctas):
         mine = tasks[cta::num_ctas]

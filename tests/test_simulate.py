@@ -69,3 +69,28 @@ def test_lpt_order_for_causal():
     ms = [t.m_block for t in tasks]
     assert ms == sorted(ms, reverse=True)
     assert tasks[0].n_blocks == 8 and tasks[-1].n_blocks == 2  # two 128-row Q tiles per task
+
+
+@pytest.mark.parametrize("case", CASES[:4], ids=str)
+def test_sm90_simulator_equals_reference(case):
+    """The sm_90a programs (S/P/O in consumer registers) compute the reference's output exactly:
+    one PV MMA per block, like the reference, so no extra rounding."""
+    causal, g, sq, skv, d, dtype, b, hkv = case
+    cfg = KernelConfig(arch="sm_90a", causal=causal, gqa_ratio=g, head_dim=d, dtype=dtype)
+    rng = np.random.default_rng(sum(case[1:5]))
+    q, k, v = _inputs(rng, b, sq, skv, hkv, g, d, dtype)
+    res = simulate(cfg, q, k, v, seed=3, num_ctas=2)
+    assert res.findings == []
+    o_ref, lse_ref = fa4_forward(q, k, v, cfg)
+    np.testing.assert_array_equal(res.o, o_ref)
+    np.testing.assert_array_equal(res.lse, lse_ref)
+
+
+def test_sm90_hazard_mutation_reported_by_simulator():
+    from fa4gen.ir import build_pipeline
+    from fa4gen.passes.mutations import by_name
+    cfg = KernelConfig(arch="sm_90a", head_dim=64, dtype="fp16")
+    rng = np.random.default_rng(1)
+    q, k, v = _inputs(rng, 1, 128, 384, 1, 1, 64, "fp16")
+    res = simulate(by_name("sm90_pack_p_before_pv_done").apply(build_pipeline(cfg)), q, k, v, seed=0)
+    assert any(f.code == "HAZARD_WAR" and f.subject == "P" for f in res.findings)
