@@ -3,7 +3,8 @@
 CTA = 3 warpgroups. WG0 warp 0 is the TMA producer (warps 1-3 idle, same setmaxnreg), WG1 and WG2
 are consumers that each own 64 rows of the 128-row Q tile. S, P and O live in registers (wgmma
 accumulators; P as the RS-form A fragments), so the TMEM hand-offs of sm_100a become
-`wgmma.wait_group` (MmaWait) points. Q has one SMEM slot, K and V separate rings; every empty
+`wgmma.wait_group` (MmaWait) points. Q has two SMEM slots (the next task's Q loads under this
+task's K/V loop), K and V separate rings; every empty
 barrier gets one arrival per consumer warp (8). A pair of 256-thread named barriers passes the
 tensor core back and forth between the consumers (ping-pong): consumer 1 pre-arrives once so
 consumer 0 goes first, and consumer 0 takes the last hand-off after its final task.
@@ -25,7 +26,7 @@ PRODUCER_REGS, CONSUMER_REGS = 24, 240
 def _kv_stages(cfg: KernelConfig) -> int:
     """K and V rings of equal depth that fit beside Q and the O staging buffers."""
     tile = 128 * cfg.head_dim * 2
-    fixed = tile + 2 * 64 * cfg.head_dim * 2 + 1024
+    fixed = 2 * tile + 2 * 64 * cfg.head_dim * 2 + 1024
     return max(1, min(cfg.kv_stages, (SM90_SMEM_LIMIT - fixed) // (2 * tile)))
 
 
@@ -35,7 +36,7 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
     d, tile = cfg.head_dim, 128 * cfg.head_dim * 2
     kv = _kv_stages(cfg)
     regions = (
-        Region("Q", Space.SMEM, cfg.dtype, 128, slots=1, bytes_per_slot=tile),
+        Region("Q", Space.SMEM, cfg.dtype, 128, slots=2, bytes_per_slot=tile),
         Region("K", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=tile),
         Region("V", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=tile),
         Region("O_smem", Space.SMEM, cfg.dtype, 64, slots=2, bytes_per_slot=64 * d * 2),
@@ -44,8 +45,8 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
         Region("O", Space.REG, "f32", 64),
     )
     barriers = (
-        Barrier("q_full", BarrierKind.TMA, 1, 1, tx_bytes=tile),
-        Barrier("q_empty", BarrierKind.MBAR, 1, 8),
+        Barrier("q_full", BarrierKind.TMA, 2, 1, tx_bytes=tile),
+        Barrier("q_empty", BarrierKind.MBAR, 2, 8),
         Barrier("k_full", BarrierKind.TMA, kv, 1, tx_bytes=tile),
         Barrier("k_empty", BarrierKind.MBAR, kv, 8),
         Barrier("v_full", BarrierKind.TMA, kv, 1, tx_bytes=tile),
@@ -59,7 +60,7 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
                 TmaLoad(tensor, dst, state, f"{bar}_full", state, tile, block=block), Advance(state))
 
     producer = Role("producer", (0,), PRODUCER_REGS,
-                    (State("q", 1, 1), State("k", kv, 1), State("v", kv, 1)),
+                    (State("q", 2, 1), State("k", kv, 1), State("v", kv, 1)),
                     (Loop(LoopKind.TASKS, (
                         *load("q", "q", "q", BlockRef.FIRST, "Q"),
                         *load("k", "k", "k", BlockRef.FIRST, "K"),
@@ -70,17 +71,17 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
 
     def consumer(i: int) -> Role:
         def qk(block):
-            return Mma("qk", "Q", 0, "K", "k", "S", 0, d, "false", block)
+            return Mma("qk", "Q", "q", "K", "k", "S", 0, d, "false", block)
 
         def pv(block):
             return Mma("pv", "P", 0, "V", "v", "O", 0, 128, "not_first", block)
 
         rescale = If(Cond.ANY_RESCALE, (Compute("rescale_o", i, reads=("O",), writes=("O",)),))
-        release_q = If(Cond.LAST_BLOCK, (Arrive("q_empty", 0, Scope.WARP),))
+        release_q = If(Cond.LAST_BLOCK, (Arrive("q_empty", "q", Scope.WARP),))
         softmax = Compute("softmax", i, reads=("S",), writes=("S",))
         pack = Compute("pack_p", i, reads=("S",), writes=("P",))
         body = (
-            Wait("q_full", "q"), Advance("q"),
+            Wait("q_full", "q"),
             Wait("k_full", "k"), NamedSync("sched", i), qk(BlockRef.FIRST), NamedArrive("sched", 1 - i),
             MmaWait(0), Arrive("k_empty", "k", Scope.WARP), Advance("k"), release_q,
             softmax, pack,
@@ -99,12 +100,12 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
             If(Cond.HAS_LSE, (Compute("store_lse", i),)),
             TmaStoreWait(), NamedSync("epi", i),  # the previous task's store has read O_smem
             SmemSt("O_smem", i, "O"), FenceProxyAsync(), NamedSync("epi", i),
-            TmaStore("O_smem", i),
+            TmaStore("O_smem", i), Advance("q"),
         )
         prologue = (NamedArrive("sched", 0),) if i == 1 else ()
         epilogue = (NamedSync("sched", 0),) if i == 0 else ()
         return Role(f"consumer{i}", tuple(range(4 + 4 * i, 8 + 4 * i)), CONSUMER_REGS,
-                    (State("q", 1, 0), State("k", kv, 0), State("v", kv, 0)),
+                    (State("q", 2, 0), State("k", kv, 0), State("v", kv, 0)),
                     (*prologue, Loop(LoopKind.TASKS, body), *epilogue, TmaStoreWait()))
 
     roles = (producer, Role("producer_idle", (1, 2, 3), PRODUCER_REGS, (), ()), consumer(0), consumer(1))
