@@ -1,0 +1,951 @@
+"""sm_100a (Blackwell) lowering: the verified Pipeline IR -> template context -> PTX + manifest.
+
+Every role's program (fa4gen/ir/sm100.py, proven by fa4gen.passes.verify) is walked statement by
+statement; each op becomes one template item (a macro call of templates/sm100/ops.ptx.j2) and each
+Loop / If becomes labels and predicated branches. The templates only spell instructions: every
+register name, offset, descriptor constant, column and label is computed here.
+
+Kernel shape (FA4_SPEC.md): 512 threads = 16 warps; roles own whole warps; one if/else chain on the
+warpgroup index sets each warpgroup's setmaxnreg budget, then a branch on the warp index enters the
+role. Every role runs warp-converged: single-thread work (expect_tx, TMA, tcgen05.mma, commit) is
+issued by the lane elect.sync picked, so addresses and descriptors stay warp-uniform (ptxas keeps
+them in uniform registers, which the 48-register TMA/MMA warps need). Each pipeline State lives in
+one register q in [0, 2*depth) (slot = q mod depth, wait parity = q >= depth), advanced exactly as
+ir.core.State defines.
+
+No Blackwell GPU exists here: this PTX is assembled by ptxas for sm_100a and checked by reading it
+back (tests/test_readback.py), never executed.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import struct
+from dataclasses import dataclass, field
+from dataclasses import replace as dc_replace
+
+from ..assemble import PTX_VERSION
+from ..config import GENERATOR_VERSION, KernelConfig
+from ..encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, check_tmem_alloc
+from ..exp2 import EXP2_POLY, FRAG_COLS, emulated_mask
+from ..ir.core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
+                       FenceProxyAsync, If, Loop, LoopKind, Mma, NamedArrive, NamedSync, Pipeline, Role,
+                       Scope, SmemLd, SmemSt, Space, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt, Wait,
+                       WaitLd, WaitSt, walk_ops)
+from ..render import render
+
+__all__ = ["ENTRY", "OP_PTX", "Ptx", "Sm100LoweringError", "SmemLayout", "build_sm100", "legalize",
+           "lower_sm100", "manifest_sm100", "smem_layout"]
+
+ENTRY = "fa4_fwd"
+TARGET = "sm_100a"
+THREADS_PER_WARP = 32
+REGS_PER_SM_PARTITION = 65536
+SMEM_ALIGN = 1024  # 128B-swizzle patterns (8 rows x 128 B) must start 1024-aligned (base_offset 0)
+HALF_COLS = 64  # 16-bit elements per 128-byte swizzled row: the TMA box's inner extent
+ROWS = 128  # TMEM lanes = rows of a Q tile = keys of a K/V block
+MMA_K = 16  # tcgen05.mma kind::f16 reduction positions per instruction
+NEG_INF = "0fFF800000"
+ONE = "0f3F800000"
+ZERO = "0f00000000"
+LN2 = math.log(2.0)
+# A role whose tile loads (fp32, one register per column) exceed its budget minus this headroom
+# (addresses, loop state, row statistics) is legalized to load-normalize-store one chunk at a time.
+REG_HEADROOM = 32
+
+
+class Sm100LoweringError(ValueError):
+    """A pipeline or config this lowering cannot emit (says what and why)."""
+
+
+class Ptx(enum.Enum):
+    """Protocol-relevant PTX instruction classes (barrier, tcgen05, TMA), by mnemonic prefix."""
+
+    TRY_WAIT = "mbarrier.try_wait.parity"
+    ARRIVE = "mbarrier.arrive"
+    EXPECT_TX = "mbarrier.arrive.expect_tx"
+    TMA_LOAD = "cp.async.bulk.tensor.g2s"
+    TMA_STORE = "cp.async.bulk.tensor.s2g"
+    BULK_COMMIT = "cp.async.bulk.commit_group"
+    BULK_WAIT_READ = "cp.async.bulk.wait_group.read"
+    MMA = "tcgen05.mma"
+    COMMIT = "tcgen05.commit"
+    TMEM_LD = "tcgen05.ld"
+    TMEM_ST = "tcgen05.st"
+    WAIT_LD = "tcgen05.wait::ld"
+    WAIT_ST = "tcgen05.wait::st"
+    BAR_ARRIVE = "bar.arrive"
+    BAR_SYNC = "bar.sync"
+    FENCE_PROXY_ASYNC = "fence.proxy.async.shared::cta"
+    FENCE_BEFORE = "tcgen05.fence::before_thread_sync"
+    FENCE_AFTER = "tcgen05.fence::after_thread_sync"
+
+
+# The op -> PTX table: which protocol instructions each IR op lowers to, in order. `*` marks an
+# instruction repeated per unit (64-column TMA box, 16-position MMA step). The tcgen05 fences are
+# added around thread-synchronising ops by `fence_policy`. tests/test_readback.py inverts this table.
+OP_PTX: dict[type, tuple[str, ...]] = {
+    Wait: (Ptx.TRY_WAIT.value,),
+    Arrive: (Ptx.ARRIVE.value,),
+    ExpectTx: (Ptx.EXPECT_TX.value,),
+    TmaLoad: (Ptx.TMA_LOAD.value + "*",),
+    TmaStore: (Ptx.TMA_STORE.value + "*", Ptx.BULK_COMMIT.value),
+    TmaStoreWait: (Ptx.BULK_WAIT_READ.value,),
+    Mma: (Ptx.MMA.value + "*",),
+    Commit: (Ptx.COMMIT.value,),
+    TmemLd: (Ptx.TMEM_LD.value,),
+    TmemSt: (Ptx.TMEM_ST.value,),
+    WaitLd: (Ptx.WAIT_LD.value,),
+    WaitSt: (Ptx.WAIT_ST.value,),
+    NamedArrive: (Ptx.BAR_ARRIVE.value,),
+    NamedSync: (Ptx.BAR_SYNC.value,),
+    FenceProxyAsync: (Ptx.FENCE_PROXY_ASYNC.value,),
+    # register-only or generic-proxy ops: no protocol instruction
+    SmemSt: (),
+    SmemLd: (),
+    Advance: (),
+    Compute: (),
+}
+
+
+def role_issues_tcgen05(role: Role) -> bool:
+    return any(isinstance(op, (Mma, TmemLd, TmemSt)) for op in walk_ops(role.program))
+
+
+def role_moves_tmem(role: Role) -> bool:
+    return any(isinstance(op, (TmemLd, TmemSt)) for op in walk_ops(role.program))
+
+
+def fence_policy(pipe: Pipeline, role: Role, op) -> tuple[bool, bool]:
+    """(tcgen05.fence::before_thread_sync before, tcgen05.fence::after_thread_sync after) the op.
+
+    PTX ISA 9.7.16.6 (tcgen05 memory consistency): tcgen05 operations of two threads are ordered
+    through a thread synchronisation only when the producer fences before it and the consumer after
+    it. Producers here are roles that move TMEM with tcgen05.ld/st and then arrive (P ready, O
+    rescaled, S/O read); consumers are roles issuing tcgen05 ops after a wait. TMA-completed
+    barriers (complete_tx) order the async proxy's SMEM writes by themselves.
+    """
+    if isinstance(op, (Arrive, NamedArrive)):
+        return role_moves_tmem(role), False
+    if isinstance(op, Wait):
+        kind = pipe.barrier(op.barrier).kind
+        return False, role_issues_tcgen05(role) and kind is not BarrierKind.TMA
+    if isinstance(op, NamedSync):
+        return False, role_issues_tcgen05(role)
+    return False, False
+
+
+def _f32(x: float) -> str:
+    return "0f" + struct.pack(">f", x).hex().upper()
+
+
+def _pairwise(srcs: list[str], tmp: str) -> tuple[list[tuple[str, str, str]], str]:
+    """A balanced reduction tree over `srcs` as (dst, a, b) ops on fresh temporaries tmp0, tmp1..."""
+    ops, level, n = [], list(srcs), 0
+    while len(level) > 1:
+        nxt = []
+        for i in range(0, len(level) - 1, 2):
+            ops.append((f"{tmp}{n}", level[i], level[i + 1]))
+            nxt.append(f"{tmp}{n}")
+            n += 1
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    return ops, level[0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# SMEM layout
+
+
+@dataclass(frozen=True)
+class SmemLayout:
+    """Byte offsets from the 1024-aligned dynamic SMEM base."""
+
+    regions: dict  # region name -> (offset of slot 0, bytes per slot, slots)
+    barriers: dict  # barrier name -> offset of slot 0 (8 bytes per slot)
+    tmem_slot: int  # 4 bytes: the TMEM base address written by tcgen05.alloc
+    used: int
+    total: int  # dynamic SMEM bytes to request: used + alignment slack
+
+    def region_offset(self, name: str) -> int:
+        return self.regions[name][0]
+
+    def slot_bytes(self, name: str) -> int:
+        return self.regions[name][1]
+
+
+def smem_layout(pipe: Pipeline) -> SmemLayout:
+    off = 0
+    regions = {}
+    for r in pipe.regions:
+        if r.space is not Space.SMEM:
+            continue
+        if r.bytes_per_slot % SMEM_ALIGN == 0 and off % SMEM_ALIGN:
+            raise Sm100LoweringError(f"SMEM region {r.name} would start at {off}, not 1024-aligned")
+        regions[r.name] = (off, r.bytes_per_slot, r.slots)
+        off += r.slots * r.bytes_per_slot
+    off = -(-off // 8) * 8
+    bars = {}
+    for b in pipe.barriers:
+        if b.kind is BarrierKind.NAMED:
+            continue
+        bars[b.name] = off
+        off += 8 * b.slots
+    tmem_slot = off
+    off += 8
+    total = off + SMEM_ALIGN
+    if total > pipe.smem_limit:
+        raise Sm100LoweringError(f"SMEM: {off} bytes + {SMEM_ALIGN} alignment slack = {total} exceed the "
+                                 f"{pipe.smem_limit}-byte limit of {pipe.arch} (fewer kv_stages?)")
+    return SmemLayout(regions, bars, tmem_slot, off, total)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Legalization: fit the IR's register tiles into each role's setmaxnreg budget
+
+
+def _split_epilogue(role: Role, stmts: tuple) -> tuple[tuple, list[str]]:
+    """Rewrite `TmemLd(c0) .. TmemLd(ck), WaitLd, Compute(normalize), SmemSt` into one
+    `TmemLd, WaitLd, Compute(normalize), SmemSt` group per load when the loads' fp32 columns do not
+    fit the role's budget. Same data, same order of TMEM reads before the SMEM hand-off."""
+    out, notes, i = [], [], 0
+    while i < len(stmts):
+        st = stmts[i]
+        if isinstance(st, Loop):
+            body, n = _split_epilogue(role, st.body)
+            out.append(dc_replace(st, body=body))
+            notes += n
+            i += 1
+            continue
+        if isinstance(st, If):
+            then, n1 = _split_epilogue(role, st.then)
+            orelse, n2 = _split_epilogue(role, st.orelse)
+            out.append(dc_replace(st, then=then, orelse=orelse))
+            notes += n1 + n2
+            i += 1
+            continue
+        j = i
+        while j < len(stmts) and isinstance(stmts[j], TmemLd):
+            j += 1
+        lds = stmts[i:j]
+        if (len(lds) > 1 and j + 2 < len(stmts) and isinstance(stmts[j], WaitLd)
+                and isinstance(stmts[j + 1], Compute) and stmts[j + 1].fn == "normalize"
+                and isinstance(stmts[j + 2], SmemSt)):
+            cols = sum(ld.col_hi - ld.col_lo for ld in lds)
+            if cols > role.regs - REG_HEADROOM:
+                for ld in lds:
+                    out += [ld, stmts[j], stmts[j + 1], stmts[j + 2]]
+                notes.append(f"{role.name}: epilogue of {lds[0].region} ({cols} fp32 columns) split into "
+                             f"{len(lds)} load/normalize/store chunks to fit setmaxnreg {role.regs}")
+                i = j + 3
+                continue
+        if j > i:
+            out += lds
+            i = j
+            continue
+        out.append(st)
+        i += 1
+    return tuple(out), notes
+
+
+def legalize(pipe: Pipeline) -> tuple[Pipeline, tuple[str, ...]]:
+    """The pipeline the PTX is emitted from (and the verifier proves): roles whose register tiles
+    exceed their budget get their epilogue chunked. Returns (pipeline, notes); a no-op when the
+    IR already fits."""
+    roles, notes = [], []
+    for role in pipe.roles:
+        prog, n = _split_epilogue(role, role.program)
+        roles.append(dc_replace(role, program=prog) if n else role)
+        notes += n
+    if not notes:
+        return pipe, ()
+    return dc_replace(pipe, roles=tuple(roles), notes=pipe.notes + tuple(notes)), tuple(notes)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Lowering
+
+
+@dataclass
+class _Ctx:
+    """Per-kernel lowering state shared by the role emitters."""
+
+    pipe: Pipeline
+    layout: SmemLayout
+    regs: dict = field(default_factory=dict)  # ptx type -> ordered set of declared names / families
+    n_uid: int = 0
+
+    def uid(self) -> int:
+        self.n_uid += 1
+        return self.n_uid
+
+    def reg(self, kind: str, name: str) -> str:
+        self.regs.setdefault(kind, {})[name] = None
+        return name
+
+    def family(self, kind: str, prefix: str, n: int) -> None:
+        fam = self.regs.setdefault(kind, {})
+        key = f"{prefix}<{n}>"
+        for k in list(fam):
+            if k.startswith(prefix + "<"):
+                if int(k[len(prefix) + 1:-1]) >= n:
+                    return
+                del fam[k]
+        fam[key] = None
+
+
+ELECTED_OPS = (ExpectTx, TmaLoad, TmaStore, TmaStoreWait, Mma, Commit)  # issued by one elected lane
+
+
+def _needs_elect(role: Role) -> bool:
+    return any(isinstance(op, ELECTED_OPS) or (isinstance(op, Arrive) and op.scope is Scope.ELECTED)
+               for op in walk_ops(role.program))
+
+
+class _RoleEmitter:
+    def __init__(self, ctx: _Ctx, role: Role):
+        self.ctx = ctx
+        self.pipe = ctx.pipe
+        self.cfg = ctx.pipe.config
+        self.role = role
+        self.p = role.name
+        self.items: list[dict] = []
+        self.op_index = 0
+        self.loop_kind: LoopKind | None = None
+        self.pending: dict[str, list[int]] = {}  # register buffer -> columns loaded, not yet consumed
+        self.packed: list[int] = []  # columns normalised into 16-bit packs, not yet stored
+        self.store_ordinal = 0
+
+    # ---- names -------------------------------------------------------------------------------
+    def r(self, kind: str, name: str) -> str:
+        return self.ctx.reg(kind, f"%{name}")
+
+    def label(self, what: str) -> str:
+        return f"$L_{self.p}_{what}{self.ctx.uid()}"
+
+    def emit(self, m: str, **kw) -> None:
+        self.items.append({"m": m, **kw})
+
+    def qreg(self, name: str) -> str:
+        """The State's one register q in [0, 2*depth): slot = q mod depth, wait parity = q >= depth
+        (q = (start + stride*advances + depth*start_phase) mod 2*depth, see ir.core's convention)."""
+        self.role.state(name)
+        return self.r("b32", f"q_{self.p}_{name}")
+
+    def slot(self, s) -> tuple[str, object]:
+        """("const", slot) or ("state", State) of a slot operand."""
+        if isinstance(s, int):
+            return "const", s
+        st = self.role.state(s)
+        if st.depth == 1:
+            return "const", st.slot_base
+        return "state", st
+
+    def resolve(self, st, slot_dst: str | None = None, parity_dst: str | None = None) -> list[tuple]:
+        """Instructions decoding a ring state's q register into its slot index and/or wait parity."""
+        q = self.qreg(st.name)
+        ins = [("setp.ge.u32", "%p_q", q, str(st.depth))]
+        if slot_dst:
+            ins += [("mov.u32", slot_dst, q), ("@%p_q sub.u32", slot_dst, q, str(st.depth))]
+        if parity_dst:
+            ins += [("selp.u32", parity_dst, "1", "0", "%p_q")]
+        return ins
+
+    def bar_addr(self, bname: str, s) -> tuple[list[tuple], str]:
+        """(setup instructions, address expression) of barrier slot s."""
+        base = self.ctx.layout.barriers[bname]
+        kind, v = self.slot(s)
+        if kind == "const":
+            return [], f"%bar+{base + 8 * v}"
+        pre = self.resolve(v, slot_dst="%qs") + [("mad.lo.u32", "%qb", "%qs", "8", "%bar")]
+        return pre, f"%qb+{base + 8 * v.slot_base}"
+
+    def parity(self, name: str) -> tuple[list[tuple], str]:
+        st = self.role.state(name)
+        if st.depth == 1:
+            return [], self.qreg(name)
+        return self.resolve(st, parity_dst="%qp"), "%qp"
+
+    def smem_addr(self, region: str, s, dst: str) -> tuple[list[tuple], str, int]:
+        """(setup instructions, base register, byte offset) of slot s of an SMEM region."""
+        off, nbytes, _ = self.ctx.layout.regions[region]
+        kind, v = self.slot(s)
+        if kind == "const":
+            return [], "%smem", off + v * nbytes
+        pre = self.resolve(v, slot_dst="%qs") + [("mad.lo.u32", dst, "%qs", str(nbytes), "%smem")]
+        return pre, dst, off + v.slot_base * nbytes
+
+    # ---- program walk ------------------------------------------------------------------------
+    def run(self) -> dict:
+        role = self.role
+        ops = list(walk_ops(role.program))
+        self.emit("role_begin", name=role.name, label=f"$L_role_{role.name}", el="%p_el",
+                  elect=_needs_elect(role))
+        self.setup()
+        for st in role.states:
+            self.init_state(st)
+        self.stmts(role.program)
+        self.emit("role_end", name=role.name, label=f"$L_{role.name}_end", el="%p_el",
+                  stores=any(isinstance(op, TmaStore) for op in ops), tcgen05=role_issues_tcgen05(role),
+                  dealloc=0 in role.warps, tmem_cols=self.pipe.tmem_alloc_cols)
+        return {"name": role.name, "warps": list(role.warps), "regs": role.regs, "items": self.items,
+                "label": f"$L_role_{role.name}", "tcgen05": role_issues_tcgen05(role)}
+
+    def setup(self) -> None:
+        role, cfg = self.role, self.cfg
+        ops = list(walk_ops(role.program))
+        needs_row = any(isinstance(op, (TmemLd, TmemSt, SmemSt, SmemLd, Compute)) for op in ops)
+        per_warp_named = [op for op in ops if isinstance(op, (NamedArrive, NamedSync))
+                          and self._named(op)[2]]
+        self.emit("role_setup", row=needs_row, warp4=needs_row or bool(per_warp_named),
+                  tml="%tml" if any(isinstance(op, (TmemLd, TmemSt)) for op in ops) else None,
+                  srow=self.r("b32", "srow") if "sScale" in self.ctx.layout.regions and needs_row else None,
+                  sscale=self.ctx.layout.region_offset("sScale") if "sScale" in self.ctx.layout.regions else 0,
+                  orow=self.r("b32", "orow") if any(isinstance(op, SmemSt) and op.region == "O_smem"
+                                                    for op in ops) else None,
+                  osmem=self.ctx.layout.region_offset("O_smem") if "O_smem" in self.ctx.layout.regions else 0)
+        seen = set()
+        for op in per_warp_named:
+            bid, count, _ = self._named(op)
+            if bid not in seen:
+                seen.add(bid)
+                b = self.pipe.barrier(op.barrier)
+                kind, v = self.slot(op.slot)
+                self.emit("named_id", dst=bid, base=b.named_id + 4 * v)
+
+    def init_state(self, st) -> None:
+        self.emit("state_init", q=self.qreg(st.name),
+                  value=(st.start + st.depth * st.start_phase) % (2 * st.depth), state=st.name)
+
+    def stmts(self, stmts: tuple) -> None:
+        for st in stmts:
+            if isinstance(st, Loop):
+                self.loop(st)
+            elif isinstance(st, If):
+                self.if_(st)
+            else:
+                self.op(st)
+
+    def loop(self, lp: Loop) -> None:
+        if lp.kind is LoopKind.TASKS:
+            if self.loop_kind is not None:
+                raise Sm100LoweringError(f"{self.p}: a TASKS loop must be outermost")
+            head, done = self.label("task"), self.label("tasks_done")
+            self.emit("task_begin", head=head, done=done, causal=self.cfg.causal, sqt=self.cfg.seq_q_per_tile)
+            self.task_prologue()
+            self.loop_kind = lp.kind
+            self.stmts(lp.body)
+            self.loop_kind = None
+            self.emit("task_end", head=head, done=done)
+            return
+        if self.loop_kind is not LoopKind.TASKS:
+            raise Sm100LoweringError(f"{self.p}: K/V loops must sit directly inside the TASKS loop")
+        head, done = self.label("kv"), self.label("kv_done")
+        first = 0 if lp.kind is LoopKind.KV else 1
+        self.emit("kv_begin", head=head, done=done, first=first)
+        self.loop_kind = lp.kind
+        self.stmts(lp.body)
+        self.loop_kind = LoopKind.TASKS
+        self.emit("kv_end", head=head, done=done, first=first)
+
+    def if_(self, st: If) -> None:
+        other, end = self.label("else"), self.label("endif")
+        if st.cond in (Cond.FIRST_BLOCK, Cond.NOT_FIRST_BLOCK):
+            if self.loop_kind not in (LoopKind.KV, LoopKind.KV_REST):
+                raise Sm100LoweringError(f"{self.p}: {st.cond.value} outside a K/V loop")
+        self.emit("if_begin", cond=st.cond.value, other=other, acc=self.scalar("acc_scale"))
+        self.stmts(st.then)
+        if st.orelse:
+            self.emit("if_else", other=other, end=end)
+            self.stmts(st.orelse)
+            self.emit("if_end", label=end)
+        else:
+            self.emit("if_end", label=other)
+
+    def task_prologue(self) -> None:
+        role, cfg = self.role, self.cfg
+        computes = [op for op in walk_ops(role.program) if isinstance(op, Compute)]
+        if any(c.fn == "softmax_max" for c in computes):
+            self.emit("softmax_task_setup", tile=role.qtile, causal=cfg.causal, sqt=cfg.seq_q_per_tile,
+                      log2_g=cfg.gqa_ratio.bit_length() - 1, g=cfg.gqa_ratio, neg_inf=NEG_INF, zero=ZERO)
+
+    # ---- ops ---------------------------------------------------------------------------------
+    def op(self, op) -> None:
+        idx = self.op_index
+        self.op_index += 1
+        self.emit("marker", index=idx, op=type(op).__name__)
+        getattr(self, "op_" + type(op).__name__)(op)
+
+    def op_Wait(self, op: Wait) -> None:
+        _, after = fence_policy(self.pipe, self.role, op)
+        pre, addr = self.bar_addr(op.barrier, op.state)
+        ppre, par = self.parity(op.state)
+        self.emit("wait", pre=pre + ppre, addr=addr, parity=par, uid=self.ctx.uid(), pred="%p_w",
+                  fence_after=after)
+
+    def op_Arrive(self, op: Arrive) -> None:
+        before, _ = fence_policy(self.pipe, self.role, op)
+        elected = op.scope is Scope.ELECTED
+        pre, addr = self.bar_addr(op.barrier, op.slot)
+        self.emit("arrive", pre=pre, addr=addr, elected=elected, fence_before=before,
+                  skip=self.label("noel") if elected else "")
+
+    def op_ExpectTx(self, op: ExpectTx) -> None:
+        pre, addr = self.bar_addr(op.barrier, op.slot)
+        self.emit("expect_tx", pre=pre, addr=addr, bytes=op.bytes, skip=self.label("noel"))
+
+    def block_reg(self, ref: BlockRef, dst: str) -> list[tuple]:
+        """Instructions computing the K/V block index (blocks visited in reverse: n-1, n-2, ...)."""
+        if ref is BlockRef.FIRST:
+            return [("sub.u32", dst, "%n", "1")]
+        if ref is BlockRef.LAST:
+            return [("mov.u32", dst, "0")]
+        if self.loop_kind not in (LoopKind.KV, LoopKind.KV_REST):
+            raise Sm100LoweringError(f"{self.p}: block {ref.value} outside a K/V loop")
+        if ref is BlockRef.CUR:
+            return [("sub.u32", dst, "%n", "1"), ("sub.u32", dst, dst, "%t")]
+        return [("sub.u32", dst, "%n", "%t")]  # PREV: iteration t-1
+
+    def op_TmaLoad(self, op: TmaLoad) -> None:
+        cfg = self.cfg
+        pre, base, off = self.smem_addr(op.dst, op.dst_slot, "%rdst")
+        half_bytes = ROWS * HALF_COLS * cfg.elem_bytes
+        if op.tensor == "q":
+            pre = pre + [("mad.lo.u32", "%c3", "%mpair", str(2 * cfg.seq_q_per_tile),
+                          str(op.qtile * cfg.seq_q_per_tile)), ("mov.u32", "%c1", "0")]
+            coords = ["%c0", "%c1", "%hkv", "%c3", "%b"]
+            tmap, rank = "%tmq", 5
+        elif op.tensor in ("k", "v"):
+            pre = pre + self.block_reg(op.block, "%c2") + [("shl.b32", "%c2", "%c2", "7")]
+            coords = ["%c0", "%hkv", "%c2", "%b"]
+            tmap, rank = f"%tm{op.tensor}", 4
+        else:
+            raise Sm100LoweringError(f"TMA load of unknown tensor {op.tensor!r}")
+        boxes = [{"dst": f"{base}+{off + h * half_bytes}", "c0": h * HALF_COLS}
+                 for h in range(cfg.head_dim // HALF_COLS)]
+        bpre, mbar = self.bar_addr(op.barrier, op.bar_slot)
+        self.emit("tma_load", pre=pre + bpre, rank=rank, tmap=tmap, coords=coords, boxes=boxes, mbar=mbar,
+                  skip=self.label("noel"))
+
+    def op_TmaStore(self, op: TmaStore) -> None:
+        cfg = self.cfg
+        st = self.role.state(op.src_slot) if isinstance(op.src_slot, str) else None
+        # The store of a task's k-th O tile reads O_smem slot k: check it, since the coordinates of
+        # the k-th store are those of Q tile k.
+        qtile = self.store_ordinal % 2
+        self.store_ordinal += 1
+        if st is None or st.depth != 2 or st.stride != 1:
+            raise Sm100LoweringError(f"{self.p}: TmaStore needs a depth-2, stride-1 state over O_smem "
+                                     "(slot k holds Q tile k)")
+        pre, base, off = self.smem_addr(op.src, op.src_slot, "%rsrc")
+        half_bytes = ROWS * HALF_COLS * cfg.elem_bytes
+        pre = pre + [("mad.lo.u32", "%c3", "%mpair", str(2 * cfg.seq_q_per_tile),
+                      str(qtile * cfg.seq_q_per_tile)), ("mov.u32", "%c1", "0")]
+        boxes = [{"src": f"{base}+{off + h * half_bytes}", "c0": h * HALF_COLS}
+                 for h in range(cfg.head_dim // HALF_COLS)]
+        self.emit("tma_store", pre=pre, tmap="%tmo", coords=["%c0", "%c1", "%hkv", "%c3", "%b"], boxes=boxes,
+                  skip=self.label("noel"))
+
+    def op_TmaStoreWait(self, op: TmaStoreWait) -> None:
+        self.emit("tma_store_wait", skip=self.label("noel"))
+
+    def op_Mma(self, op: Mma) -> None:
+        cfg, pipe = self.cfg, self.pipe
+        d = pipe.region(op.d)
+        if (op.k_hi - op.k_lo) % MMA_K or op.k_lo % MMA_K:
+            raise Sm100LoweringError(f"{self.p}: MMA k range [{op.k_lo}, {op.k_hi}) is not in steps of {MMA_K}")
+        half_bytes = ROWS * HALF_COLS * cfg.elem_bytes
+        pre = []
+        steps = []
+        acc0 = self.accumulate(op, pre)
+        if op.kind == "qk":
+            a, b = pipe.region(op.a), pipe.region(op.b)
+            if a.space is not Space.SMEM or b.space is not Space.SMEM:
+                raise Sm100LoweringError("QK MMA takes Q and K from SMEM")
+            pa, abase, aoff = self.smem_addr(op.a, op.a_slot, "%rda")
+            pb, bbase, boff = self.smem_addr(op.b, op.b_slot, "%rdb")
+            pre += pa + pb
+            for i, k in enumerate(range(op.k_lo, op.k_hi, MMA_K)):
+                off = (k // HALF_COLS) * half_bytes + (k % HALF_COLS) * cfg.elem_bytes
+                steps.append({"a": off >> 4, "b": off >> 4, "acc": acc0 if i == 0 else "1"})
+            idesc = TcgenInstrDesc.for_dtype(cfg.dtype, ROWS, d.cols).encode()
+            self.emit("mma_ss", pre=pre, abase=abase, aoff=aoff, bbase=bbase, boff=boff, desc_hi=hex(_DESC_K_MAJOR),
+                      dcol=d.col, idesc=hex(idesc), steps=steps)
+            return
+        a, b = pipe.region(op.a), pipe.region(op.b)
+        if a.space is not Space.TMEM or a.dtype != "f16" or b.space is not Space.SMEM:
+            raise Sm100LoweringError("PV MMA takes P from a 16-bit TMEM region and V from SMEM")
+        pb, bbase, boff = self.smem_addr(op.b, op.b_slot, "%rdb")
+        pre += pb
+        for i, k in enumerate(range(op.k_lo, op.k_hi, MMA_K)):
+            # V [keys, D], D contiguous: MN-major; 16 keys = 16 rows of 128 B inside each panel.
+            steps.append({"a": a.col + k // 2, "b": (k * HALF_COLS * cfg.elem_bytes) >> 4,
+                          "acc": acc0 if i == 0 else "1"})
+        idesc = TcgenInstrDesc.for_dtype(cfg.dtype, ROWS, cfg.head_dim, b_major=Major.MN).encode()
+        self.emit("mma_ts", pre=pre, bbase=bbase, boff=boff, desc_hi=hex(_desc_mn_major(half_bytes)), dcol=d.col,
+                  idesc=hex(idesc), steps=steps)
+
+    def accumulate(self, op: Mma, pre: list) -> str:
+        """enable-input-d of the first k step: 0, 1 or a predicate (not_first: block iteration != 0)."""
+        if op.accumulate == "false":
+            return "0"
+        if op.accumulate == "true":
+            return "1"
+        if op.accumulate != "not_first":
+            raise Sm100LoweringError(f"MMA accumulate {op.accumulate!r}: false, true or not_first")
+        ref = op.block
+        if ref is BlockRef.FIRST:
+            return "0"
+        if ref is BlockRef.LAST:
+            pre.append(("setp.ne.u32", "%p_acc", "%n", "1"))
+        elif ref is BlockRef.PREV:
+            pre.append(("setp.ne.u32", "%p_acc", "%t", "1"))
+        else:
+            pre.append(("setp.ne.u32", "%p_acc", "%t", "0"))
+        return "%p_acc"
+
+    def op_Commit(self, op: Commit) -> None:
+        pre, addr = self.bar_addr(op.barrier, op.slot)
+        self.emit("commit", pre=pre, addr=addr)
+
+    def tmem_cols(self, region: str, lo: int, hi: int) -> tuple[int, int]:
+        r = self.pipe.region(region)
+        if r.dtype == "f16":
+            if lo % 2 or hi % 2:
+                raise Sm100LoweringError(f"{region}: 16-bit columns [{lo}, {hi}) must be pair-aligned")
+            return r.col + lo // 2, (hi - lo) // 2
+        return r.col + lo, hi - lo
+
+    def op_TmemLd(self, op: TmemLd) -> None:
+        r = self.pipe.region(op.region)
+        if r.dtype != "f32":
+            raise Sm100LoweringError(f"{self.p}: tcgen05.ld of 16-bit region {op.region} is not lowered")
+        col, n = self.tmem_cols(op.region, op.col_lo, op.col_hi)
+        regs = [self.buf(op.dst, c) for c in range(op.col_lo, op.col_hi)]
+        self.pending.setdefault(op.dst, []).extend(range(op.col_lo, op.col_hi))
+        self.emit("tmem_ld", col=col, n=n, regs=regs)
+
+    def op_TmemSt(self, op: TmemSt) -> None:
+        r = self.pipe.region(op.region)
+        col, n = self.tmem_cols(op.region, op.col_lo, op.col_hi)
+        if r.dtype == "f16":
+            packs = []
+            for j, c in enumerate(range(op.col_lo, op.col_hi, 2)):
+                pk = self.r("b32", f"pk{c // 2}")
+                packs.append((pk, self.buf(op.src, c + 1), self.buf(op.src, c)))
+            self.emit("tmem_st", col=col, n=n, regs=[p[0] for p in packs], packs=packs, cvt=self.cvt)
+        else:
+            self.emit("tmem_st", col=col, n=n, regs=[self.buf(op.src, c) for c in range(op.col_lo, op.col_hi)],
+                      packs=[], cvt=self.cvt)
+
+    @property
+    def cvt(self) -> str:
+        return {"bf16": "cvt.rn.bf16x2.f32", "fp16": "cvt.rn.f16x2.f32"}[self.cfg.dtype]
+
+    def op_WaitLd(self, op: WaitLd) -> None:
+        self.emit("wait_ld")
+
+    def op_WaitSt(self, op: WaitSt) -> None:
+        self.emit("wait_st")
+
+    def scalar(self, name: str) -> str:
+        table = {"row_max": "ref", "acc_scale": "acc", "row_sum": "sum"}
+        if name not in table:
+            raise Sm100LoweringError(f"{self.p}: no scalar register for buffer {name!r}")
+        return self.r("f32", table[name])
+
+    def buf(self, name: str, col: int) -> str:
+        if name in ("s", "p"):
+            self.ctx.family("f32", "%s", ROWS)
+            return f"%s{col}"
+        if name == "o":
+            self.ctx.family("f32", "%o", ROWS)
+            return f"%o{col}"
+        raise Sm100LoweringError(f"{self.p}: no register tile for buffer {name!r}")
+
+    def op_SmemSt(self, op: SmemSt) -> None:
+        if op.region == "sScale":
+            kind, v = self.slot(op.slot)
+            if kind != "const":
+                raise Sm100LoweringError("sScale is addressed by constant Q-stage slots")
+            self.emit("smem_st_row", addr=f"%srow+{v * self.ctx.layout.slot_bytes('sScale')}",
+                      src=self.scalar(op.src))
+            return
+        if op.region != "O_smem":
+            raise Sm100LoweringError(f"{self.p}: SmemSt to {op.region} is not lowered")
+        cols, self.packed = self.packed, []
+        if not cols or len(cols) % 8:
+            raise Sm100LoweringError(f"{self.p}: O_smem store without a preceding normalize of whole 8-column groups")
+        cfg = self.cfg
+        half_bytes = ROWS * HALF_COLS * cfg.elem_bytes
+        kind, v = self.slot(op.slot)
+        if kind == "const":
+            base, pre = "%orow", []
+            slot_off = v * self.ctx.layout.slot_bytes("O_smem")
+        else:
+            base = "%rsa"
+            pre = self.resolve(v, slot_dst="%qs") + [
+                ("mad.lo.u32", "%rsa", "%qs", str(self.ctx.layout.slot_bytes("O_smem")), "%orow")]
+            slot_off = v.slot_base * self.ctx.layout.slot_bytes("O_smem")
+        groups = []
+        # 128B swizzle (the TMA store's layout): 16-byte chunk c of row R lives at chunk c ^ (R % 8).
+        for g0 in range(cols[0], cols[-1] + 1, 8):
+            h, c8 = divmod(g0 // 8, 8)
+            groups.append({"x": c8 * 16, "off": slot_off + h * half_bytes,
+                           "regs": [self.r("b32", f"ob{(g0 + 2 * q) // 2}") for q in range(4)]})
+        self.emit("smem_st_tile", pre=pre, base=base, groups=groups)
+
+    def op_SmemLd(self, op: SmemLd) -> None:
+        if op.region != "sScale":
+            raise Sm100LoweringError(f"{self.p}: SmemLd from {op.region} is not lowered")
+        kind, v = self.slot(op.slot)
+        if kind != "const":
+            raise Sm100LoweringError("sScale is addressed by constant Q-stage slots")
+        self.emit("smem_ld_row", addr=f"%srow+{v * self.ctx.layout.slot_bytes('sScale')}", dst=self.scalar(op.dst))
+
+    def op_FenceProxyAsync(self, op: FenceProxyAsync) -> None:
+        self.emit("fence_proxy_async")
+
+    def _named(self, op) -> tuple[str, int, bool]:
+        """(id operand, thread count, per-warp) of a named-barrier op."""
+        b = self.pipe.barrier(op.barrier)
+        kind, v = self.slot(op.slot)
+        if kind != "const":
+            raise Sm100LoweringError("named barriers take constant slots")
+        if b.slots > 2 and b.count == 64:  # per-warp pairing: instance slot*4 + warp % 4 (engine model)
+            return self.r("b32", f"nbid_{self.p}_{v}"), 64, True
+        return str(b.named_id + v), b.count, False
+
+    def op_NamedArrive(self, op: NamedArrive) -> None:
+        before, _ = fence_policy(self.pipe, self.role, op)
+        bid, count, _ = self._named(op)
+        self.emit("named_arrive", id=bid, count=count, fence_before=before)
+
+    def op_NamedSync(self, op: NamedSync) -> None:
+        _, after = fence_policy(self.pipe, self.role, op)
+        bid, count, _ = self._named(op)
+        self.emit("named_sync", id=bid, count=count, fence_after=after)
+
+    def op_Advance(self, op: Advance) -> None:
+        st = self.role.state(op.state)
+        self.emit("advance", q=self.qreg(op.state), add=st.stride % (2 * st.depth), wrap=2 * st.depth)
+
+    def op_Compute(self, op: Compute) -> None:
+        getattr(self, "compute_" + op.fn)(op)
+
+    # ---- computes ----------------------------------------------------------------------------
+    def row(self, emu_frag_mask=None) -> dict:
+        cfg = self.cfg
+        elems = []
+        for j in range(cfg.block_n):
+            frag = j // FRAG_COLS
+            emu = bool(emulated_mask(cfg, frag, False)[j % FRAG_COLS])
+            elems.append({"reg": self.buf("s", j), "col": j, "emu": emu, "i": j})
+        max_ops, max_res = _pairwise([e["reg"] for e in elems], "%mx")
+        sum_ops, sum_res = _pairwise([e["reg"] for e in elems], "%sm")
+        self.ctx.family("f32", "%mx", len(max_ops))
+        self.ctx.family("f32", "%sm", len(sum_ops))
+        for fam in ("%x", "%ej", "%ef", "%ep"):
+            self.ctx.family("f32", fam, cfg.block_n)
+        for fam in ("%ee", "%eb"):
+            self.ctx.family("b32", fam, cfg.block_n)
+        return {"elems": elems, "max_ops": max_ops, "max_res": max_res, "sum_ops": sum_ops, "sum_res": sum_res,
+                "ref": self.r("f32", "ref"), "nrs": self.r("f32", "nrs"), "sum": self.r("f32", "sum"),
+                "acc": self.r("f32", "acc"), "lim": self.r("b32", "lim"), "bmax": self.r("f32", "bmax")}
+
+    def masked_block(self) -> list[tuple]:
+        """%p_mask = this K/V block needs the mask (crosses the diagonal or Skv): block >= %nunm."""
+        return self.block_reg(BlockRef.CUR, "%nb") + [("setp.ge.s32", "%p_mask", "%nb", "%nunm")]
+
+    def compute_softmax_max(self, op: Compute) -> None:
+        self.emit("softmax_max", pre=self.masked_block(), row=self.row(), skip=self.label("nomask"),
+                  threshold=_f32(-self.cfg.rescale_threshold))
+
+    def compute_softmax_exp(self, op: Compute) -> None:
+        row = self.row()
+        has_emu = any(e["emu"] for e in row["elems"])
+        self.emit("softmax_exp", row=row, has_emu=has_emu, hw=self.label("exp_hw"), done=self.label("exp_done"),
+                  poly=[_f32(c) for c in EXP2_POLY])
+
+    def compute_row_sum(self, op: Compute) -> None:
+        self.emit("row_sum", row=self.row())
+
+    def _take(self, buf: str) -> list[int]:
+        cols = self.pending.pop(buf, [])
+        if not cols:
+            raise Sm100LoweringError(f"{self.p}: compute on buffer {buf!r} without a preceding tcgen05.ld")
+        return cols
+
+    def compute_rescale_o(self, op: Compute) -> None:
+        cols = self._take("o")
+        self.pending["o"] = list(cols)  # the rescaled values are stored back from the same registers
+        self.emit("rescale_o", regs=[self.buf("o", c) for c in cols], acc=self.scalar("acc_scale"))
+
+    def compute_normalize(self, op: Compute) -> None:
+        cols = self._take("o")
+        rs = self.scalar(op.reads[1] if len(op.reads) > 1 else "row_sum")
+        pairs = [(self.r("b32", f"ob{c // 2}"), self.buf("o", c + 1), self.buf("o", c)) for c in cols[::2]]
+        self.packed = cols
+        self.emit("normalize", regs=[self.buf("o", c) for c in cols], sum=rs, inv=self.r("f32", "inv"),
+                  pairs=pairs, cvt=self.cvt)
+
+    def compute_store_lse(self, op: Compute) -> None:
+        self.emit("store_lse", ln2=_f32(LN2), g=self.cfg.gqa_ratio, neg_inf=NEG_INF)
+
+
+_DESC_K_MAJOR = SmemMatrixDesc.k_major_sw128(DescArch.SM100A, 0).encode()
+
+
+def _desc_mn_major(panel_bytes: int) -> int:
+    return SmemMatrixDesc.mn_major_sw128(DescArch.SM100A, 0, panel_stride=panel_bytes).encode()
+
+
+def _dispatch(pipe: Pipeline, roles: list[dict]) -> list[dict]:
+    """One if/else chain on the warpgroup index, grouped by setmaxnreg budget; inside each group a
+    branch on the warp index enters the role. ptxas needs setmaxnreg first on every path (else C7508)."""
+    wgs: dict[int, int] = {}
+    for r in pipe.roles:
+        for w in r.warps:
+            wg = w // 4
+            if wgs.setdefault(wg, r.regs) != r.regs:
+                raise Sm100LoweringError(f"warpgroup {wg}: roles ask different setmaxnreg budgets")
+    by_budget: dict[int, list[int]] = {}
+    for wg, regs in sorted(wgs.items()):
+        by_budget.setdefault(regs, []).append(wg)
+    entry = REGS_PER_SM_PARTITION // pipe.threads
+    blocks = []
+    # decreasing warpgroups first: their registers return to the pool the increasing ones wait for
+    for regs, group in sorted(by_budget.items(), key=lambda kv: kv[0]):
+        members = [r for r in roles if r["warps"][0] // 4 in group]
+        for r in members:
+            ws = r["warps"]
+            if ws != list(range(ws[0], ws[0] + len(ws))):
+                raise Sm100LoweringError(f"role {r['name']}: warps {ws} are not contiguous")
+        blocks.append({"label": f"$L_budget{regs}", "wgs": group, "lo": min(group), "hi": max(group),
+                       "kind": "inc" if regs > entry else "dec", "regs": regs, "roles": members})
+    return blocks
+
+
+def lower_sm100(pipe: Pipeline) -> dict:
+    """Template context for templates/sm100/fa4_fwd.ptx.j2 from a (legalized) sm_100a pipeline."""
+    cfg = pipe.config
+    if pipe.arch != TARGET or cfg.arch != TARGET:
+        raise Sm100LoweringError(f"arch {cfg.arch!r}: this lowering emits {TARGET} only")
+    if cfg.head_dim % HALF_COLS:
+        raise Sm100LoweringError(f"head_dim {cfg.head_dim}: a multiple of {HALF_COLS} (128-byte swizzle rows)")
+    check_tmem_alloc(pipe.tmem_alloc_cols)
+    layout = smem_layout(pipe)
+    ctx = _Ctx(pipe, layout)
+    roles = [_RoleEmitter(ctx, r).run() for r in pipe.roles]
+    # one warp allocates TMEM (the MMA issuer's, as in the seed), warp 0 frees it after the final sync
+    mma_roles = [r for r in pipe.roles if any(isinstance(op, Mma) for op in walk_ops(r.program))]
+    alloc_warp = mma_roles[0].warps[0] if mma_roles else 0
+    dealloc_role = next(r.name for r in pipe.roles if 0 in r.warps)
+    inits = []
+    for b in pipe.barriers:
+        if b.kind is BarrierKind.NAMED:
+            continue
+        for s in range(b.slots):
+            inits.append({"addr": f"%bar+{layout.barriers[b.name] + 8 * s}", "count": b.count,
+                          "what": f"{b.name}[{s}] ({b.kind.value})"})
+    bar_base = min(layout.barriers.values())
+    decls = []
+    for kind, names in ctx.regs.items():
+        for n in names:
+            decls.append(f".reg .{kind} {n};")
+    return {
+        "generator_version": GENERATOR_VERSION,
+        "name": cfg.name,
+        "ptx_version": PTX_VERSION,
+        "target": TARGET,
+        "entry": ENTRY,
+        "threads": pipe.threads,
+        "maxnreg": REGS_PER_SM_PARTITION // pipe.threads,
+        "causal": cfg.causal,
+        "head_dim": cfg.head_dim,
+        "dtype": cfg.dtype,
+        "G": cfg.gqa_ratio,
+        "sqt": cfg.seq_q_per_tile,
+        "kv_stages": cfg.kv_stages,
+        "k_split": cfg.k_split,
+        "smem": layout,
+        "bar_base": bar_base,
+        "tmem_slot": layout.tmem_slot,
+        "tmem_cols": pipe.tmem_alloc_cols,
+        "alloc_warp": alloc_warp,
+        "dealloc_role": dealloc_role,
+        "inits": inits,
+        "decls": decls,
+        "roles": roles,
+        "dispatch": _dispatch(pipe, roles),
+        "neg_inf": NEG_INF,
+        "one": ONE,
+        "zero": ZERO,
+        "notes": list(pipe.notes),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# Manifest
+
+
+def tensor_maps(cfg: KernelConfig) -> dict:
+    qo_dims = ["D", "G", "Hkv", "Sq", "B"]
+    kv_dims = ["D", "Hkv", "Skv", "B"]
+    qo_box = [HALF_COLS, cfg.gqa_ratio, 1, cfg.seq_q_per_tile, 1]  # one 128-row tile, 64 columns
+    kv_box = [HALF_COLS, 1, ROWS, 1]
+    return {
+        "q": {"dims": qo_dims, "box": qo_box, "swizzle": "128B", "dtype": cfg.dtype},
+        "k": {"dims": kv_dims, "box": kv_box, "swizzle": "128B", "dtype": cfg.dtype},
+        "v": {"dims": kv_dims, "box": kv_box, "swizzle": "128B", "dtype": cfg.dtype},
+        "o": {"dims": qo_dims, "box": qo_box, "swizzle": "128B", "dtype": cfg.dtype},
+    }
+
+
+def manifest_sm100(pipe: Pipeline) -> dict:
+    """The ABI part of the manifest (docs/ABI.md); codegen adds the pipeline summary and reports."""
+    cfg = pipe.config
+    layout = smem_layout(pipe)
+    return {
+        "name": cfg.name,
+        "config": cfg.to_dict(),
+        "content_hash": cfg.content_hash,
+        "generator_version": GENERATOR_VERSION,
+        "arch": TARGET,
+        "entry": ENTRY,
+        "threads_per_cta": pipe.threads,
+        "dynamic_smem_bytes": layout.total,
+        "grid": {
+            "policy": "one_per_task" if cfg.causal else "persistent",
+            "task_unit": "two 128-row Q tiles in flight: (batch, kv_head, pair of m_blocks)",
+            "num_tasks": "batch * num_heads_kv * ceil(num_m_blocks / 2)",
+            "order": ("LPT: m_block pairs heaviest first, (batch, kv_head) fastest" if cfg.causal
+                      else "linear: m_block pair fastest, task += gridDim.x"),
+            "grid_x": ("num_tasks" if cfg.causal else "min(num_tasks, SM count read from the device)"),
+            "note": "the kernel clamps num_tasks to batch * num_heads_kv * ceil(num_m_blocks / 2): "
+                    "a grid sized in single Q tiles only adds idle CTAs",
+        },
+        "tensor_maps": tensor_maps(cfg),
+        "params": ["tmap_q", "tmap_k", "tmap_v", "tmap_o", "lse_ptr", "batch", "seqlen_q", "seqlen_k",
+                   "num_heads_kv", "scale_log2", "num_m_blocks", "num_tasks"],
+        "smem_layout": {
+            "regions": {k: {"offset": v[0], "bytes_per_slot": v[1], "slots": v[2]} for k, v in layout.regions.items()},
+            "barriers": dict(layout.barriers),
+            "tmem_addr_slot": layout.tmem_slot,
+            "align": SMEM_ALIGN,
+        },
+    }
+
+
+def build_sm100(pipe_or_cfg) -> tuple[str, dict]:
+    """(PTX text, ABI manifest) of the sm_100a kernel. Takes a KernelConfig (builds and legalizes
+    its pipeline, unverified: fa4gen.codegen.build is the verified chain) or a legalized Pipeline."""
+    if isinstance(pipe_or_cfg, KernelConfig):
+        from ..ir import build_pipeline
+
+        pipe, _ = legalize(build_pipeline(pipe_or_cfg))
+    else:
+        pipe = pipe_or_cfg
+    return render("sm100/fa4_fwd.ptx.j2", lower_sm100(pipe)), manifest_sm100(pipe)
