@@ -173,6 +173,9 @@ class Kernel:
         import torch
 
         drv = _driver()
+        if q.device.index != self.device:
+            raise RuntimeSetupError(f"kernel was loaded on cuda:{self.device}, tensors are on {q.device}: "
+                                    "load one Kernel per device")
         B, Sq, Hq, D = q.shape
         Skv, Hkv = k.shape[1], k.shape[2]
         G = int(self._cfg["gqa_ratio"])
