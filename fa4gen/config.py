@@ -8,12 +8,38 @@ loads a stale cubin.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 GENERATOR_VERSION = "0.1.0"
+
+# Sources whose text decides the emitted PTX or cubin: a change to any of them is a new generator,
+# so cached cubins keyed by content_hash can never outlive the code that made them.
+_FINGERPRINT_SOURCES = ("config.py", "exp2.py", "encodings.py", "assemble.py", "codegen.py", "render.py",
+                        "ir", "lower")
+
+
+@functools.lru_cache(maxsize=1)
+def generator_fingerprint() -> str:
+    """sha256 over the generator's PTX-deciding sources and templates (first 12 hex digits)."""
+    from .render import templates_dir
+
+    pkg = Path(__file__).resolve().parent
+    files = []
+    for name in _FINGERPRINT_SOURCES:
+        p = pkg / name
+        files += sorted(p.rglob("*.py")) if p.is_dir() else ([p] if p.exists() else [])
+    tdir = templates_dir()
+    files += sorted(tdir.rglob("*.j2"))
+    h = hashlib.sha256()
+    for f in files:
+        rel = f.relative_to(tdir) if f.is_relative_to(tdir) else f.relative_to(pkg)
+        h.update(str(rel).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
 
 ARCHS = ("sm_100a", "sm_90a")
 HEAD_DIMS = (64, 128)
@@ -137,7 +163,10 @@ class KernelConfig:
 
     @property
     def content_hash(self) -> str:
-        blob = json.dumps({"config": self.to_dict(), "generator": GENERATOR_VERSION}, sort_keys=True)
+        """Covers every field, GENERATOR_VERSION and the generator's source fingerprint: the cubin
+        cache key, so an edited template or lowering never loads a stale cubin."""
+        blob = json.dumps({"config": self.to_dict(), "generator": GENERATOR_VERSION,
+                           "sources": generator_fingerprint()}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def replace(self, **changes) -> "KernelConfig":
