@@ -948,4 +948,16 @@ def build_sm100(pipe_or_cfg) -> tuple[str, dict]:
         pipe, _ = legalize(build_pipeline(pipe_or_cfg))
     else:
         pipe = pipe_or_cfg
-    return render("sm100/fa4_fwd.ptx.j2", lower_sm100(pipe)), manifest_sm100(pipe)
+    return _tidy(render("sm100/fa4_fwd.ptx.j2", lower_sm100(pipe))), manifest_sm100(pipe)
+
+
+def _tidy(ptx: str) -> str:
+    """Drop the empty lines macro calls leave; one empty line before each role and dispatch block."""
+    out = []
+    for line in ptx.splitlines():
+        if not line.strip():
+            continue
+        if line.startswith(("// role ", "// ====")):
+            out.append("")
+        out.append(line)
+    return "\n".join(out) + "\n"
