@@ -475,8 +475,11 @@ class _RoleEmitter:
     def op(self, op) -> None:
         idx = self.op_index
         self.op_index += 1
+        handler = getattr(self, "op_" + type(op).__name__, None)
+        if handler is None or type(op) not in OP_PTX:
+            raise Sm100LoweringError(f"{self.p}: {type(op).__name__} has no sm_100a lowering")
         self.emit("marker", index=idx, op=type(op).__name__)
-        getattr(self, "op_" + type(op).__name__)(op)
+        handler(op)
 
     def op_Wait(self, op: Wait) -> None:
         _, after = fence_policy(self.pipe, self.role, op)
@@ -733,7 +736,10 @@ class _RoleEmitter:
         self.emit("advance", q=self.qreg(op.state), add=st.stride % (2 * st.depth), wrap=2 * st.depth)
 
     def op_Compute(self, op: Compute) -> None:
-        getattr(self, "compute_" + op.fn)(op)
+        fn = getattr(self, "compute_" + op.fn, None)
+        if fn is None:
+            raise Sm100LoweringError(f"{self.p}: Compute fn {op.fn!r} has no sm_100a macro")
+        fn(op)
 
     # ---- computes ----------------------------------------------------------------------------
     def row(self, emu_frag_mask=None) -> dict:
