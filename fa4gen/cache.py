@@ -246,6 +246,10 @@ class KernelRegistry:
             self._kernels[key] = k
             return k, True
 
+    def peek(self, key: tuple[str, object]):
+        """The loaded kernel for key, or None (no lock: one dict read is atomic in CPython)."""
+        return self._kernels.get(key)
+
     def clear(self) -> None:
         with self._lock:
             self._kernels.clear()
