@@ -29,6 +29,16 @@ from pathlib import Path
 from .config import GENERATOR_VERSION, KernelConfig
 
 EMITS = ("ir", "ptx", "cubin", "sass")
+
+# The variants checked in under generated/ (scripts/regen_generated.py): head_dim x causal x GQA in bf16,
+# and one fp16 variant.
+DEFAULT_MATRIX = tuple(
+    [KernelConfig(head_dim=d, causal=c, gqa_ratio=g) for d in (64, 128) for c in (False, True) for g in (1, 4)]
+    + [KernelConfig(dtype="fp16", causal=True, gqa_ratio=4)])
+# Manifest keys that legitimately differ between two regenerations of the same kernel: the content
+# hash covers a fingerprint of the generator's sources, and the assembler section exists only where
+# an assembler is installed.
+UNSTABLE_MANIFEST_KEYS = ("content_hash", "assembler")
 VERIFY_CACHE_ENV = "FA4GEN_VERIFY_CACHE"
 
 

@@ -9,8 +9,10 @@ there is no Blackwell GPU.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,8 +28,8 @@ from fa4gen.passes.verify import VerificationError
 from fa4gen.reference import fa4_forward, round_to_dtype
 from fa4gen.simulate import simulate
 
-MATRIX = [KernelConfig(head_dim=d, causal=c, gqa_ratio=g) for d in (64, 128) for c in (False, True) for g in (1, 4)]
-MATRIX += [KernelConfig(dtype="fp16", causal=True, gqa_ratio=4)]
+MATRIX = list(codegen.DEFAULT_MATRIX)
+ROOT = Path(__file__).resolve().parent.parent
 
 needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not found (sm_100a assembly needs "
                                                                 "whole-program ptxas for setmaxnreg)")
@@ -279,3 +281,40 @@ def test_instruction_profile_per_kv_block(cfg):
     assert p["softmax (per WG): ex2.approx, masked block"] == 128
     assert p["correction: tcgen05.ld+st when rescaling"] == 2 * 2 * (d // 16)
     assert n_emu == (24 if cfg.causal else 16)  # seed: 18.75% causal, 12.5% non-causal
+
+
+# ---- generated/ -----------------------------------------------------------------------------------
+
+def _regen_module():
+    spec = importlib.util.spec_from_file_location("regen_generated", ROOT / "scripts" / "regen_generated.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _stable(manifest: dict) -> dict:
+    return {k: v for k, v in manifest.items() if k not in codegen.UNSTABLE_MANIFEST_KEYS}
+
+
+def test_generated_matches_a_fresh_regeneration(tmp_path):
+    """`python scripts/regen_generated.py` output is checked in: regenerate and diff (PTX byte for
+    byte; manifests except the source-fingerprint hash and the assembler section)."""
+    files = _regen_module().regenerate(tmp_path, assemble=False, quiet=True)
+    names = sorted(p.name for p in files)
+    checked_in = sorted(p.name for p in (ROOT / "generated").iterdir() if p.suffix in (".ptx", ".json"))
+    assert names == checked_in, "generated/ has missing or stale files: run python scripts/regen_generated.py"
+    for p in files:
+        old = (ROOT / "generated" / p.name).read_text()
+        if p.suffix == ".ptx":
+            assert p.read_text() == old, f"{p.name} changed: run python scripts/regen_generated.py"
+        else:
+            assert _stable(json.loads(p.read_text())) == _stable(json.loads(old)), \
+                f"{p.name} changed: run python scripts/regen_generated.py"
+
+
+@needs_ptxas
+@pytest.mark.parametrize("cfg", MATRIX, ids=lambda c: c.name)
+def test_generated_assembler_report_is_current(cfg):
+    old = json.loads((ROOT / "generated" / f"{cfg.name}.json").read_text())
+    assert old["assembler"]["entries"] == built(cfg).manifest["assembler"]["entries"]
+    assert old["assembler"]["entries"][0]["spill_stores"] == 0
