@@ -48,7 +48,10 @@ MMA_K = 16  # reduction positions per MMA step for 16-bit inputs (tcgen05 kind::
 
 # Seed constants: in every 16 exponentials of a 32-column fragment the last 2*EMU_PAIRS are emulated
 # on the FMA units, in fragments [EMU_START, 3); fragment 3 and masked blocks always use ex2.approx.
-EMU_PAIRS_DEFAULT = 2
+# sm_90a default: no emulation. Hopper's MUFU keeps up with its wgmma rate, and the emulation's FMAs
+# compete with the softmax's: all-ex2 measured 4-9% faster at D = 128 on the H200, same at D = 64
+# (bench/sm90_dev_notes.md, run 3, "noemu" column).
+EMU_PAIRS_DEFAULT = {"sm_100a": 2, "sm_90a": 0}
 EMU_START_DEFAULT = {False: 1, True: 0}  # keyed by causal
 K_SPLIT_DEFAULT = {False: 6 * MMA_K, True: 4 * MMA_K}  # 96 + 32 non-causal, 64 + 64 causal
 
@@ -111,7 +114,7 @@ class KernelConfig:
             raise ConfigError("rescale_threshold", thr, "a number in [0, 15] (log2 units; 0 = always rescale; "
                                                         "P can reach 2^threshold and fp16 overflows at 2^16)")
         fix("rescale_threshold", float(thr))
-        pairs = EMU_PAIRS_DEFAULT if self.emu_pairs is None else self.emu_pairs
+        pairs = EMU_PAIRS_DEFAULT[self.arch] if self.emu_pairs is None else self.emu_pairs
         if isinstance(pairs, bool) or not isinstance(pairs, int) or not 0 <= pairs <= 8:
             raise ConfigError("emu_pairs", pairs, "an integer in [0, 8] (pairs emulated per 16 exponentials)")
         fix("emu_pairs", pairs)

@@ -58,7 +58,10 @@ def _cases():
             work = sq * skv
             b = 3 if work <= 200_000 else 2 if work <= 5_000_000 else 1
             hkv = 3 if work <= 200_000 else 2 if work <= 20_000_000 else 1
-            out.append(dict(d=d, dtype=dt, causal=causal, g=g, b=b, hkv=hkv, sq=sq, skv=skv, x30=(p + pos) % 2 == 1))
+            # half the runs use the seed's exp2 split (sm_90a's default emulates nothing), so the
+            # FMA emulation shared with sm_100a executes on the GPU too
+            out.append(dict(d=d, dtype=dt, causal=causal, g=g, b=b, hkv=hkv, sq=sq, skv=skv, x30=(p + pos) % 2 == 1,
+                            emu=2 if pos % 2 == 0 else None))
     return out
 
 
@@ -67,7 +70,7 @@ CASES = _cases()
 
 def case_id(c):
     return (f"d{c['d']}-{c['dtype']}-{'causal' if c['causal'] else 'full'}-g{c['g']}-b{c['b']}h{c['hkv']}"
-            f"-{c['sq']}x{c['skv']}{'-x30' if c['x30'] else ''}")
+            f"-{c['sq']}x{c['skv']}{'-x30' if c['x30'] else ''}{'-emu' if c.get('emu') else ''}")
 
 
 # ---- reference ---------------------------------------------------------------------------------
@@ -151,10 +154,11 @@ def make_inputs(c, seed_label, device="cuda"):
     return q.to(dt), k.to(dt), v.to(dt)
 
 
-def run_kernel_poisoned(q, k, v, causal, scale, dtype):
+def run_kernel_poisoned(q, k, v, causal, scale, dtype, emu_pairs=None):
     """Call the Kernel itself with O and LSE filled with NaN, so unwritten elements show."""
     b, sq, hq, d = q.shape
-    cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, gqa_ratio=hq // k.shape[2], dtype=dtype)
+    cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, gqa_ratio=hq // k.shape[2], dtype=dtype,
+                       emu_pairs=emu_pairs)
     kernel, _ = api.get_kernel(cfg, q.device)
     o = torch.full_like(q, float("nan"))
     lse = torch.full((b, hq, sq), float("nan"), device=q.device, dtype=torch.float32)
@@ -173,6 +177,7 @@ def test_case_table_covers_what_it_claims():
             assert len({c[key] for c in sel}) == 2, (pair, key)
     assert any(c["causal"] and c["sq"] > c["skv"] for c in CASES)  # fully masked rows
     assert any(c["b"] > 1 for c in CASES)
+    assert {c["emu"] for c in CASES} == {2, None}
 
 
 @pytest.mark.gpu
@@ -182,7 +187,7 @@ def test_kernel_matches_reference(c, exact_fp32):
     q, k, v = make_inputs(c, label)
     scale = 1.0 / math.sqrt(c["d"])
     with torch.no_grad():
-        o, lse = run_kernel_poisoned(q, k, v, c["causal"], scale, c["dtype"])
+        o, lse = run_kernel_poisoned(q, k, v, c["causal"], scale, c["dtype"], c["emu"])
         check_against_reference(o, lse, q, k, v, c["causal"], scale, c["dtype"], label)
 
 

@@ -106,9 +106,10 @@ def test_emulation_split_keeps_the_seed_fractions():
         frac_seed = c.emu_pairs / 8 * max(0, 3 - c.emu_start) / 4  # 2*pairs of 16, fragments [start, 3)
         assert sum(k) / len(k) == frac_seed
         assert not any(k[24:])  # fragment 3 (columns 96..127) always on MUFU
-    ctx = lower_sm90(cfg())
+    assert cfg().emu_pairs == 0  # sm_90a default: every exponential on MUFU (faster on the H200)
+    ctx = lower_sm90(cfg(emu_pairs=2))
     n_emu = sum(e["emu"] for row in ctx["rows"] for e in row["elems"])
-    assert n_emu == 8  # 12.5% of the thread's 64 scores
+    assert n_emu == 8  # the seed's split: 12.5% of the thread's 64 scores
 
 
 def test_p_fragment_is_the_accumulator_paired_in_order():
@@ -149,8 +150,8 @@ def test_pipeline_order_in_the_ptx():
 
 
 def test_causal_and_tail_masks_only_where_needed():
-    nc, _ = build_sm90(cfg())
-    c, _ = build_sm90(cfg(causal=True))
+    nc, _ = build_sm90(cfg(emu_pairs=2))  # the seed's split, so unmasked blocks emulate some exp2
+    c, _ = build_sm90(cfg(causal=True, emu_pairs=2))
     # non-causal: only the Skv tail block is masked (nunm = Skv / 128); causal uses signed limits
     assert "shr.u32 %nunm, %skv, 7;" in nc and "min.s32 %climit0" not in nc
     assert "min.s32 %climit0, %climit0, %skv;" in c and "shr.s32 %nunm" in c

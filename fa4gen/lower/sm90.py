@@ -33,7 +33,7 @@ try:  # the fitted coefficients live in fa4gen.exp2 (shared with the reference a
 except ImportError:  # pragma: no cover - only while fa4gen/exp2.py is absent
     _EXP2_POLY = (1.0, 0.69515, 0.22756, 0.07712)  # PLACEHOLDER: published FA4 values
 
-__all__ = ["SM90_TUNED", "tuned_config", "Sm90Options", "Probe", "NamedBarrier", "build_sm90", "lower_sm90", "manifest_sm90",
+__all__ = ["Sm90Options", "Probe", "NamedBarrier", "build_sm90", "lower_sm90", "manifest_sm90",
            "smem_plan", "Sm90LoweringError", "SMEM_LIMIT"]
 
 ENTRY = "fa4_fwd"
@@ -54,18 +54,6 @@ LN2 = math.log(2.0)
 # start>>4 in [0,14), leading-dim byte offset>>4 in [16,30), stride-dim byte offset>>4 in [32,46),
 # base offset in [49,52), swizzle mode in [62,64) with 1 = 128B.
 SWIZZLE_128B = 1
-
-
-# Hopper tuning (bench/sm90_dev_notes.md, H200, 2026-11-30): the FMA exp2 emulation that relieves
-# Blackwell's MUFU costs issue slots that this kernel's softmax is short of; with emu_pairs = 0
-# D = 128 runs 4-9% faster (665 vs 618 TFLOP/s non-causal at S = 8192), D = 64 is unchanged. The
-# config defaults stay the seed's values; callers that want the faster Hopper kernel ask for this.
-SM90_TUNED = {"emu_pairs": 0}
-
-
-def tuned_config(**fields) -> KernelConfig:
-    """KernelConfig for sm_90a with the Hopper-tuned knobs (explicit fields win)."""
-    return KernelConfig(arch="sm_90a", **{**SM90_TUNED, **fields})
 
 
 class Sm90LoweringError(ValueError):
