@@ -25,7 +25,7 @@ from fa4gen.config import KernelConfig
 from fa4gen.encodings import Major, TcgenInstrDesc
 from fa4gen.ir import build_pipeline
 from fa4gen.ir.core import (Arrive, BarrierKind, BlockRef, Commit, ExpectTx, FenceProxyAsync, Mma, NamedArrive,
-                            NamedSync, Scope, Space, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt, Wait,
+                            NamedSync, Scope, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt, Wait,
                             WaitLd, WaitSt, walk_ops)
 from fa4gen.lower.sm100 import OP_PTX, build_sm100, legalize
 
@@ -302,7 +302,6 @@ def _collapse(events: list[tuple]) -> list[tuple]:
 
 def expected(pipe, manifest) -> dict[str, list[tuple]]:
     cfg = pipe.config
-    lay = Layout(pipe, manifest)
     boxes = cfg.head_dim // 64
     out = {}
     for role in pipe.roles:
@@ -515,3 +514,61 @@ def test_mma_issued_before_its_wait_fails_the_read_back(barrier):
     mutated = lines[:w0] + lines[m0:m1] + lines[w0:w1] + lines[m1:]
     problems = check("\n".join(mutated), pipe, manifest)
     assert problems and "mma" in problems[0]
+
+
+_MNEMONIC = [  # instruction prefix -> Ptx table class (longest prefixes first)
+    ("mbarrier.try_wait.parity", "mbarrier.try_wait.parity"),
+    ("mbarrier.arrive.expect_tx", "mbarrier.arrive.expect_tx"),
+    ("mbarrier.arrive", "mbarrier.arrive"),
+    ("cp.async.bulk.tensor", None),  # direction decides
+    ("cp.async.bulk.commit_group", "cp.async.bulk.commit_group"),
+    ("cp.async.bulk.wait_group.read", "cp.async.bulk.wait_group.read"),
+    ("tcgen05.mma", "tcgen05.mma"), ("tcgen05.commit", "tcgen05.commit"), ("tcgen05.ld", "tcgen05.ld"),
+    ("tcgen05.st", "tcgen05.st"), ("tcgen05.wait::ld", "tcgen05.wait::ld"), ("tcgen05.wait::st", "tcgen05.wait::st"),
+    ("bar.arrive", "bar.arrive"), ("bar.sync", "bar.sync"),
+    ("fence.proxy.async.shared::cta", "fence.proxy.async.shared::cta"),
+]
+
+
+def _classes(block: list[str]) -> list[str]:
+    out = []
+    for line in block:
+        m = _INSTR.match(line.split("//")[0])
+        if not m:
+            continue
+        opc = m.group(2)
+        if opc.startswith("tcgen05.fence::"):
+            continue  # added around synchronisation by fence_policy, checked by test_ptx_reads_back...
+        for prefix, cls in _MNEMONIC:
+            if opc.startswith(prefix):
+                if cls is None:
+                    cls = "cp.async.bulk.tensor.s2g" if ".global.shared::cta" in opc else "cp.async.bulk.tensor.g2s"
+                out.append(cls)
+                break
+    return out
+
+
+def _matches(row: tuple[str, ...], classes: list[str]) -> bool:
+    """Does the instruction class sequence spell the table row (`x*` = one or more x)?"""
+    pat = "".join(f"(?:{re.escape(c[:-1])};)+" if c.endswith("*") else f"{re.escape(c)};" for c in row)
+    return re.fullmatch(pat, "".join(c + ";" for c in classes)) is not None
+
+
+@pytest.mark.parametrize("cfg", [KernelConfig(), KernelConfig(causal=True, gqa_ratio=4)], ids=lambda c: c.name)
+def test_each_op_segment_spells_its_op_ptx_row(cfg):
+    """The table inverted mechanically: cut each role at its `// op N` markers and require every
+    segment's protocol instructions to be exactly the row OP_PTX gives for op N's type."""
+    pipe, ptx, _ = emitted(cfg)
+    lines = ptx.splitlines()
+    for role in pipe.roles:
+        ops = list(walk_ops(role.program))
+        a, b = lines.index(f"// role {role.name}"), lines.index(f"// end role {role.name}")
+        marks = [(int(re.search(r"// op (\d+) ", lines[i]).group(1)), i) for i in range(a, b)
+                 if re.search(r"// op \d+ ", lines[i])]
+        assert [n for n, _ in marks] == list(range(len(ops))), role.name
+        for k, (n, i) in enumerate(marks):
+            end = marks[k + 1][1] if k + 1 < len(marks) else b
+            # structural lines (loop/branch labels, conditions) after an op belong to no op
+            classes = _classes(lines[i + 1:end])
+            row = OP_PTX[type(ops[n])]
+            assert _matches(row, classes), f"{role.name} op {n} {type(ops[n]).__name__}: {classes} != {row}"

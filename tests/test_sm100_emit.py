@@ -23,7 +23,7 @@ from fa4gen.config import KernelConfig
 from fa4gen.encodings import MmaType, TcgenInstrDesc
 from fa4gen.exp2 import emulated_mask
 from fa4gen.ir import build_pipeline
-from fa4gen.lower.sm100 import Sm100LoweringError, build_sm100, legalize, lower_sm100, smem_layout
+from fa4gen.lower.sm100 import Sm100LoweringError, legalize, lower_sm100, smem_layout
 from fa4gen.passes.verify import VerificationError
 from fa4gen.reference import fa4_forward, round_to_dtype
 from fa4gen.simulate import simulate

@@ -29,7 +29,7 @@ from ..assemble import PTX_VERSION
 from ..config import GENERATOR_VERSION, KernelConfig
 from ..encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, check_tmem_alloc
 from ..exp2 import EXP2_POLY, FRAG_COLS, emulated_mask
-from ..ir.core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
+from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
                        FenceProxyAsync, If, Loop, LoopKind, Mma, NamedArrive, NamedSync, Pipeline, Role,
                        Scope, SmemLd, SmemSt, Space, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt, Wait,
                        WaitLd, WaitSt, walk_ops)
@@ -394,7 +394,7 @@ class _RoleEmitter:
                 "label": f"$L_role_{role.name}", "tcgen05": role_issues_tcgen05(role)}
 
     def setup(self) -> None:
-        role, cfg = self.role, self.cfg
+        role = self.role
         ops = list(walk_ops(role.program))
         needs_row = any(isinstance(op, (TmemLd, TmemSt, SmemSt, SmemLd, Compute)) for op in ops)
         per_warp_named = [op for op in ops if isinstance(op, (NamedArrive, NamedSync))
