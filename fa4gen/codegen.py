@@ -10,9 +10,9 @@
 
 Assembly runs in a worker thread while the verifier runs (ptxas is a subprocess, so the two
 overlap on two cores); a failed verification still raises and nothing is written. A passing
-verification is cached on disk keyed by the pipeline's content and the verifier's source, so
-rebuilding an unchanged variant skips the protocol exploration (set FA4GEN_VERIFY_CACHE=0 to
-always re-verify). With out_dir, `<name>.json` (the manifest) is always written, plus
+verification is cached on disk keyed by the pipeline's content and the source of the verifier and
+of the IR core (State semantics), so rebuilding an unchanged variant skips the protocol
+exploration (set FA4GEN_VERIFY_CACHE=0 to always re-verify). With out_dir, `<name>.json` (the manifest) is always written, plus
 `<name>.ptx`, `<name>.cubin`, `<name>.sass`, `<name>.ir.json` as `emit` asks.
 """
 
@@ -66,7 +66,7 @@ def _verifier_fingerprint() -> str:
     import importlib
 
     h = hashlib.sha256(GENERATOR_VERSION.encode())
-    for name in ("fa4gen.passes.engine", "fa4gen.passes.verify"):
+    for name in ("fa4gen.ir.core", "fa4gen.passes.engine", "fa4gen.passes.verify"):
         h.update(Path(importlib.import_module(name).__file__).read_bytes())
     return h.hexdigest()
 

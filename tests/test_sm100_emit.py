@@ -318,3 +318,19 @@ def test_generated_assembler_report_is_current(cfg):
     old = json.loads((ROOT / "generated" / f"{cfg.name}.json").read_text())
     assert old["assembler"]["entries"] == built(cfg).manifest["assembler"]["entries"]
     assert old["assembler"]["entries"][0]["spill_stores"] == 0
+
+
+def test_verify_cache_reuses_only_passing_reports_of_the_same_pipeline(tmp_path, monkeypatch):
+    monkeypatch.setenv("FA4GEN_CACHE_DIR", str(tmp_path))
+    pipe, _ = legalize(build_pipeline(KernelConfig(head_dim=64)))
+    rep1, hit1 = codegen.verify_cached(pipe)
+    rep2, hit2 = codegen.verify_cached(pipe)
+    assert rep1.ok and (hit1, hit2) == (False, True) and rep2 == rep1
+    from fa4gen.passes.mutations import by_name
+
+    broken = by_name("missing_wait_st").apply(pipe)
+    rep3, hit3 = codegen.verify_cached(broken)
+    assert not rep3.ok and not hit3  # a different pipeline never borrows the passing record
+    assert len(list((tmp_path / "verify").iterdir())) == 1  # failing reports are not stored
+    monkeypatch.setenv("FA4GEN_VERIFY_CACHE", "0")
+    assert codegen.verify_cached(pipe)[1] is False
