@@ -19,6 +19,7 @@ TMEM_COLS = 512
 LD_CHUNK = 32  # softmax reads S and writes P in 32-column tcgen05.ld/st chunks
 RESCALE_CHUNK = 16  # correction rescales O 16 columns at a time (seed: RESCALE_TILE)
 STATS_BAR_ID = 1  # named barrier ids start at 1: id 0 is __syncthreads / bar.sync 0
+SOFTMAX_REGS, CORRECTION_REGS, WG3_REGS = 200, 64, 48  # 128 x (200 + 200 + 64 + 48) = 65,536
 
 
 def regions(cfg: KernelConfig) -> tuple[Region, ...]:
@@ -78,7 +79,7 @@ def _load_role(cfg: KernelConfig) -> Role:
     )
     states = (State("qa", 2, 1, start=0, stride=2), State("qb", 2, 1, start=1, stride=2),
               State("k", kv, 1, start=0, stride=2), State("v", kv, 1, start=1, stride=2))
-    return Role("load", (13,), 48, states, (Loop(LoopKind.TASKS, body),))
+    return Role("load", (13,), WG3_REGS, states, (Loop(LoopKind.TASKS, body),))
 
 
 def _mma_role(cfg: KernelConfig) -> Role:
@@ -117,16 +118,22 @@ def _mma_role(cfg: KernelConfig) -> Role:
               State("k", kv, 0, start=0, stride=2), State("v", kv, 0, start=1, stride=2),
               State("por0", 1, 0, slot_base=0), State("por1", 1, 0, slot_base=1),
               State("pr0", 1, 0, slot_base=0), State("pr1", 1, 0, slot_base=1))
-    return Role("mma", (12,), 48, states, (Loop(LoopKind.TASKS, body),))
+    return Role("mma", (12,), WG3_REGS, states, (Loop(LoopKind.TASKS, body),))
 
 
-def _epilogue_ops(cfg: KernelConfig, i: int, o_state: str, e_state: str, row_sum_src: str) -> tuple:
-    """Normalise O tile i, cast, stage it in O_smem and hand it to the store warp."""
-    ops = [Wait("o_ready", o_state), Wait("corr_epi_empty", e_state)]
-    ops += [TmemLd(f"O{i}", c, c + LD_CHUNK, "o") for c in range(0, cfg.head_dim, LD_CHUNK)]
-    return (*ops, WaitLd(),
-            Compute("normalize", i, reads=("o", row_sum_src), writes=("o_out",)),
-            SmemSt("O_smem", e_state, "o_out"), FenceProxyAsync(),
+def _epilogue_ops(cfg: KernelConfig, i: int, o_state: str, e_state: str, row_sum_src: str, regs: int) -> tuple:
+    """Normalise O tile i, cast, stage it in O_smem and hand it to the store warp.
+
+    A role whose register budget cannot hold the whole fp32 row (WG2: 64 registers, D up to 128)
+    loads, normalises and stages one 32-column chunk at a time; the softmax warpgroups (200) load
+    the row at once."""
+    loads = [TmemLd(f"O{i}", c, c + LD_CHUNK, "o") for c in range(0, cfg.head_dim, LD_CHUNK)]
+    step = (Compute("normalize", i, reads=("o", row_sum_src), writes=("o_out",)), SmemSt("O_smem", e_state, "o_out"))
+    if cfg.head_dim > regs - 32:  # keep 32 registers for addresses, loop state and row statistics
+        body = [op for ld in loads for op in (ld, WaitLd(), *step)]
+    else:
+        body = [*loads, WaitLd(), *step]
+    return (Wait("o_ready", o_state), Wait("corr_epi_empty", e_state), *body, FenceProxyAsync(),
             Arrive("corr_epi_full", e_state, Scope.ALL), Advance(e_state), Advance(o_state))
 
 
@@ -149,7 +156,7 @@ def _softmax_role(cfg: KernelConfig, i: int) -> Role:
     # LSE needs the final reference and row_sum, both in this role's registers.
     lse = (If(Cond.HAS_LSE, (Compute("store_lse", i, reads=("row_sum", "row_max")),)),)
     if cfg.causal:
-        tail = lse + _epilogue_ops(cfg, i, "or", "e", "row_sum")
+        tail = lse + _epilogue_ops(cfg, i, "or", "e", "row_sum", SOFTMAX_REGS)
         states = (State("or", 1, 0, slot_base=i), State("e", 1, 1, slot_base=i))
     else:  # the last sScale hand-off carries row_sum to WG2, which runs the epilogue
         tail = lse + (Wait("softmax_corr_empty", "ce"), SmemSt("sScale", i, "row_sum"),
@@ -160,7 +167,7 @@ def _softmax_role(cfg: KernelConfig, i: int) -> Role:
     # finish stage 0 of the same block (consumer phase 0).
     states = (State("sr", 1, 0, slot_base=i), State("ce", 1, 1 - i, slot_base=i), *states)
     warps = tuple(range(4 * i, 4 * i + 4))
-    return Role(f"softmax{i}", warps, 200, states, (Loop(LoopKind.TASKS, (Loop(LoopKind.KV, body), *tail)),),
+    return Role(f"softmax{i}", warps, SOFTMAX_REGS, states, (Loop(LoopKind.TASKS, (Loop(LoopKind.KV, body), *tail)),),
                 qtile=i)
 
 
@@ -186,9 +193,9 @@ def _correction_role(cfg: KernelConfig) -> Role:
         for i in (0, 1):
             body += [NamedSync("stats", i), SmemLd("sScale", i, "row_sum"),
                      Arrive("softmax_corr_empty", 1 - i, Scope.ALL),
-                     *_epilogue_ops(cfg, i, f"or{i}", "e", "row_sum")]
+                     *_epilogue_ops(cfg, i, f"or{i}", "e", "row_sum", CORRECTION_REGS)]
         states = [State("or0", 1, 0, slot_base=0), State("or1", 1, 0, slot_base=1), State("e", 2, 1)]
-    return Role("correction", (8, 9, 10, 11), 64, tuple(states), (Loop(LoopKind.TASKS, tuple(body)),))
+    return Role("correction", (8, 9, 10, 11), CORRECTION_REGS, tuple(states), (Loop(LoopKind.TASKS, tuple(body)),))
 
 
 def _store_role(cfg: KernelConfig) -> Role:
@@ -196,13 +203,13 @@ def _store_role(cfg: KernelConfig) -> Role:
     for _ in (0, 1):
         body += [Wait("corr_epi_full", "e"), TmaStore("O_smem", "e"), TmaStoreWait(),
                  Arrive("corr_epi_empty", "e", Scope.ALL), Advance("e")]
-    return Role("store", (14,), 48, (State("e", 2, 0),), (Loop(LoopKind.TASKS, tuple(body)),))
+    return Role("store", (14,), WG3_REGS, (State("e", 2, 0),), (Loop(LoopKind.TASKS, tuple(body)),))
 
 
 def build_sm100(cfg: KernelConfig) -> Pipeline:
     if cfg.arch != "sm_100a":
         raise ValueError(f"build_sm100 needs arch sm_100a, got {cfg.arch}")
     roles = (_softmax_role(cfg, 0), _softmax_role(cfg, 1), _correction_role(cfg), _mma_role(cfg),
-             _load_role(cfg), _store_role(cfg), Role("idle", (15,), 48, (), ()))
+             _load_role(cfg), _store_role(cfg), Role("idle", (15,), WG3_REGS, (), ()))
     return Pipeline(cfg, "sm_100a", 16, regions(cfg), barriers(cfg), roles, TMEM_COLS, SM100_SMEM_LIMIT,
                     notes=("causal epilogue in WG0/WG1" if cfg.causal else "non-causal epilogue in WG2",))
