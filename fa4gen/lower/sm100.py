@@ -787,7 +787,8 @@ class _RoleEmitter:
     def compute_rescale_o(self, op: Compute) -> None:
         cols = self._take("o")
         self.pending["o"] = list(cols)  # the rescaled values are stored back from the same registers
-        self.emit("rescale_o", regs=[self.buf("o", c) for c in cols], acc=self.scalar("acc_scale"))
+        acc = self.scalar("acc_scale")
+        self.emit("rescale_o", regs=[self.buf("o", c) for c in cols], pairs=[(self.buf("o", c), acc) for c in cols])
 
     def compute_normalize(self, op: Compute) -> None:
         cols = self._take("o")
