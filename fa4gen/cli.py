@@ -89,6 +89,13 @@ def _print_summary(s: dict) -> None:
         f"{b['name']}[{b['slots']}]:{b['kind']}/{b.get('arrivals', b.get('threads'))}" for b in s["barriers"]))
     v = s["verify"]
     click.echo(f"  verify: {'OK' if v['ok'] else 'FAILED'} ({v['runs']} runs)")
+    asm = s.get("assembler")
+    if asm:
+        for e in asm["entries"]:
+            click.echo(f"  {asm['backend']} {asm['tool_version']} ({asm['arch']}): {e['name']} {e['registers']} "
+                       f"registers at entry, spills {e['spill_stores']}/{e['spill_loads']} bytes, stack "
+                       f"{e['stack_frame']}, dynamic SMEM {s.get('dynamic_smem_bytes', '?')} bytes; "
+                       "setmaxnreg honoured")
     for f in v["findings"]:
         click.echo(f"    [{f['code']}] {f['subject']}: {f['message']}")
 
