@@ -44,17 +44,49 @@ class Finding:
         return f"[{self.code}] {self.subject}: {self.message}"
 
 
-class VC(dict):
-    """Sparse vector clock: agent -> epoch."""
+TMEM_GRANULE = 16
+
+
+class VC:
+    """Vector clock. Sequential agents (roles, tensor-core units) keep epochs in `seq`; agents with
+    exactly one event (each TMA copy, tcgen05.ld/st) are a set `once`, so joins of the many
+    asynchronous copies are C-speed set unions rather than a Python loop."""
+
+    __slots__ = ("seq", "once")
+
+    def __init__(self, seq=None, once=None):
+        self.seq = {} if seq is None else seq
+        self.once = set() if once is None else once
 
     def join(self, other: "VC") -> "VC":
-        for k, v in other.items():
-            if self.get(k, 0) < v:
-                self[k] = v
+        mine = self.seq
+        for k, v in other.seq.items():
+            if mine.get(k, 0) < v:
+                mine[k] = v
+        self.once |= other.once
         return self
 
     def copy(self) -> "VC":
-        return VC(self)
+        return VC(dict(self.seq), set(self.once))
+
+
+class Label:
+    """An event's description, formatted only when a finding quotes it (most runs quote none)."""
+
+    __slots__ = ("role", "op", "task", "t", "suffix")
+
+    def __init__(self, role: str, op, task, t, suffix: str = ""):
+        self.role, self.op, self.task, self.t, self.suffix = role, op, task, t, suffix
+
+    def __add__(self, more: str) -> "Label":
+        return Label(self.role, self.op, self.task, self.t, self.suffix + more)
+
+    def __str__(self) -> str:
+        where = f"task {self.task}" + (f", block {self.t}" if self.t is not None else "")
+        op = self.op if isinstance(self.op, str) else _op_str(self.op)
+        return f"{self.role}: {op} ({where}){self.suffix}"
+
+    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
 
 
 @dataclass
@@ -62,23 +94,33 @@ class Event:
     agent: str
     epoch: int
     vc: VC
-    label: str
+    label: Label
+
+    once: bool = False
 
     def hb(self, vc: VC) -> bool:
         """self happens-before a point whose clock is vc."""
-        return vc.get(self.agent, 0) >= self.epoch
+        if self.once:
+            return self.agent in vc.once
+        return vc.seq.get(self.agent, 0) >= self.epoch
 
 
 class _Agent:
-    def __init__(self, name: str):
+    def __init__(self, name: str, once: bool = False):
         self.name = name
         self.epoch = 0
+        self.once = once  # an agent of exactly one event
         self.vc = VC()
 
-    def tick(self, label: str) -> Event:
+    def tick(self, label) -> Event:
         self.epoch += 1
-        self.vc[self.name] = self.epoch
-        return Event(self.name, self.epoch, self.vc.copy(), label)
+        if self.once:
+            if self.epoch > 1:
+                raise AssertionError(f"single-event agent {self.name} ticked twice")
+            self.vc.once.add(self.name)
+        else:
+            self.vc.seq[self.name] = self.epoch
+        return Event(self.name, self.epoch, self.vc.copy(), label, self.once)
 
 
 @dataclass
@@ -156,6 +198,7 @@ class Engine:
         self.reg_pending: dict = {}  # (role, reg) -> label of an incomplete tcgen05.ld into it
         self.wait_records: list = []  # (Event, barrier, slot, needed)
         self.procs = {}
+        self._roles = {r.name: r for r in pipe.roles}
         self.advances: dict[str, dict[str, int]] = {}
         self.next_op: dict[str, tuple] = {}
         self.done: set[str] = set()
@@ -208,7 +251,7 @@ class Engine:
         try:
             item = gen.send(send) if send is not None else next(gen)
             while item[0] == "cond":
-                ans = self.data.cond(self.pipe.role(rname), item[1], item[2])
+                ans = self.data.cond(self._roles[rname], item[1], item[2])
                 item = gen.send(bool(ans))
             self.next_op[rname] = item[1:]
         except StopIteration:
@@ -227,9 +270,8 @@ class Engine:
         return {BlockRef.FIRST: 0, BlockRef.LAST: n - 1, BlockRef.CUR: t,
                 BlockRef.PREV: None if t is None else t - 1}[ref]
 
-    def label(self, role: Role, op, ctx) -> str:
-        where = f"task {ctx['task']}" + (f", block {ctx['t']}" if ctx["t"] is not None else "")
-        return f"{role.name}: {_op_str(op)} ({where})"
+    def label(self, role: Role, op, ctx) -> Label:
+        return Label(role.name, op, ctx["task"], ctx["t"])
 
     def _tmem_cols(self, region_name: str, lo: int, hi: int) -> range:
         r = self.pipe.region(region_name)
@@ -244,7 +286,11 @@ class Engine:
         if r.space is Space.TMEM:
             full = (0, 2 * r.cols if r.dtype == "f16" else r.cols)
             lo, hi = (full if lo is None else (lo, hi))
-            return [("tmem", c) for c in self._tmem_cols(region_name, lo, hi)]
+            cols = self._tmem_cols(region_name, lo, hi)
+            # tracked in 16-column granules (every TMEM access of these kernels is 16-column aligned:
+            # 32-column S/O loads, 16-column O rescale chunks, 32 fp16 = 16 physical P columns);
+            # an unaligned access widens to whole granules, a conservative superset
+            return [("tmem", g) for g in range(cols.start // TMEM_GRANULE, -(-cols.stop // TMEM_GRANULE))]
         return [(region_name, slot)]
 
     def access(self, ev: Event, keys, write: bool, region: str) -> None:
@@ -265,7 +311,7 @@ class Engine:
 
     def new_async_agent(self, prefix: str, issue_vc: VC) -> _Agent:
         self._tma_n += 1
-        a = _Agent(f"{prefix}#{self._tma_n}")
+        a = _Agent(f"{prefix}#{self._tma_n}", once=True)
         a.vc = issue_vc.copy()
         self.agents[a.name] = a
         return a
@@ -307,24 +353,14 @@ class Engine:
     # ---- stepping ------------------------------------------------------------------------------
     def _role_enabled(self, rname: str) -> bool:
         op, ctx = self.next_op[rname]
-        role = self.pipe.role(rname)
-        if isinstance(op, Wait):
-            st = role.state(op.state)
-            adv = self.advances[rname][op.state]
-            slot = st.position(adv)[0]
-            b = self.mbar[(op.barrier, slot)]
-            return b.completed % 2 != st.parity(adv)
-        if isinstance(op, NamedSync):
-            return self._named_sync_ready(role, op)
-        if isinstance(op, WaitLd):
-            return not self.pending_ld[rname]
-        if isinstance(op, WaitSt):
-            return not self.pending_st[rname]
-        if isinstance(op, TmaStoreWait):
-            return not self.pending_store[rname]
-        if isinstance(op, MmaWait):
-            return len(self.mma_queues[rname]) <= op.pending
-        return True
+        check = _ENABLE_CHECKS.get(type(op))
+        return True if check is None else check(self, rname, op)
+
+    def _wait_enabled(self, rname: str, op) -> bool:
+        st = self._roles[rname].state(op.state)
+        p = st.start + st.stride * self.advances[rname][op.state]
+        b = self.mbar[(op.barrier, st.slot_base + p % st.depth)]
+        return b.completed % 2 != (p // st.depth + st.start_phase) % 2
 
     def _async_ready(self):
         ready = []
@@ -395,8 +431,8 @@ class Engine:
         blocked = []
         partial, empty = [], []
         for rname, (op, ctx) in sorted(self.next_op.items()):
-            role = self.pipe.role(rname)
-            desc = self.label(role, op, ctx)
+            role = self._roles[rname]
+            desc = str(self.label(role, op, ctx))
             if isinstance(op, Wait):
                 st = role.state(op.state)
                 adv = self.advances[rname][op.state]
@@ -450,7 +486,7 @@ class Engine:
     # ---- role ops --------------------------------------------------------------------------------
     def _exec_role(self, rname: str) -> None:
         op, ctx = self.next_op[rname]
-        role = self.pipe.role(rname)
+        role = self._roles[rname]
         agent = self.agents[rname]
         ev = agent.tick(self.label(role, op, ctx))
         slots = {}
@@ -679,7 +715,7 @@ class Engine:
         # then the op stays blocked until every instance it joined has released that generation.
         token = self._sync_tokens.get(role.name)
         if token is None or token[0] is not op:
-            ev = self.agents[role.name].tick(f"{role.name}: bar.arrive part of {_op_str(op)}")
+            ev = self.agents[role.name].tick(Label(role.name, "bar.arrive part of bar.sync", "-", None))
             keys = self._named_arrive(role, op, ev)
             gens = [self.named[k].generation - (0 if role.name in self.named[k].roles else 1) for k in keys]
             token = (op, keys, gens)
@@ -710,6 +746,16 @@ class Engine:
             lst = {"ld": self.pending_ld, "st": self.pending_st, "store": self.pending_store}[kind][a[1]]
             e = lst.pop(a[2])()
             self._done_vcs[(a[1], kind)].append(e.vc)
+
+
+_ENABLE_CHECKS = {
+    Wait: Engine._wait_enabled,
+    NamedSync: lambda e, r, op: e._named_sync_ready(e._roles[r], op),
+    WaitLd: lambda e, r, op: not e.pending_ld[r],
+    WaitSt: lambda e, r, op: not e.pending_st[r],
+    TmaStoreWait: lambda e, r, op: not e.pending_store[r],
+    MmaWait: lambda e, r, op: len(e.mma_queues[r]) <= op.pending,
+}
 
 
 def _op_str(op) -> str:
