@@ -204,8 +204,11 @@ def _find_tool(name: str, env_var: str | None = None) -> Path | None:
 
 
 def find_ptxas() -> Path | None:
-    """$FA4GEN_PTXAS, else PATH, $CUDA_HOME/bin, $CUDA_PATH/bin, /usr/local/cuda/bin, /usr/local/bin."""
-    return _find_tool("ptxas", "FA4GEN_PTXAS")
+    """$FA4GEN_PTXAS, else PATH, $CUDA_HOME/bin, $CUDA_PATH/bin, /usr/local/cuda/bin, /usr/local/bin,
+    else the ptxas of the nvidia-cuda-nvcc wheel (so `pip install fa4gen[cuda]` needs no toolkit)."""
+    if os.environ.get("FA4GEN_PTXAS"):
+        return _find_tool("ptxas", "FA4GEN_PTXAS")
+    return _find_tool("ptxas") or _wheel_tool("ptxas")
 
 
 @functools.lru_cache(maxsize=8)
@@ -506,14 +509,15 @@ def assemble(ptx: str, arch: str, *, name: str, keep_dir: Path | str | None = No
 # Disassembly
 # ---------------------------------------------------------------------------------------------
 
-def _wheel_nvdisasm() -> Path | None:
-    """nvdisasm shipped by the pip wheel nvidia-cuda-nvdisasm (nvidia/cu13/bin or nvidia/*/bin)."""
+def _wheel_tool(name: str) -> Path | None:
+    """A CUDA tool shipped in one of NVIDIA's pip wheels (nvidia/cu13/bin/<name>): ptxas comes with
+    nvidia-cuda-nvcc, nvdisasm with nvidia-cuda-nvdisasm (both in the `cuda` extra)."""
     try:
         import nvidia  # namespace package of NVIDIA's wheels
     except ImportError:
         return None
     for root in getattr(nvidia, "__path__", []):
-        for p in sorted(Path(root).glob("*/bin/nvdisasm")):
+        for p in sorted(Path(root).glob(f"*/bin/{name}")):
             if p.is_file():
                 if not os.access(p, os.X_OK):
                     try:
@@ -522,6 +526,10 @@ def _wheel_nvdisasm() -> Path | None:
                         continue
                 return p
     return None
+
+
+def _wheel_nvdisasm() -> Path | None:
+    return _wheel_tool("nvdisasm")
 
 
 def find_disassembler() -> tuple[str, list[str]] | None:

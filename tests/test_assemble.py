@@ -347,3 +347,17 @@ def test_disassemble_without_tools(monkeypatch):
     monkeypatch.setattr(asm, "find_disassembler", lambda: None)
     with pytest.raises(BackendUnavailableError, match="nvidia-cuda-nvdisasm"):
         disassemble(b"\x7fELF")
+
+
+def test_ptxas_from_the_nvcc_wheel_when_no_toolkit(monkeypatch):
+    """Without a CUDA toolkit on the machine, the ptxas of the nvidia-cuda-nvcc wheel (the `cuda`
+    extra) is found, so warp-specialised kernels (which need ptxas: nvJitLink drops setmaxnreg)
+    still build after a plain pip install."""
+    import fa4gen.assemble as A
+    monkeypatch.delenv("FA4GEN_PTXAS", raising=False)
+    monkeypatch.setattr(A, "_candidate_dirs", lambda: [])
+    wheel = A._wheel_tool("ptxas")
+    if wheel is None:
+        pytest.skip("nvidia-cuda-nvcc wheel not installed")
+    assert A.find_ptxas() == wheel
+    assert A.ptxas_version(wheel).startswith("13.0")
