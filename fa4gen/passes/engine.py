@@ -197,6 +197,8 @@ class Engine:
         self.mem: dict = {}
         self.reg_pending: dict = {}  # (role, reg) -> label of an incomplete tcgen05.ld into it
         self.wait_records: list = []  # (Event, barrier, slot, needed)
+        self._done_vcs: dict = defaultdict(list)  # (role, "ld"|"st"|"store"|"mma") -> completed clocks
+        self._sync_tokens: dict = {}  # role -> (NamedSync op, instances joined, generations awaited)
         self.procs = {}
         self._roles = {r.name: r for r in pipe.roles}
         self.advances: dict[str, dict[str, int]] = {}
@@ -629,11 +631,6 @@ class Engine:
         for vc in self._done_vcs.pop(key, []):
             self.agents[role.name].vc.join(vc)
 
-    @property
-    def _done_vcs(self):
-        if not hasattr(self, "_dv"):
-            self._dv = defaultdict(list)
-        return self._dv
 
     def _op_SmemSt(self, role, op, ctx, ev, slots):
         self._check_regs(role, (op.src,), ev)
@@ -723,11 +720,6 @@ class Engine:
         _, keys, gens = token
         return all(self.named[k].generation > g for k, g in zip(keys, gens))
 
-    @property
-    def _sync_tokens(self):
-        if not hasattr(self, "_st"):
-            self._st = {}
-        return self._st
 
     def _op_NamedSync(self, role, op, ctx, ev, slots):
         _, keys, gens = self._sync_tokens.pop(role.name)

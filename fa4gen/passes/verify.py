@@ -134,15 +134,13 @@ def static_findings(pipe: Pipeline) -> list[Finding]:
                 if isinstance(op, (NamedArrive, NamedSync)):
                     share = 32 if b.count == 64 and b.slots > 2 else role.threads
                     named_part.setdefault((bname, op.slot), {})[role.name] = share
-            for attr in ("state",):
-                if hasattr(op, attr) and getattr(op, attr) not in states:
-                    add("IR_REF", role.name, f"{type(op).__name__} names undeclared state {getattr(op, attr)!r}")
-            for attr in ("region", "dst", "src", "a", "b", "d"):
-                v = getattr(op, attr, None)
-                if isinstance(v, str) and attr in ("region",) and v not in regions:
-                    add("IR_REF", role.name, f"{type(op).__name__} names undeclared region {v!r}")
-                if isinstance(op, (Mma, TmaLoad)) and attr in ("a", "b", "d", "dst") and isinstance(v, str) \
-                        and v not in regions:
+            if hasattr(op, "state") and op.state not in states:
+                add("IR_REF", role.name, f"{type(op).__name__} names undeclared state {op.state!r}")
+            # region operands: `region` on TMEM/SMEM moves; a, b, d on MMAs; dst on TMA loads
+            names = [getattr(op, "region", None)] + ([op.a, op.b, op.d] if isinstance(op, Mma) else []) + \
+                ([op.dst] if isinstance(op, TmaLoad) else [])
+            for v in names:
+                if v is not None and v not in regions:
                     add("IR_REF", role.name, f"{type(op).__name__} names undeclared region {v!r}")
             if isinstance(op, TmaLoad):
                 r = regions.get(op.dst)
