@@ -93,3 +93,18 @@ def test_sm90_pipelines_verify_clean(cfg):
     assert rep.ok, rep.text()
     assert p.tmem_alloc_cols == 0 and not [r for r in p.regions if r.space is Space.TMEM]
     assert sum(r.threads * r.regs for r in p.roles) <= 65536
+
+
+def test_undeclared_names_are_reported_not_crashed_on():
+    import dataclasses
+    from fa4gen.ir.core import Wait, TmemLd
+    from fa4gen.passes.mutations import edit_program
+    p = build_pipeline(KernelConfig())
+    bad_state = edit_program(p, "softmax0", lambda op: (dataclasses.replace(op, state="nope"),)
+                             if isinstance(op, Wait) and op.barrier == "s_ready" else (op,))
+    bad_region = edit_program(p, "softmax1", lambda op: (dataclasses.replace(op, region="S9"),)
+                              if isinstance(op, TmemLd) else (op,))
+    for pipe, needle in ((bad_state, "state 'nope'"), (bad_region, "region 'S9'")):
+        rep = verify(pipe)
+        assert not rep.ok and rep.runs == 0  # the engine does not run on an ill-formed pipeline
+        assert any(f.code == "IR_REF" and needle in f.message for f in rep.findings)
