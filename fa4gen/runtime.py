@@ -1,8 +1,9 @@
 """Load and launch a generated cubin through the CUDA driver API (cuda-python), on torch tensors.
 
-`Kernel.load(cubin, manifest)` loads the module once; `kernel(q, k, v, o, lse=None, softmax_scale=s)`
-encodes the four tensor maps the manifest describes (docs/ABI.md) from the tensors' pointers and
-strides, and launches on torch's current stream. Inputs are assumed validated by the caller
+`Kernel.load(cubin, manifest)` loads the module once and reads the device's SM count and L2 size;
+`kernel(q, k, v, o, lse=None, softmax_scale=s)` encodes the four tensor maps the manifest describes
+(docs/ABI.md) from the tensors' pointers and strides, derives the causal scheduler's L2 section
+size (fa4gen/schedule.py) and launches on torch's current stream. Inputs are assumed validated by the caller
 (fa4gen.api): contiguous last dim, 16-byte aligned pointers and strides, dtype matching the kernel.
 
 Every CUresult is checked; a failure raises CudaError naming the call and the driver's message.
@@ -15,9 +16,14 @@ import ctypes
 import math
 from dataclasses import dataclass
 
+from .schedule import L2Choice, choose_l2_group
+
 __all__ = ["CudaError", "Kernel", "RuntimeSetupError", "tensor_map_geometry"]
 
 _BOX_INNER_BYTES_128B = 128
+# docs/ABI.md's parameters; the manifest's "params" gives their order in the entry's signature.
+_PARAM_NAMES = ("tmap_q", "tmap_k", "tmap_v", "tmap_o", "lse_ptr", "batch", "seqlen_q", "seqlen_k", "num_heads_kv",
+                "scale_log2", "num_m_blocks", "num_tasks", "l2_group")
 
 
 class CudaError(RuntimeError):
@@ -98,14 +104,21 @@ def tensor_map_geometry(role: str, spec: dict, shape: tuple[int, ...], strides: 
 class Kernel:
     """One loaded fa4_fwd kernel. Construct with `Kernel.load(cubin, manifest)`."""
 
-    def __init__(self, module, function, manifest: dict, sm_count: int, device: int):
+    def __init__(self, module, function, manifest: dict, sm_count: int, device: int, l2_bytes: int = 0):
         self._module = module
         self._function = function
         self.manifest = manifest
         self.sm_count = sm_count
+        self.l2_bytes = l2_bytes
         self.device = device
         self._cfg = manifest["config"]
         self._maps_cache: dict = {}
+        self._l2_cache: dict = {}
+        params = tuple(manifest["params"])
+        unknown = [p for p in params if p not in _PARAM_NAMES]
+        if unknown:
+            raise RuntimeSetupError(f"the manifest names kernel parameters this runtime cannot pass: {unknown}")
+        self._params = params
 
     # ---- loading -------------------------------------------------------------------------------
     @classmethod
@@ -133,7 +146,9 @@ class Kernel:
         dev = _check("cuDeviceGet", drv.cuDeviceGet(device))
         sm_count = _check("cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)", drv.cuDeviceGetAttribute(
             drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))
-        return cls(module, function, manifest, int(sm_count), device)
+        l2_bytes = _check("cuDeviceGetAttribute(L2_CACHE_SIZE)", drv.cuDeviceGetAttribute(
+            drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, dev))
+        return cls(module, function, manifest, int(sm_count), device, int(l2_bytes))
 
     # ---- launching -----------------------------------------------------------------------------
     def _encode(self, role: str, t) -> object:
@@ -169,7 +184,32 @@ class Kernel:
             return num_tasks
         raise RuntimeSetupError(f"unknown grid policy {policy!r} in the manifest")
 
-    def __call__(self, q, k, v, o, lse=None, softmax_scale: float | None = None) -> None:
+    def l2_group(self, batch: int, num_heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
+                 elem_bytes: int) -> L2Choice:
+        """The `l2_group` launch parameter for this problem on this device (fa4gen/schedule.py),
+        memoised per shape: the persistent grid's choice evaluates the deal's balance."""
+        key = (batch, num_heads_kv, seqlen_q, seqlen_k, head_dim, elem_bytes)
+        hit = self._l2_cache.get(key)
+        if hit is not None:
+            return hit
+        G = int(self._cfg["gqa_ratio"])
+        per_task = int(self.manifest["grid"].get("tiles_per_task", 1))
+        num_m_blocks = -(-seqlen_q // (128 // G))
+        m_count = -(-num_m_blocks // per_task)
+        choice = choose_l2_group(
+            causal=bool(self._cfg["causal"]), persistent=self.manifest["grid"]["policy"] == "persistent",
+            l2_bytes=self.l2_bytes, batch=batch, num_heads_kv=num_heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+            head_dim=head_dim, elem_bytes=elem_bytes, m_count=m_count,
+            nctas=max(self.grid(batch * num_heads_kv * num_m_blocks), 1), seq_q_per_tile=128 // G,
+            tiles_per_task=per_task)
+        if len(self._l2_cache) > 256:
+            self._l2_cache.clear()
+        self._l2_cache[key] = choice
+        return choice
+
+    def __call__(self, q, k, v, o, lse=None, softmax_scale: float | None = None, l2_group: int | None = None) -> None:
+        """Launch on torch's current stream. `l2_group` overrides the L2 section size the runtime
+        derives from the device's L2 (any value is safe: the kernel clamps it to [1, B*Hkv])."""
         import torch
 
         drv = _driver()
@@ -188,14 +228,20 @@ class Kernel:
         num_tasks = B * Hkv * num_m_blocks
         if num_tasks == 0:
             return
-        maps = [self._encode(r, t) for r, t in (("q", q), ("k", k), ("v", v), ("o", o))]
-        lse_ptr = 0 if lse is None else lse.data_ptr()
-        scalars = (ctypes.c_uint64(lse_ptr), ctypes.c_uint32(B), ctypes.c_uint32(Sq), ctypes.c_uint32(Skv),
-                   ctypes.c_uint32(Hkv), ctypes.c_float(softmax_scale * math.log2(math.e)),
-                   ctypes.c_uint32(num_m_blocks), ctypes.c_uint32(num_tasks))
-        # void* per parameter, in ABI order; the driver copies the values during the launch call,
-        # so `scalars` and `maps` only need to outlive it.
-        argv = (ctypes.c_void_p * 12)(*[m.getPtr() for m in maps], *[ctypes.addressof(x) for x in scalars])
+        maps = {f"tmap_{r}": self._encode(r, t) for r, t in (("q", q), ("k", k), ("v", v), ("o", o))}
+        if l2_group is None:
+            l2_group = self.l2_group(B, Hkv, Sq, Skv, D, q.element_size()).l2_group
+        scalars = {
+            "lse_ptr": ctypes.c_uint64(0 if lse is None else lse.data_ptr()),
+            "batch": ctypes.c_uint32(B), "seqlen_q": ctypes.c_uint32(Sq), "seqlen_k": ctypes.c_uint32(Skv),
+            "num_heads_kv": ctypes.c_uint32(Hkv), "scale_log2": ctypes.c_float(softmax_scale * math.log2(math.e)),
+            "num_m_blocks": ctypes.c_uint32(num_m_blocks), "num_tasks": ctypes.c_uint32(num_tasks),
+            "l2_group": ctypes.c_uint32(max(min(int(l2_group), 0xFFFFFFFF), 0)),
+        }
+        # void* per parameter, in the manifest's (ABI) order; the driver copies the values during
+        # the launch call, so `scalars` and `maps` only need to outlive it.
+        ptrs = [maps[p].getPtr() if p in maps else ctypes.addressof(scalars[p]) for p in self._params]
+        argv = (ctypes.c_void_p * len(ptrs))(*ptrs)
         config = drv.CUlaunchConfig()
         config.gridDimX = self.grid(num_tasks)
         config.gridDimY = config.gridDimZ = 1

@@ -23,6 +23,7 @@ from .passes.engine import DataModel, Engine, Finding, Scenario
 from .reference import (LN2, RowState, _as_compute, _check_shapes, _default_scale, block_needs_mask,
                         block_update, col_limits, n_block_max, round_to_dtype, scale_log2_f32)
 from .exp2 import emulated_columns
+from .schedule import task_coords
 
 
 def _to_bits(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -51,18 +52,20 @@ def tiles_per_task(cfg: KernelConfig) -> int:
     return 2 if cfg.arch == "sm_100a" else 1
 
 
-def schedule_tasks(cfg: KernelConfig, batch: int, hkv: int, sq: int, skv: int) -> list[Task]:
-    """Tasks in kernel order: linear for non-causal; causal LPT: heaviest m_blocks first."""
+def schedule_tasks(cfg: KernelConfig, batch: int, hkv: int, sq: int, skv: int,
+                   l2_group: int | None = None) -> list[Task]:
+    """Tasks in kernel order (fa4gen.schedule.task_coords): linear for non-causal; causal LPT,
+    heaviest m_blocks first, in sections of `l2_group` (batch, kv_head) pairs (default: one section,
+    the simulator has no L2)."""
     tpt = tiles_per_task(cfg)
     m_blocks = -(-sq // (tpt * cfg.seq_q_per_tile))
+    num_bh = batch * hkv
+    g = num_bh if l2_group is None else l2_group
     tasks = []
-    for b in range(batch):
-        for h in range(hkv):
-            for m in range(m_blocks):
-                n = max(max(n_block_max(cfg, tpt * m + j, sq, skv) for j in range(tpt)), 1)
-                tasks.append(Task(b, h, m, n))
-    if cfg.causal:
-        tasks.sort(key=lambda t: -t.m_block)
+    for t in range(num_bh * m_blocks):
+        m, bh = (int(x) for x in task_coords(t, num_bh, m_blocks, g, cfg.causal))
+        n = max(max(n_block_max(cfg, tpt * m + j, sq, skv) for j in range(tpt)), 1)
+        tasks.append(Task(bh // hkv, bh % hkv, m, n))
     return tasks
 
 

@@ -95,7 +95,7 @@ def test_manifest_follows_the_abi(cfg):
     pipe = build_pipeline(cfg)
     assert m["entry"] == "fa4_fwd" and m["arch"] == "sm_100a" and m["threads_per_cta"] == 512
     assert m["params"] == ["tmap_q", "tmap_k", "tmap_v", "tmap_o", "lse_ptr", "batch", "seqlen_q", "seqlen_k",
-                           "num_heads_kv", "scale_log2", "num_m_blocks", "num_tasks"]
+                           "num_heads_kv", "scale_log2", "num_m_blocks", "num_tasks", "l2_group"]
     g, sqt = cfg.gqa_ratio, cfg.seq_q_per_tile
     assert m["tensor_maps"]["q"] == {"dims": ["D", "G", "Hkv", "Sq", "B"], "box": [64, g, 1, sqt, 1],
                                      "swizzle": "128B", "dtype": cfg.dtype}

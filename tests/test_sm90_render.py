@@ -20,7 +20,7 @@ from fa4gen.lower.sm90 import (ENTRY_REGS, SMEM_LIMIT, Probe, Sm90LoweringError,
 
 PTXAS = shutil.which("ptxas")
 ABI_PARAMS = ["tmap_q", "tmap_k", "tmap_v", "tmap_o", "lse_ptr", "batch", "seqlen_q", "seqlen_k",
-              "num_heads_kv", "scale_log2", "num_m_blocks", "num_tasks"]
+              "num_heads_kv", "scale_log2", "num_m_blocks", "num_tasks", "l2_group"]
 
 MATRIX = [
     dict(head_dim=128), dict(head_dim=128, causal=True), dict(head_dim=64), dict(head_dim=64, causal=True),

@@ -928,7 +928,9 @@ def manifest_sm100(pipe: Pipeline) -> dict:
             "policy": "one_per_task" if cfg.causal else "persistent",
             "task_unit": "two 128-row Q tiles in flight: (batch, kv_head, pair of m_blocks)",
             "num_tasks": "batch * num_heads_kv * ceil(num_m_blocks / 2)",
-            "order": ("LPT: m_block pairs heaviest first, (batch, kv_head) fastest" if cfg.causal
+            "tiles_per_task": 2,
+            "order": ("LPT in sections of l2_group (batch, kv_head) pairs: m_block pairs heaviest first, "
+                      "the section's pairs fastest" if cfg.causal
                       else "linear: m_block pair fastest, task += gridDim.x"),
             "grid_x": ("num_tasks" if cfg.causal else "min(num_tasks, SM count read from the device)"),
             "note": "the kernel clamps num_tasks to batch * num_heads_kv * ceil(num_m_blocks / 2): "
@@ -936,7 +938,7 @@ def manifest_sm100(pipe: Pipeline) -> dict:
         },
         "tensor_maps": tensor_maps(cfg),
         "params": ["tmap_q", "tmap_k", "tmap_v", "tmap_o", "lse_ptr", "batch", "seqlen_q", "seqlen_k",
-                   "num_heads_kv", "scale_log2", "num_m_blocks", "num_tasks"],
+                   "num_heads_kv", "scale_log2", "num_m_blocks", "num_tasks", "l2_group"],
         "smem_layout": {
             "regions": {k: {"offset": v[0], "bytes_per_slot": v[1], "slots": v[2]} for k, v in layout.regions.items()},
             "barriers": dict(layout.barriers),

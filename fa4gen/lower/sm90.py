@@ -334,9 +334,13 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
         "entry": ENTRY,
         "threads_per_cta": THREADS,
         "dynamic_smem_bytes": plan.total,
-        # Persistent for both: causal tasks come heaviest first (LPT order in the kernel's task
-        # decode), dealt round-robin to the resident CTAs.
-        "grid": {"policy": "persistent" if opt.persistent else "one_per_task", "task_unit": "one 128-row Q tile: (batch, kv_head, m_block)"},
+        # Persistent for both: causal tasks come heaviest first inside L2 sections (the kernel's
+        # task decode, fa4gen/schedule.py), dealt round-robin to the resident CTAs, odd rounds reversed.
+        "grid": {"policy": "persistent" if opt.persistent else "one_per_task",
+                 "task_unit": "one 128-row Q tile: (batch, kv_head, m_block)", "tiles_per_task": 1,
+                 "order": ("LPT in sections of l2_group (batch, kv_head) pairs: m_block heaviest first, "
+                           "the section's pairs fastest; snake deal" if cfg.causal
+                           else "linear: m_block fastest")},
         "tensor_maps": {
             "q": {"dims": qo_dims, "box": [HALF_COLS, G, 1, cfg.seq_q_per_tile, 1], "swizzle": "128B", "dtype": dtype},
             "k": {"dims": kv_dims, "box": [HALF_COLS, 1, ROWS, 1], "swizzle": "128B", "dtype": dtype},
@@ -345,7 +349,7 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
                   "swizzle": "128B", "dtype": dtype},
         },
         "params": ["tmap_q", "tmap_k", "tmap_v", "tmap_o", "lse_ptr", "batch", "seqlen_q", "seqlen_k",
-                   "num_heads_kv", "scale_log2", "num_m_blocks", "num_tasks"],
+                   "num_heads_kv", "scale_log2", "num_m_blocks", "num_tasks", "l2_group"],
         "sm90": {"kv_stages": plan.kv_stages, "q_stages": plan.q_stages, "pingpong": opt.pingpong, "probe": opt.probe.value,
                  "producer_regs": opt.producer_regs, "consumer_regs": opt.consumer_regs},
     }

@@ -1,0 +1,148 @@
+"""The kernels' tile-scheduler order in Python: task index -> (m_block, batch*Hkv index).
+
+`task_coords` is the one definition of the order; templates/common/scheduler.ptx.j2 computes the
+same thing in PTX (tests/test_schedule.py interprets those instructions and compares them with this
+function), the simulator's `schedule_tasks` lists tasks with it, and the runtime picks the
+`l2_group` launch parameter with `choose_l2_group`.
+
+Causal order (FA4_SPEC.md "Scheduling"): the B*Hkv (batch, kv_head) pairs are cut into sections of
+`l2_group` pairs whose K and V fit the L2 budget; sections run one after the other, and inside a
+section m_blocks go heaviest first with the section's pairs fastest. A section's K/V then stays in
+L2 while all its m_blocks stream over it, instead of every pair's K/V being fetched again for each
+m_block. The last section also takes the B*Hkv % l2_group pairs left over, so the schedule never
+ends on a small group of heavy tasks. l2_group = B*Hkv is one section: plain LPT, the order before
+the swizzle existed.
+
+Non-causal order is linear with m_block fastest: the m_blocks of one pair are consecutive, so the
+CTAs running at one time already share a few pairs' K/V; all tasks cost the same, nothing to sort.
+
+The sm_90a kernel deals tasks statically to a persistent grid (CTA c runs task r*grid + c in round
+r, odd rounds reversed: `persistent_task`). A sectioned order breaks that deal's balance where a
+section boundary falls inside a round pair (a light section end shares the round pair with a heavy
+section start), so `choose_l2_group` keeps only section sizes whose exact per-CTA work is within
+`BALANCE_TOLERANCE` of the unsectioned order, preferring sizes whose sections are whole rounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["BALANCE_TOLERANCE", "L2_BUDGET_FRACTION", "L2Choice", "choose_l2_group", "clamp_l2_group",
+           "cta_work", "l2_group_budget", "persistent_task", "task_coords", "tile_blocks"]
+
+# Half of the device's L2 for the K/V of one section: the rest holds Q/O tiles in flight and
+# absorbs the Hopper L2's two partitions and hashed set conflicts (FA3/FA4 use ~40% of a B200's L2).
+L2_BUDGET_FRACTION = 0.5
+# A sectioned order may make the most loaded persistent CTA this much busier than the plain LPT
+# order (per the block-count model of `cta_work`); run-to-run noise on the H200 is ~2%.
+BALANCE_TOLERANCE = 0.01
+BLOCK_N = 128  # keys per K/V block, both targets
+
+
+def clamp_l2_group(l2_group, num_bh):
+    """The kernel clamps the parameter to [1, B*Hkv] before use (a zero would divide by zero)."""
+    return max(min(int(l2_group), int(num_bh)), 1)
+
+
+def task_coords(t, num_bh: int, m_count: int, l2_group: int, causal: bool):
+    """(m index, batch * Hkv + kv_head) of task t, exactly as the kernel decodes it.
+
+    m_count: m_blocks per pair in task units (sm_90a: Q tiles; sm_100a: pairs of Q tiles). Works on
+    Python ints and on NumPy integer arrays of t alike (no branches: the kernel's selp/min are
+    written as arithmetic on 0/1 comparisons).
+    """
+    if not causal:
+        return t % m_count, t // m_count
+    g = clamp_l2_group(l2_group, num_bh)
+    last = num_bh // g - 1  # the last section absorbs the num_bh % g leftover pairs
+    sec = t // (g * m_count)
+    sec = sec - (sec - last) * (sec > last)  # min(sec, last)
+    base = sec * g
+    left = num_bh - base
+    size = g + (left - g) * (left < 2 * g)  # section size: g, or everything left in the last one
+    r = t - base * m_count
+    return m_count - 1 - r // size, base + r % size
+
+
+def persistent_task(rnd, cta, nctas: int, causal: bool):
+    """Task index CTA `cta` runs in round `rnd` of the sm_90a persistent grid. Causal rounds
+    alternate direction (snake), so the heaviest-first order does not hand CTA 0 the heaviest task
+    of every round."""
+    if not causal:
+        return rnd * nctas + cta
+    odd = rnd % 2
+    return rnd * nctas + cta + (nctas - 1 - 2 * cta) * odd
+
+
+def tile_blocks(m_tile, seqlen_q: int, seqlen_k: int, seq_q_per_tile: int, causal: bool):
+    """K/V blocks a Q tile visits (the kernels' %nblk; bottom-right causal alignment)."""
+    if not causal:
+        return np.broadcast_to(-(-seqlen_k // BLOCK_N), np.shape(m_tile))
+    hi = np.clip((np.asarray(m_tile) + 1) * seq_q_per_tile + seqlen_k - seqlen_q, 0, seqlen_k)
+    return -(-hi // BLOCK_N)
+
+
+def l2_group_budget(l2_bytes: int, seqlen_k: int, head_dim: int, elem_bytes: int, num_bh: int) -> int:
+    """Pairs whose K and V (2 * Skv * D elements each) fit in L2_BUDGET_FRACTION of the L2."""
+    per_pair = 2 * max(seqlen_k, 1) * head_dim * elem_bytes
+    return clamp_l2_group(int(l2_bytes * L2_BUDGET_FRACTION) // per_pair, num_bh)
+
+
+def cta_work(l2_group: int, *, num_bh: int, m_count: int, nctas: int, seqlen_q: int, seqlen_k: int,
+             seq_q_per_tile: int, tiles_per_task: int = 1) -> np.ndarray:
+    """Per-CTA work of the causal persistent deal, in K/V blocks plus one per task for its Q load
+    and epilogue: the model `choose_l2_group` balances."""
+    ntasks = num_bh * m_count
+    t = np.arange(ntasks, dtype=np.int64)
+    m, _ = task_coords(t, num_bh, m_count, l2_group, True)
+    cost = np.ones(ntasks, dtype=np.int64)
+    for j in range(tiles_per_task):
+        cost += tile_blocks(tiles_per_task * m + j, seqlen_q, seqlen_k, seq_q_per_tile, True)
+    rnd, pos = t // nctas, t % nctas
+    cta = pos + (nctas - 1 - 2 * pos) * (rnd % 2)  # inverse of persistent_task: the snake is its own inverse
+    return np.bincount(cta, weights=cost, minlength=nctas)
+
+
+@dataclass(frozen=True)
+class L2Choice:
+    l2_group: int
+    budget: int  # pairs that fit the L2 budget
+    reason: str
+
+
+def choose_l2_group(*, causal: bool, persistent: bool, l2_bytes: int, batch: int, num_heads_kv: int,
+                    seqlen_q: int, seqlen_k: int, head_dim: int, elem_bytes: int, m_count: int, nctas: int,
+                    seq_q_per_tile: int, tiles_per_task: int = 1) -> L2Choice:
+    """The `l2_group` launch parameter for one problem on one device.
+
+    One-CTA-per-task grids take the budget as is (the hardware hands out CTAs as SMs free up, so
+    LPT inside each section keeps the tail short). The persistent grid tries, largest first, the
+    sizes <= budget that make every section a whole number of rounds (boundaries then fall where
+    the snake deal pairs two rounds of one slope), then the budget itself and the 3 sizes below
+    it, and keeps the first whose most loaded CTA is within BALANCE_TOLERANCE of the unsectioned
+    order's; none qualifies -> one section (the unsectioned order).
+    """
+    num_bh = batch * num_heads_kv
+    if num_bh <= 0 or m_count <= 0:
+        return L2Choice(1, 1, "empty problem")
+    budget = l2_group_budget(l2_bytes, seqlen_k, head_dim, elem_bytes, num_bh)
+    if not causal:
+        return L2Choice(num_bh, budget, "non-causal: linear order, l2_group unused")
+    if budget >= num_bh:
+        return L2Choice(num_bh, budget, "all K/V fits the budget: one section")
+    if not persistent:
+        return L2Choice(budget, budget, "one CTA per task: sections of the budget")
+    kw = dict(num_bh=num_bh, m_count=m_count, nctas=nctas, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+              seq_q_per_tile=seq_q_per_tile, tiles_per_task=tiles_per_task)
+    limit = cta_work(num_bh, **kw).max() * (1 + BALANCE_TOLERANCE)
+    step = nctas // math.gcd(nctas, m_count)  # sections of a multiple of `step` pairs are whole rounds
+    aligned = list(range(budget - budget % step, 0, -step))[:3]
+    near = [g for g in range(budget, max(budget - 4, 0), -1) if g not in aligned]
+    for g in aligned + near:  # at most 7 evaluations of O(B*Hkv*m_count) each, once per shape
+        if cta_work(g, **kw).max() <= limit:
+            how = "whole rounds per section" if g in aligned else "sections balanced within tolerance"
+            return L2Choice(g, budget, how)
+    return L2Choice(num_bh, budget, "no section size keeps the persistent deal balanced: one section")
