@@ -159,26 +159,43 @@ class NumpyData(DataModel):
         elif kind == "compute":
             self._compute(role, op, ctx, task, regs)
 
+    # ---- the softmax math both targets share (the reference's functions) -------------------------
+    def _softmax_block(self, regs, scores, task: Task, qtile: int, t: int, rows: slice):
+        """Mask the block's scores where needed and run the reference's block update on them."""
+        cfg, n = self.cfg, rows.stop - rows.start
+        if t == 0:
+            regs["row_max"] = np.full(n, -np.inf, np.float32)
+            regs["row_sum"] = np.zeros(n, np.float32)
+        nb = self.kv_block(task, t)
+        seq = self.tile_rows(task, qtile)[0][rows]
+        s = np.array(scores[:, :128], np.float32)
+        masked = block_needs_mask(cfg, tiles_per_task(cfg) * task.m_block + qtile, nb, self.sq, self.skv)
+        if masked:
+            limits = col_limits(cfg, seq, self.sq, self.skv)
+            s[nb * 128 + np.arange(128)[None, :] >= limits[:, None]] = -np.inf
+        upd = block_update(RowState(regs["row_max"], regs["row_sum"], np.zeros((n, 1), np.float32)),
+                           s, np.zeros((128, 1)), self.sl2, cfg.rescale_threshold, first=t == 0,
+                           emulated=emulated_columns(cfg, apply_mask=masked))
+        regs["row_max"], regs["acc_scale"] = upd.state.ref, upd.acc_scale
+        return upd
+
+    def _normalized(self, o, row_sum):
+        inv = np.zeros(row_sum.shape, np.float32)
+        pos = row_sum > 0
+        inv[pos] = np.float32(1) / row_sum[pos]
+        return round_to_dtype(o[:, :self.d] * inv[:, None], self.cfg.dtype)
+
+    def _store_lse(self, task: Task, qtile: int, rows: slice, regs):
+        seq, head, valid = (x[rows] for x in self.tile_rows(task, qtile))
+        rs, ref = regs["row_sum"], regs["row_max"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lse = np.log(rs.astype(np.float64)) + ref.astype(np.float64) * float(self.sl2) * LN2
+        self.lse[task.batch, head[valid], seq[valid]] = np.where(rs > 0, lse, -np.inf).astype(np.float32)[valid]
+
     def _compute(self, role, op, ctx, task, regs):
-        cfg = self.cfg
+        rows = slice(0, 128)
         if op.fn == "softmax_max":
-            t = ctx["t"]
-            first = t == 0
-            if first:
-                regs["row_max"] = np.full(128, -np.inf, np.float32)
-                regs["row_sum"] = np.zeros(128, np.float32)
-            tile_m = 2 * task.m_block + op.qtile
-            nb = self.kv_block(task, t)
-            seq, _, _ = self.tile_rows(task, op.qtile)
-            s = np.array(regs["s"][:, :128], np.float32)
-            masked = block_needs_mask(cfg, tile_m, nb, self.sq, self.skv)
-            if masked:
-                limits = col_limits(cfg, seq, self.sq, self.skv)
-                s[nb * 128 + np.arange(128)[None, :] >= limits[:, None]] = -np.inf
-            upd = block_update(RowState(regs["row_max"], regs["row_sum"], np.zeros((128, 1), np.float32)),
-                               s, np.zeros((128, 1)), self.sl2, cfg.rescale_threshold, first=first,
-                               emulated=emulated_columns(cfg, apply_mask=masked))
-            regs["row_max"], regs["acc_scale"] = upd.state.ref, upd.acc_scale
+            upd = self._softmax_block(regs, regs["s"], task, op.qtile, ctx["t"], rows)
             regs["_p"], regs["_row_sum_next"] = upd.p, upd.state.row_sum
         elif op.fn == "softmax_exp":
             regs["p"] = regs.pop("_p")
@@ -187,19 +204,10 @@ class NumpyData(DataModel):
         elif op.fn == "rescale_o":
             regs["o"] = (regs["o"] * regs["acc_scale"][:, None]).astype(np.float32)
         elif op.fn == "normalize":
-            rs = regs[op.reads[1]]
-            inv = np.zeros(128, np.float32)
-            pos = rs > 0
-            inv[pos] = np.float32(1) / rs[pos]
-            regs["o_out"] = round_to_dtype(regs["o"][:, :self.d] * inv[:, None], cfg.dtype)
+            regs["o_out"] = self._normalized(regs["o"], regs[op.reads[1]])
             regs["tag"] = (ctx["task"], op.qtile)
         elif op.fn == "store_lse":
-            seq, head, valid = self.tile_rows(task, op.qtile)
-            rs, ref = regs["row_sum"], regs["row_max"]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                lse = np.log(rs.astype(np.float64)) + ref.astype(np.float64) * float(self.sl2) * LN2
-            lse = np.where(rs > 0, lse, -np.inf).astype(np.float32)
-            self.lse[task.batch, head[valid], seq[valid]] = lse[valid]
+            self._store_lse(task, op.qtile, rows, regs)
         else:
             raise ValueError(f"simulator has no function {op.fn!r}")
 
@@ -222,58 +230,30 @@ class NumpyDataSm90(NumpyData):
             self.smem[(op.region, slots["slot"])] = (regs["tag"], np.array(regs["o_out"], copy=True))
         elif kind == "tma_store":
             (t_idx, half), tile = self.smem[(op.src, slots["slot"])]
-            seq, head, valid = self.tile_rows(self.tasks[t_idx], 0)
-            rows = slice(64 * half, 64 * half + 64)
-            seq, head, valid = seq[rows], head[rows], valid[rows]
+            seq, head, valid = (x[64 * half:64 * half + 64] for x in self.tile_rows(self.tasks[t_idx], 0))
             self.o[self.tasks[t_idx].batch, seq[valid], head[valid], :] = tile[valid][:, :self.d]
         elif kind == "compute":
-            self._compute90(role, op, ctx, task, regs)
+            self._compute90(op, ctx, task, regs)
         else:
             super().effect(kind, role, op, ctx, slots)
 
-    def _compute90(self, role, op, ctx, task, regs):
-        cfg, half = self.cfg, op.qtile
+    def _compute90(self, op, ctx, task, regs):
+        half = op.qtile  # the consumer warpgroup: rows 64 * half ... of the task's one Q tile
         rows = slice(64 * half, 64 * half + 64)
         if op.fn == "softmax":
-            t = 0 if ctx["t"] is None else ctx["t"]
-            if t == 0:
-                regs["row_max"] = np.full(64, -np.inf, np.float32)
-                regs["row_sum"] = np.zeros(64, np.float32)
-            nb = self.kv_block(task, t)
-            seq = self.tile_rows(task, 0)[0][rows]
-            s = np.array(regs["S"], np.float32)
-            masked = block_needs_mask(cfg, task.m_block, nb, self.sq, self.skv)
-            if masked:
-                limits = col_limits(cfg, seq, self.sq, self.skv)
-                s[nb * 128 + np.arange(128)[None, :] >= limits[:, None]] = -np.inf
-            upd = block_update(RowState(regs["row_max"], regs["row_sum"], np.zeros((64, 1), np.float32)),
-                               s, np.zeros((128, 1)), self.sl2, cfg.rescale_threshold, first=t == 0,
-                               emulated=emulated_columns(cfg, apply_mask=masked))
-            regs["row_max"], regs["acc_scale"], regs["row_sum"] = upd.state.ref, upd.acc_scale, upd.state.row_sum
-            regs["S"] = upd.p
+            upd = self._softmax_block(regs, regs["S"], task, 0, 0 if ctx["t"] is None else ctx["t"], rows)
+            regs["row_sum"], regs["S"] = upd.state.row_sum, upd.p
         elif op.fn == "pack_p":
-            regs["P"] = round_to_dtype(regs["S"], cfg.dtype).astype(np.float32)
+            regs["P"] = round_to_dtype(regs["S"], self.cfg.dtype).astype(np.float32)
         elif op.fn == "rescale_o":
             regs["O"] = (regs["O"] * regs["acc_scale"][:, None]).astype(np.float32)
         elif op.fn == "normalize":
-            rs = regs["row_sum"]
-            inv = np.zeros(64, np.float32)
-            inv[rs > 0] = np.float32(1) / rs[rs > 0]
-            regs["o_out"] = round_to_dtype(regs["O"] * inv[:, None], cfg.dtype)
+            regs["o_out"] = self._normalized(regs["O"], regs["row_sum"])
             regs["tag"] = (ctx["task"], half)
         elif op.fn == "store_lse":
-            seq, head, valid = (x[rows] for x in self.tile_rows(task, 0))
-            rs, ref = regs["row_sum"], regs["row_max"]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                lse = np.log(rs.astype(np.float64)) + ref.astype(np.float64) * float(self.sl2) * LN2
-            self.lse[task.batch, head[valid], seq[valid]] = np.where(rs > 0, lse, -np.inf).astype(np.float32)[valid]
+            self._store_lse(task, 0, rows, regs)
         else:
             raise ValueError(f"simulator has no sm_90a function {op.fn!r}")
-
-    def cond(self, role, cond, ctx):
-        if cond is Cond.ANY_RESCALE:
-            return bool(np.any(self.regs[role.name]["acc_scale"] < 1))
-        raise ValueError(cond)
 
 
 @dataclass
