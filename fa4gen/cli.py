@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -43,36 +42,6 @@ def _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshol
     except ConfigError as e:
         click.echo(f"fa4gen: error: {e}", err=True)
         sys.exit(2)
-
-
-def pipeline_summary(pipe, report) -> dict:
-    """Everything a reviewer reads before the PTX: the manifest's core."""
-    from .ir.core import BarrierKind, Space
-
-    cfg = pipe.config
-    return {
-        "name": cfg.name,
-        "content_hash": cfg.content_hash,
-        "config": cfg.to_dict(),
-        "arch": pipe.arch,
-        "threads_per_cta": pipe.threads,
-        "smem_bytes": pipe.smem_bytes,
-        "smem_limit": pipe.smem_limit,
-        "tmem_alloc_cols": pipe.tmem_alloc_cols,
-        "tmem_map": [{"region": r.name, "dtype": r.dtype, "cols": [r.col, r.col_end], "alias_of": r.alias_of}
-                     for r in pipe.regions if r.space is Space.TMEM],
-        "smem_map": [{"region": r.name, "slots": r.slots, "bytes_per_slot": r.bytes_per_slot}
-                     for r in pipe.regions if r.space is Space.SMEM],
-        "roles": [{"role": r.name, "warps": list(r.warps), "setmaxnreg": r.regs} for r in pipe.roles],
-        "registers_per_cta": sum(r.threads * r.regs for r in pipe.roles),
-        "barriers": [{"name": b.name, "kind": b.kind.value, "slots": b.slots,
-                      ("threads" if b.kind is BarrierKind.NAMED else "arrivals"): b.count,
-                      **({"tx_bytes": b.tx_bytes} if b.tx_bytes else {}),
-                      **({"named_ids": [b.named_id, b.named_id + b.slots - 1]} if b.kind is BarrierKind.NAMED else {})}
-                     for b in pipe.barriers],
-        "verify": {"ok": report.ok, "runs": report.runs,
-                   "findings": [{"code": f.code, "subject": f.subject, "message": f.message} for f in report.findings]},
-    }
 
 
 def _print_summary(s: dict) -> None:
@@ -119,31 +88,14 @@ def build(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, out,
     cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        from . import codegen
-    except ImportError:
-        codegen = None
-    emit = tuple(emit) or ("ptx", "cubin")
-    if codegen is not None and hasattr(codegen, "build"):
-        try:
-            res = codegen.build(cfg, out_dir=out_dir, emit=emit)
-        except Exception as e:  # assembler / verifier errors carry their own report
-            click.echo(f"fa4gen: build failed: {e}", err=True)
-            sys.exit(1)
-        summary = res.manifest
-    else:
-        from .ir import build_pipeline
-        from .passes import verify
+    from . import codegen
 
-        pipe = build_pipeline(cfg)
-        rep = verify(pipe)
-        summary = pipeline_summary(pipe, rep)
-        (out_dir / f"{cfg.name}.json").write_text(json.dumps(summary, indent=2) + "\n")
-        if "ir" in emit:
-            (out_dir / f"{cfg.name}.ir.json").write_text(json.dumps(pipe.to_json(), indent=1) + "\n")
-        if not rep.ok:
-            _print_summary(summary)
-            sys.exit(1)
+    try:
+        res = codegen.build(cfg, out_dir=out_dir, emit=tuple(emit) or ("ptx", "cubin"))
+    except Exception as e:  # verifier, lowering and assembler errors carry their own report / log
+        click.echo(f"fa4gen: build failed: {e}", err=True)
+        sys.exit(1)
+    summary = res.manifest
     _print_summary(summary)
     for suffix in (".json", ".ptx", ".cubin", ".sass", ".ir.json"):
         p = out_dir / f"{cfg.name}{suffix}"
@@ -157,12 +109,13 @@ def build(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, out,
 @click.option("--mutation", default=None, help="Apply a corpus mutation (see --list-mutations).")
 @click.option("--list-mutations", is_flag=True, help="List the broken-pipeline corpus and exit.")
 def verify(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, mutation, list_mutations):
+    from .codegen import pipeline_summary
     from .ir import build_pipeline
     from .passes import verify as run_verify
-    from .passes.mutations import CORPUS, by_name
+    from .passes.mutations import CORPUS, SM90_CORPUS, by_name
 
     if list_mutations:
-        for m in CORPUS:
+        for m in CORPUS + SM90_CORPUS:  # the sm90_* ones apply to --arch sm_90a
             click.echo(f"{m.name:28s} {m.code:14s} {m.culprit:12s} {m.what}")
         return
     cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold)

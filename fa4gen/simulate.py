@@ -18,7 +18,7 @@ import numpy as np
 
 from .config import KernelConfig
 from .ir import build_pipeline
-from .ir.core import Cond, Pipeline, Role, Space
+from .ir.core import Cond, Pipeline, Role
 from .passes.engine import DataModel, Engine, Finding, Scenario
 from .reference import (LN2, RowState, _as_compute, _check_shapes, _default_scale, block_needs_mask,
                         block_update, col_limits, n_block_max, round_to_dtype, scale_log2_f32)

@@ -6,7 +6,7 @@ import pytest
 
 from fa4gen import KernelConfig
 from fa4gen.ir import build_pipeline
-from fa4gen.ir.core import BarrierKind, Space, walk_ops, Arrive, NamedArrive, Scope
+from fa4gen.ir.core import BarrierKind, Space, walk_ops, Arrive
 from fa4gen.passes import VerificationError, check_or_raise, verify
 
 MATRIX = [KernelConfig(head_dim=d, causal=c, gqa_ratio=g)

@@ -13,7 +13,7 @@ import pytest
 
 from fa4gen import KernelConfig
 from fa4gen.ir import build_pipeline
-from fa4gen.ir.core import (Arrive, Cond, ExpectTx, FenceProxyAsync, If, Loop, LoopKind, Mma, MmaWait, NamedArrive,
+from fa4gen.ir.core import (Arrive, ExpectTx, FenceProxyAsync, If, Loop, LoopKind, Mma, MmaWait, NamedArrive,
                             NamedSync, TmaLoad, TmaStore, TmaStoreWait, Wait)
 
 sm90 = pytest.importorskip("fa4gen.lower.sm90")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..config import GENERATOR_VERSION, KernelConfig
 from ..render import render

@@ -28,10 +28,8 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
-                       FenceProxyAsync, If, Loop, LoopKind, Mma, MmaWait, NamedArrive, NamedSync, Pipeline, Role,
-                       Scope, SmemLd, SmemSt, Space, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt,
-                       Wait, WaitLd, WaitSt)
+from ..ir.core import (BarrierKind, BlockRef, Cond, If, Loop, LoopKind, MmaWait, NamedSync, Pipeline, Role,
+                       Scope, Space, TmaStoreWait, Wait, WaitLd, WaitSt)
 
 
 @dataclass(frozen=True)

@@ -194,7 +194,7 @@ def by_name(name: str) -> Mutation:
     for m in CORPUS + SM90_CORPUS:
         if m.name == name:
             return m
-    raise KeyError(f"no mutation {name!r}; known: {', '.join(m.name for m in CORPUS)}")
+    raise KeyError(f"no mutation {name!r}; known: {', '.join(m.name for m in CORPUS + SM90_CORPUS)}")
 
 
 __all__ = ["CORPUS", "SM90_CORPUS", "Mutation", "by_name", "rewrite", "Role"]
