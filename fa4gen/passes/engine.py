@@ -174,7 +174,9 @@ class Engine:
         self.sc = scenario
         self.data = data or DataModel()
         self.rng = random.Random(seed)
-        self.priority = priority
+        # priority order of roles (roles the order omits come last, in pipeline order)
+        self.priority = None if priority is None else tuple(priority) + tuple(
+            r.name for r in pipe.roles if r.name not in priority)
         self.findings: list[Finding] = []
         self._seen: set = set()
         self.agents: dict[str, _Agent] = {}
@@ -383,15 +385,8 @@ class Engine:
             if steps > self.MAX_STEPS:
                 self.find("NO_PROGRESS", "engine", "step limit reached")
                 break
-            roles = [r for r in self.next_op if self._role_enabled(r)]
-            asyncs = self._async_ready()
-            if not roles and not asyncs:
+            if not self._step():
                 break
-            choice = self._choose(roles, asyncs)
-            if choice[0] == "role":
-                self._exec_role(choice[1])
-            else:
-                self._fire(choice[1])
         self._arriver_checks()
         if self.next_op:
             self._report_deadlock()
@@ -400,18 +395,28 @@ class Engine:
         self._phase_hb_checks()
         return self.findings
 
-    def _choose(self, roles, asyncs):
+    def _step(self) -> bool:
+        """Run one enabled role op or fire one pending completion; False when nothing can move."""
         if self.priority is not None:
-            order = {n: i for i, n in enumerate(self.priority)}
-            if roles:
-                best = min(roles, key=lambda r: order.get(r, len(order)))
-                # async units still move: with probability 1/2 fire one first (keeps completion late)
-                if asyncs and self.rng.random() < 0.5:
-                    return ("async", self.rng.choice(asyncs))
-                return ("role", best)
-            return ("async", self.rng.choice(asyncs))
-        items = [("role", r) for r in roles] + [("async", a) for a in asyncs]
-        return self.rng.choice(items)
+            # the first enabled role in priority order; asynchronous units still move: with
+            # probability 1/2 a pending completion fires first (so completions land late too)
+            best = next((r for r in self.priority if r in self.next_op and self._role_enabled(r)), None)
+            if best is not None and self.rng.random() >= 0.5:
+                self._exec_role(best)
+                return True
+            asyncs = self._async_ready()
+            if asyncs:
+                self._fire(self.rng.choice(asyncs))
+            elif best is not None:
+                self._exec_role(best)
+            return bool(asyncs) or best is not None
+        roles = [r for r in self.next_op if self._role_enabled(r)]
+        items = [("role", r) for r in roles] + [("async", a) for a in self._async_ready()]
+        if not items:
+            return False
+        kind, what = self.rng.choice(items)
+        self._exec_role(what) if kind == "role" else self._fire(what)
+        return True
 
     def _arriver_checks(self):
         """Every completed phase must contain an arrival from each role that arrives on the slot:
