@@ -98,3 +98,15 @@ def test_readback_catches_a_dropped_wait_group():
     broken = ptx.replace("wgmma.wait_group.sync.aligned 1;", "// dropped", 1)
     body = next(st for st in build_pipeline(cfg).role("consumer0").program if isinstance(st, Loop)).body
     assert ptx_tokens(_section(broken, "$L_c_task", "$L_c_done")) != ir_tokens(body)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS + [KernelConfig(arch="sm_90a", head_dim=64, kv_stages=4)],
+                         ids=lambda c: c.name)
+def test_ir_rings_are_the_kernels(cfg):
+    """The verified pipeline has the Q and K/V ring depths the emitted kernel's SMEM plan uses."""
+    _, manifest = sm90.build_sm90(cfg)
+    plan = sm90.smem_plan(cfg)
+    pipe = build_pipeline(cfg)
+    slots = {r.name: r.slots for r in pipe.regions}
+    assert (slots["Q"], slots["K"], slots["V"]) == (plan.q_stages, plan.kv_stages, plan.kv_stages)
+    assert manifest["sm90"]["kv_stages"] == plan.kv_stages

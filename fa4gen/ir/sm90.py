@@ -23,20 +23,22 @@ EPI_BAR_ID = 3
 PRODUCER_REGS, CONSUMER_REGS = 24, 240
 
 
-def _kv_stages(cfg: KernelConfig) -> int:
-    """K and V rings of equal depth that fit beside Q and the O staging buffers."""
-    tile = 128 * cfg.head_dim * 2
-    fixed = 2 * tile + 2 * 64 * cfg.head_dim * 2 + 1024
-    return max(1, min(cfg.kv_stages, (SM90_SMEM_LIMIT - fixed) // (2 * tile)))
+def _stages(cfg: KernelConfig) -> tuple[int, int]:
+    """(Q slots, K/V ring depth): the kernel's SMEM plan decides them (capped by what fits), and
+    the verified pipeline must have exactly the rings the emitted PTX has."""
+    from ..lower.sm90 import smem_plan
+
+    plan = smem_plan(cfg)
+    return plan.q_stages, plan.kv_stages
 
 
 def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
     if cfg.arch != "sm_90a":
         raise ValueError(f"build_sm90_pipeline needs arch sm_90a, got {cfg.arch}")
     d, tile = cfg.head_dim, 128 * cfg.head_dim * 2
-    kv = _kv_stages(cfg)
+    nq, kv = _stages(cfg)
     regions = (
-        Region("Q", Space.SMEM, cfg.dtype, 128, slots=2, bytes_per_slot=tile),
+        Region("Q", Space.SMEM, cfg.dtype, 128, slots=nq, bytes_per_slot=tile),
         Region("K", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=tile),
         Region("V", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=tile),
         Region("O_smem", Space.SMEM, cfg.dtype, 64, slots=2, bytes_per_slot=64 * d * 2),
@@ -45,8 +47,8 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
         Region("O", Space.REG, "f32", 64),
     )
     barriers = (
-        Barrier("q_full", BarrierKind.TMA, 2, 1, tx_bytes=tile),
-        Barrier("q_empty", BarrierKind.MBAR, 2, 8),
+        Barrier("q_full", BarrierKind.TMA, nq, 1, tx_bytes=tile),
+        Barrier("q_empty", BarrierKind.MBAR, nq, 8),
         Barrier("k_full", BarrierKind.TMA, kv, 1, tx_bytes=tile),
         Barrier("k_empty", BarrierKind.MBAR, kv, 8),
         Barrier("v_full", BarrierKind.TMA, kv, 1, tx_bytes=tile),
@@ -60,7 +62,7 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
                 TmaLoad(tensor, dst, state, f"{bar}_full", state, tile, block=block), Advance(state))
 
     producer = Role("producer", (0,), PRODUCER_REGS,
-                    (State("q", 2, 1), State("k", kv, 1), State("v", kv, 1)),
+                    (State("q", nq, 1), State("k", kv, 1), State("v", kv, 1)),
                     (Loop(LoopKind.TASKS, (
                         *load("q", "q", "q", BlockRef.FIRST, "Q"),
                         *load("k", "k", "k", BlockRef.FIRST, "K"),
@@ -105,7 +107,7 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
         prologue = (NamedArrive("sched", 0),) if i == 1 else ()
         epilogue = (NamedSync("sched", 0),) if i == 0 else ()
         return Role(f"consumer{i}", tuple(range(4 + 4 * i, 8 + 4 * i)), CONSUMER_REGS,
-                    (State("q", 2, 0), State("k", kv, 0), State("v", kv, 0)),
+                    (State("q", nq, 0), State("k", kv, 0), State("v", kv, 0)),
                     (*prologue, Loop(LoopKind.TASKS, body), *epilogue, TmaStoreWait()))
 
     roles = (producer, Role("producer_idle", (1, 2, 3), PRODUCER_REGS, (), ()), consumer(0), consumer(1))
