@@ -274,6 +274,7 @@ class _Ctx:
 
     pipe: Pipeline
     layout: SmemLayout
+    tmem_warp: int  # the one warp that allocates Tensor Memory and frees it after the final sync
     regs: dict = field(default_factory=dict)  # ptx type -> ordered set of declared names / families
     n_uid: int = 0
 
@@ -314,7 +315,12 @@ class _RoleEmitter:
         self.items: list[dict] = []
         self.op_index = 0
         self.loop_kind: LoopKind | None = None
+        # Register bookkeeping of f32 buffers between TMEM round trips: a tcgen05.ld puts columns on
+        # `pending`; a Compute consumes them (each loaded value is transformed exactly once) and
+        # puts the results on `computed`; a tcgen05.st of that buffer consumes those. Nothing is
+        # ever put back on `pending` (that made rescale/normalise apply twice or three times).
         self.pending: dict[str, list[int]] = {}  # register buffer -> columns loaded, not yet consumed
+        self.computed: dict[str, list[int]] = {}  # register buffer -> columns computed, not yet stored
         self.packed: list[int] = []  # columns normalised into 16-bit packs, not yet stored
         self.store_ordinal = 0
 
@@ -389,7 +395,8 @@ class _RoleEmitter:
         self.stmts(role.program)
         self.emit("role_end", name=role.name, label=f"$L_{role.name}_end", el="%p_el",
                   stores=any(isinstance(op, TmaStore) for op in ops), tcgen05=role_issues_tcgen05(role),
-                  dealloc=0 in role.warps, tmem_cols=self.pipe.tmem_alloc_cols)
+                  dealloc=self.ctx.tmem_warp in role.warps, tmem_warp=self.ctx.tmem_warp,
+                  single_warp=len(role.warps) == 1, tmem_cols=self.pipe.tmem_alloc_cols)
         return {"name": role.name, "warps": list(role.warps), "regs": role.regs, "items": self.items,
                 "label": f"$L_role_{role.name}", "tcgen05": role_issues_tcgen05(role)}
 
@@ -640,8 +647,14 @@ class _RoleEmitter:
                 packs.append((pk, self.buf(op.src, c + 1), self.buf(op.src, c)))
             self.emit("tmem_st", col=col, n=n, regs=[p[0] for p in packs], packs=packs, cvt=self.cvt)
         else:
-            self.emit("tmem_st", col=col, n=n, regs=[self.buf(op.src, c) for c in range(op.col_lo, op.col_hi)],
-                      packs=[], cvt=self.cvt)
+            want = list(range(op.col_lo, op.col_hi))
+            have = self.computed.get(op.src, [])
+            missing = [c for c in want if c not in have]
+            if missing:
+                raise Sm100LoweringError(f"{self.p}: tcgen05.st of {op.src}[{op.col_lo}:{op.col_hi}] stores columns "
+                                         f"{missing[:4]}... that no Compute produced since their tcgen05.ld")
+            self.computed[op.src] = [c for c in have if c not in want]
+            self.emit("tmem_st", col=col, n=n, regs=[self.buf(op.src, c) for c in want], packs=[], cvt=self.cvt)
 
     @property
     def cvt(self) -> str:
@@ -786,7 +799,7 @@ class _RoleEmitter:
 
     def compute_rescale_o(self, op: Compute) -> None:
         cols = self._take("o")
-        self.pending["o"] = list(cols)  # the rescaled values are stored back from the same registers
+        self.computed.setdefault("o", []).extend(cols)  # stored back from the same registers
         acc = self.scalar("acc_scale")
         self.emit("rescale_o", regs=[self.buf("o", c) for c in cols], pairs=[(self.buf("o", c), acc) for c in cols])
 
@@ -844,12 +857,14 @@ def lower_sm100(pipe: Pipeline) -> dict:
         raise Sm100LoweringError(f"head_dim {cfg.head_dim}: a multiple of {HALF_COLS} (128-byte swizzle rows)")
     check_tmem_alloc(pipe.tmem_alloc_cols)
     layout = smem_layout(pipe)
-    ctx = _Ctx(pipe, layout)
-    roles = [_RoleEmitter(ctx, r).run() for r in pipe.roles]
-    # one warp allocates TMEM (the MMA issuer's, as in the seed), warp 0 frees it after the final sync
+    # One warp owns TMEM: it allocates (the MMA issuer's, as in the seed) and, after the final
+    # sync, frees it. Only that warp may execute tcgen05.dealloc (a second dealloc of the same
+    # columns is an error: the emulator found every warp of the owning role freeing them).
     mma_roles = [r for r in pipe.roles if any(isinstance(op, Mma) for op in walk_ops(r.program))]
     alloc_warp = mma_roles[0].warps[0] if mma_roles else 0
-    dealloc_role = next(r.name for r in pipe.roles if 0 in r.warps)
+    dealloc_role = next(r.name for r in pipe.roles if alloc_warp in r.warps)
+    ctx = _Ctx(pipe, layout, alloc_warp)
+    roles = [_RoleEmitter(ctx, r).run() for r in pipe.roles]
     inits = []
     for b in pipe.barriers:
         if b.kind is BarrierKind.NAMED:

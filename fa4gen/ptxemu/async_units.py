@@ -1,0 +1,628 @@
+"""The asynchronous agents: TMA loads/stores (tensor maps, swizzle, OOB fill, complete_tx, bulk
+groups), tcgen05 (alloc/dealloc, mma through the SMEM and instruction descriptors, commit, ld/st with
+wait::ld/wait::st) and wgmma (descriptors, RS form, commit/wait groups, wgmma.fence).
+
+Each issue records what the issuing warp knew; the work lands at a seeded random later time (MMAs in
+issue order per pipe); guards on the bytes and cells they write say what a reader must observe.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from . import fp, units
+from .machine import PARAM_BASE, SMEM_BASE, TMEM_COLS, TMEM_LANES, WARP, Block, Fault, _join
+from .ops import _lanes, _mask, _uniform, addr_reader, reader, unsupported, writer
+from .parse import Addr, Imm, Reg, Sink, TmaAddr, Vec
+from .units import UnitError
+
+_U32, _F32, _U64 = np.uint32, np.float32, np.uint64
+
+
+def _unit(fn, ins, w):
+    try:
+        return fn()
+    except UnitError as e:
+        raise Fault("UNIT", str(e), line=ins.line, warp=w.wid, text=ins.text) from None
+
+
+def _tensor_map(cta, gaddr: int, ins, w) -> tuple:
+    off = gaddr - PARAM_BASE
+    emu = cta.emu
+    for name, o in emu.param_offsets.items():
+        if o == off and emu.param_sizes.get(name, 0) >= units.TMAP_BYTES:
+            raw = emu.params[o: o + units.TMAP_BYTES]
+            return name, _unit(lambda: units.decode_tensor_map(raw), ins, w)
+    raise Fault("TMAP", f"operand {gaddr:#x} is not the address of a tensor-map parameter", line=ins.line,
+                warp=w.wid, text=ins.text)
+
+
+def _gmem_for(cta, tm, ins, w):
+    gm = cta.emu.gmem
+    hit = gm.find(tm.address, 1)
+    if hit is None:
+        raise Fault("GMEM_OOB", f"tensor map points at {tm.address:#x}, outside every allocation",
+                    line=ins.line, warp=w.wid)
+    return hit
+
+
+def _tmem_cols_ok(cta, col: int, n: int, ins, w, what: str):
+    for c0, nc in cta.tmem_alloc.items():
+        if c0 <= col and col + n <= c0 + nc:
+            return
+    raise Fault("TMEM_OOB", f"{what} touches TMEM columns [{col}, {col + n}) outside the allocation "
+                            f"({cta.tmem_alloc or 'nothing allocated'})", line=ins.line, warp=w.wid, text=ins.text)
+
+
+# ---- TMA ------------------------------------------------------------------------------------------
+def compile_tma(ctx, ins, parts):
+    ops_ = ins.operands
+    m_rank = next((re.fullmatch(r"(\d)d", p) for p in parts if re.fullmatch(r"\dd", p)), None)
+    if m_rank is None or "tile" not in parts:
+        raise unsupported(ins, "only tiled tensor copies are modelled")
+    rank = int(m_rank.group(1))
+    load = parts.index("shared::cluster") < parts.index("global") if "shared::cluster" in parts else False
+    if load:
+        if "mbarrier::complete_tx::bytes" not in parts or len(ops_) != 3:
+            raise unsupported(ins)
+        dst, src, bar = ops_
+        if not isinstance(src, TmaAddr) or len(src.coords) != rank:
+            raise unsupported(ins, f"{rank}d copy needs [tmap, {{{rank} coordinates}}]")
+        da = addr_reader(ctx, dst, ins)
+        ba = addr_reader(ctx, bar, ins)
+        ta = reader(ctx, src.tmap, "u64", ins)
+        cs = [reader(ctx, c, "s32", ins) for c in src.coords]
+        lo, hi = ctx.emu.delays["tma"]
+
+        def fn(w, m):
+            cta = w.cta
+            for lane in _lanes(m):
+                dst_a, bar_a = int(da(w)[lane]), int(ba(w)[lane])
+                name, tm = _tensor_map(cta, int(np.broadcast_to(ta(w), (WARP,))[lane]), ins, w)
+                if tm.rank != rank:
+                    raise Fault("TMAP", f"{rank}d copy through the rank-{tm.rank} map {name}", line=ins.line, warp=w.wid)
+                coords = tuple(int(np.broadcast_to(c(w), (WARP,))[lane]) for c in cs)
+                goff, valid, phys = _unit(lambda: units.tma_box_plan(tm, coords, dst_a), ins, w)
+                es = tm.esize
+                cta.smem_check(phys, es, ins.line, w.wid, "TMA load destination")
+                b = cta.mbar_at(bar_a, ins.line, w.wid)
+                base, buf, gname = _gmem_for(cta, tm, ins, w)
+                rel = tm.address - base + goff
+                if valid.any() and ((rel[valid] < 0).any() or (rel[valid] + es > buf.size).any()):
+                    raise Fault("GMEM_OOB", f"TMA load through {name} reads outside {gname}", line=ins.line, warp=w.wid)
+                byt = np.zeros((valid.size, es), np.uint8)
+                vi = np.flatnonzero(valid)
+                byt[vi] = buf[rel[vi][:, None] + np.arange(es)[None, :]]
+                idx = (phys[:, None] + np.arange(es)[None, :]).reshape(-1)
+                g = cta.sguard[idx]
+                if (g == 1).any() or (g == 2).any():
+                    hit = int(idx[np.flatnonzero((g == 1) | (g == 2))[0]])
+                    raise Fault("RACE", "TMA load writes SMEM that holds an mbarrier or another write in flight",
+                                line=ins.line, warp=w.wid, addr=hit, text=ins.text)
+                cta.sguard[idx] = 1
+                know = dict(w.know)
+                line = ins.line
+                nbytes = tm.box_bytes
+
+                def land(idx=idx, byt=byt, b=b, know=know, nbytes=nbytes, name=name, wid=w.wid):
+                    cta.smem[idx] = byt.reshape(-1)
+                    cta.sguard[idx] = cta.guard_id(("bar", b.addr), b.phase + 1,
+                                                   f"the TMA load of {name} (PTX line {line}) completing on {b.name}")
+                    cta.mbar_complete_tx(b, nbytes, know, line, wid)
+                cta.at(cta.now + cta.delay(lo, hi), land)
+        return fn
+    # store: global <- shared::cta, bulk_group completion
+    if "bulk_group" not in parts or len(ops_) != 2:
+        raise unsupported(ins)
+    dst, src = ops_
+    if not isinstance(dst, TmaAddr) or len(dst.coords) != rank:
+        raise unsupported(ins)
+    sa = addr_reader(ctx, src, ins)
+    ta = reader(ctx, dst.tmap, "u64", ins)
+    cs = [reader(ctx, c, "s32", ins) for c in dst.coords]
+    lo, hi = ctx.emu.delays["bulk_store"]
+
+    def fn(w, m):
+        cta = w.cta
+        for lane in _lanes(m):
+            src_a = int(sa(w)[lane])
+            name, tm = _tensor_map(cta, int(np.broadcast_to(ta(w), (WARP,))[lane]), ins, w)
+            if tm.rank != rank:
+                raise Fault("TMAP", f"{rank}d copy through the rank-{tm.rank} map {name}", line=ins.line, warp=w.wid)
+            coords = tuple(int(np.broadcast_to(c(w), (WARP,))[lane]) for c in cs)
+            goff, valid, phys = _unit(lambda: units.tma_box_plan(tm, coords, src_a), ins, w)
+            es = tm.esize
+            cta.smem_check(phys, es, ins.line, w.wid, "TMA store source")
+            base, buf, gname = _gmem_for(cta, tm, ins, w)
+            rel = tm.address - base + goff
+            if valid.any() and ((rel[valid] < 0).any() or (rel[valid] + es > buf.size).any()):
+                raise Fault("GMEM_OOB", f"TMA store through {name} writes outside {gname}", line=ins.line, warp=w.wid)
+            know = dict(w.know)
+            op = {"done": False}
+            w.bulk_open.append(op)
+            idx = phys[:, None] + np.arange(es)[None, :]
+
+            def land(idx=idx, rel=rel, valid=valid, know=know, op=op, wid=w.wid, buf=buf, es=es):
+                cta.check_guards(cta.sguard[idx], know, f"the TMA store (PTX line {ins.line}) of warp {wid}",
+                                 async_proxy=True, own=None, line=ins.line, warp=wid, addrs=idx)
+                data = cta.smem[idx]
+                vi = np.flatnonzero(valid)
+                buf[rel[vi][:, None] + np.arange(es)[None, :]] = data[vi]
+                op["done"] = True
+            cta.at(cta.now + cta.delay(lo, hi), land)
+    return fn
+
+
+def compile_bulk_group(ctx, ins, parts):
+    if parts[3] == "commit_group":
+        def fn(w, m):
+            w.bulk_groups.append(w.bulk_open)
+            w.bulk_open = []
+        return fn
+    if parts[3] == "wait_group":
+        n = reader(ctx, ins.operands[0], "u32", ins)
+
+        def fn(w, m):
+            k = int(np.broadcast_to(n(w), (WARP,))[0])
+
+            def ready():
+                w.bulk_groups = [g for g in w.bulk_groups if not all(o["done"] for o in g)]
+                return len(w.bulk_groups) <= k
+            return Block(ready, f"cp.async.bulk.wait_group {k}: {len(w.bulk_groups)} groups in flight")
+        return fn
+    raise unsupported(ins)
+
+
+# ---- tcgen05 ---------------------------------------------------------------------------------------
+def _taddr(v: int):
+    return (v >> 16) & 0xFFFF, v & 0xFFFF
+
+
+def compile_tcgen05(ctx, ins, parts):
+    op = parts[1]
+    ops_ = ins.operands
+    emu = ctx.emu
+    if op in ("fence::before_thread_sync", "fence::after_thread_sync"):
+        return lambda w, m: None
+    if op == "alloc":
+        ar = addr_reader(ctx, ops_[0], ins)
+        nr = reader(ctx, ops_[1], "u32", ins)
+
+        def fn(w, m):
+            cta = w.cta
+            n = int(np.broadcast_to(nr(w), (WARP,))[0])
+            if n < 32 or n > 512 or n & (n - 1):
+                raise Fault("TMEM_ALLOC", f"tcgen05.alloc of {n} columns: a power of two in 32..512", line=ins.line, warp=w.wid)
+            if cta.tmem_relinquished:
+                raise Fault("TMEM_ALLOC", "tcgen05.alloc after relinquish_alloc_permit", line=ins.line, warp=w.wid)
+            col = None
+            for c in range(0, TMEM_COLS, n):
+                if all(c + n <= c0 or c0 + nc <= c for c0, nc in cta.tmem_alloc.items()):
+                    col = c
+                    break
+            if col is None:
+                raise Fault("TMEM_ALLOC", f"tcgen05.alloc of {n} columns cannot be satisfied "
+                                          f"({cta.tmem_alloc} allocated): the hardware would block forever",
+                            line=ins.line, warp=w.wid)
+            cta.tmem_alloc[col] = n
+            a = int(ar(w)[0])
+            cta.smem_check(np.array([a]), 4, ins.line, w.wid, "tcgen05.alloc result")
+            cta.smem[a: a + 4] = np.array([col], np.uint32).view(np.uint8)
+            cta.sguard[a: a + 4] = cta.guard_id(("w", w.wid), w.epoch + 1, f"tcgen05.alloc of warp {w.wid}")
+        return fn
+    if op == "dealloc":
+        tr = reader(ctx, ops_[0], "u32", ins)
+        nr = reader(ctx, ops_[1], "u32", ins)
+
+        def fn(w, m):
+            cta = w.cta
+            lane, col = _taddr(int(np.broadcast_to(tr(w), (WARP,))[0]))
+            n = int(np.broadcast_to(nr(w), (WARP,))[0])
+            if cta.tmem_alloc.get(col) != n or lane != 0:
+                raise Fault("TMEM_ALLOC", f"tcgen05.dealloc of {n} columns at lane {lane} column {col} matches no "
+                                          f"allocation ({cta.tmem_alloc})", line=ins.line, warp=w.wid)
+            del cta.tmem_alloc[col]
+        return fn
+    if op == "relinquish_alloc_permit":
+        def fn(w, m):
+            w.cta.tmem_relinquished = True
+        return fn
+    if op in ("wait::ld", "wait::st"):
+        is_ld = op == "wait::ld"
+
+        def fn(w, m):
+            if is_ld:
+                def ready():
+                    return w.tc_pending == 0
+
+                def release():
+                    for r in w.tc_ld_regs:
+                        w.poison.pop(r, None)
+                    w.tc_ld_regs = []
+                return Block(ready, f"tcgen05.wait::ld: {w.tc_pending} loads in flight", release)
+
+            def ready():
+                return w.st_landed >= w.st_seq
+
+            def release():
+                w.know[("st", w.wid)] = w.st_seq
+            return Block(ready, f"tcgen05.wait::st: {w.st_seq - w.st_landed} stores in flight", release)
+        return fn
+    if op in ("ld", "st"):
+        shape = parts[4] if len(parts) > 4 else ""
+        mm = re.fullmatch(r"x(\d+)", parts[5]) if len(parts) > 5 else None
+        if shape != "32x32b" or mm is None or parts[-1] != "b32" or len(parts) != 7:
+            raise unsupported(ins, "only tcgen05.ld/st .sync.aligned.32x32b.xN.b32 is modelled")
+        nrep = int(mm.group(1))
+        if op == "ld":
+            regs, addr = ops_
+        else:
+            addr, regs = ops_
+        if not isinstance(regs, Vec) or len(regs.items) != nrep:
+            raise unsupported(ins, f".x{nrep} needs {nrep} registers")
+        ar = addr_reader(ctx, addr, ins)
+        names = [r.name for r in regs.items]
+        lo, hi = emu.delays["tmem"]
+        if op == "ld":
+            ws = [writer(ctx, r, "b32", ins) for r in regs.items]
+        else:
+            rs = [reader(ctx, r, "b32", ins) for r in regs.items]
+
+        def fn(w, m):
+            cta = w.cta
+            a = _uniform(ar(w).astype(np.int64) & 0xFFFFFFFF, np.arange(WARP), "TMEM address", ins, w)
+            lane0, col = _taddr(a)
+            q = 32 * (w.wid % 4)
+            if lane0 != q:
+                raise Fault("TMEM_LANE", f"warp {w.wid} may access TMEM lanes [{q}, {q + 32}) only; the address "
+                                         f"names lane {lane0}", line=ins.line, warp=w.wid, addr=a, text=ins.text)
+            _tmem_cols_ok(cta, col, nrep, ins, w, f"tcgen05.{op}")
+            rows = slice(lane0, lane0 + 32)
+            cols = slice(col, col + nrep)
+            if op == "ld":
+                know = dict(w.know)
+                for r in names:
+                    w.poison[r] = ("rw", "its tcgen05.ld", ins.line)
+                w.tc_ld_regs.extend(names)
+                w.tc_pending += 1
+
+                def land():
+                    cta.check_guards(cta.tguard[rows, cols], know, f"tcgen05.ld of warp {w.wid}", async_proxy=False,
+                                     own=None, line=ins.line, warp=w.wid, space="TMEM",
+                                     addrs=_tmem_addr_grid(lane0, col, nrep))
+                    vals = cta.tmem[rows, cols]
+                    for j, wr in enumerate(ws):
+                        wr(w, vals[:, j].copy(), None)
+                    w.tc_pending -= 1
+                cta.at(cta.now + cta.delay(lo, hi), land)
+                return None
+            vals = np.stack([np.broadcast_to(r(w), (WARP,)) for r in rs], axis=1).astype(np.uint32)
+            g = cta.tguard[rows, cols]
+            if (g == 1).any():
+                raise Fault("RACE", "tcgen05.st to TMEM cells another store is still writing", line=ins.line, warp=w.wid)
+            cta.tguard[rows, cols] = 1
+            w.st_seq += 1
+            seq = w.st_seq
+            t = max(cta.now, getattr(w, "st_tail", 0)) + cta.delay(lo, hi)
+            w.st_tail = t
+
+            def land():
+                cta.tmem[rows, cols] = vals
+                cta.tguard[rows, cols] = cta.guard_id(("st", w.wid), seq, f"tcgen05.st of warp {w.wid} (PTX line {ins.line})")
+                w.st_landed = max(w.st_landed, seq)
+            cta.at(t, land)
+            return None
+        return fn
+    if op == "mma":
+        return compile_tcgen05_mma(ctx, ins, parts)
+    if op == "commit":
+        if "mbarrier::arrive::one" not in parts or "multicast::cluster" in parts:
+            raise unsupported(ins)
+        ba = addr_reader(ctx, ops_[0], ins)
+        lo, hi = emu.delays["commit"]
+
+        def fn(w, m):
+            cta = w.cta
+            for lane in _lanes(m):
+                b = cta.mbar_at(int(ba(w)[lane]), ins.line, w.wid)
+                know = dict(w.know)
+                know[("mma", w.wid)] = w.mma_seq
+                t = max(cta.now, w.mma_tail) + cta.delay(lo, hi)
+                cta.at(t, lambda b=b, know=know, wid=w.wid: cta.mbar_arrive(b, 1, know, ins.line, wid))
+        return fn
+    raise unsupported(ins)
+
+
+def _tmem_addr_grid(lane0, col, n, lanes=32):
+    return ((np.arange(lanes)[:, None] + lane0) << 16) | (np.arange(n)[None, :] + col)
+
+
+def compile_tcgen05_mma(ctx, ins, parts):
+    if parts[2] != "cta_group::1" or parts[3] != "kind::f16" or len(parts) != 4:
+        raise unsupported(ins, "only tcgen05.mma.cta_group::1.kind::f16 is modelled")
+    ops_ = ins.operands
+    if len(ops_) != 5:
+        raise unsupported(ins, "expected [d], a, b, idesc, enable_input_d")
+    d_op, a_op, b_op, i_op, e_op = ops_
+    da = addr_reader(ctx, d_op, ins)
+    a_tmem = isinstance(a_op, Addr)
+    aa = addr_reader(ctx, a_op, ins) if a_tmem else reader(ctx, a_op, "b64", ins)
+    bb = reader(ctx, b_op, "b64", ins)
+    ii = reader(ctx, i_op, "u32", ins)
+    ee = reader(ctx, e_op, "pred" if isinstance(e_op, Reg) else "u32", ins)
+    emu = ctx.emu
+    lo, hi = emu.delays["mma"]
+
+    def fn(w, m):
+        cta = w.cta
+        for lane in _lanes(m):
+            dv = int(da(w)[lane]) & 0xFFFFFFFF
+            av = int(np.broadcast_to(aa(w), (WARP,))[lane])
+            bv = int(np.broadcast_to(bb(w), (WARP,))[lane])
+            iv = int(np.broadcast_to(ii(w), (WARP,))[lane])
+            acc = bool(np.broadcast_to(ee(w), (WARP,))[lane])
+            idesc = _unit(lambda: units.decode_idesc(iv), ins, w)
+            if idesc.m != 128 or idesc.sparse or int(idesc.d_type) != 1:
+                raise Fault("UNIT", f"tcgen05.mma with M={idesc.m}, sparse={idesc.sparse}, d_type={idesc.d_type.name}: "
+                                    "only M=128 dense f32 accumulation is modelled", line=ins.line, warp=w.wid, text=ins.text)
+            M, N, K = idesc.m, idesc.n, 16
+            dl, dc = _taddr(dv)
+            if dl != 0:
+                raise Fault("TMEM_LANE", f"tcgen05.mma D at lane {dl}: M=128 uses lanes 0..127", line=ins.line, warp=w.wid)
+            _tmem_cols_ok(cta, dc, N, ins, w, "tcgen05.mma D")
+            esize = 2
+            conv = fp.bf16_bits_to_f32 if int(idesc.a_type) == 1 else fp.f16_bits_to_f32
+            if a_tmem:
+                al, ac = _taddr(av & 0xFFFFFFFF)
+                if al != 0 or int(idesc.a_major) != 0:
+                    raise Fault("UNIT", f"A in TMEM at lane {al} (major {idesc.a_major.name}): lanes 0..127, K-major",
+                                line=ins.line, warp=w.wid)
+                _tmem_cols_ok(cta, ac, K // 2, ins, w, "tcgen05.mma A")
+                a_src = ("tmem", ac)
+            else:
+                ad = _unit(lambda: units.decode_desc(av, "sm_100a"), ins, w)
+                a_addr = _unit(lambda: units.operand_addresses(ad, int(idesc.a_major) == 1, M, K, esize), ins, w)
+                cta.smem_check(a_addr.reshape(-1), esize, ins.line, w.wid, "tcgen05.mma A operand")
+                a_src = ("smem", a_addr)
+            bd = _unit(lambda: units.decode_desc(bv, "sm_100a"), ins, w)
+            b_addr = _unit(lambda: units.operand_addresses(bd, int(idesc.b_major) == 1, N, K, esize), ins, w)
+            cta.smem_check(b_addr.reshape(-1), esize, ins.line, w.wid, "tcgen05.mma B operand")
+            w.mma_seq += 1
+            seq = w.mma_seq
+            know = dict(w.know)
+            t = max(cta.now, w.mma_tail) + cta.delay(lo, hi)
+            w.mma_tail = t
+            neg_a, neg_b = idesc.negate_a, idesc.negate_b
+            wid = w.wid
+
+            def execute(a_src=a_src, b_addr=b_addr, know=know, seq=seq, dc=dc, N=N, acc=acc):
+                own = ("mma", wid)
+
+                def chk(ids, addrs, space, what):
+                    # the pipe's own earlier MMAs are ordered before this one
+                    ids = np.where(_own_mask(cta, ids, own), 0, ids)
+                    cta.check_guards(ids, know, what, async_proxy=True, own=None, line=ins.line, warp=wid,
+                                     addrs=addrs, space=space)
+                if a_src[0] == "tmem":
+                    ac = a_src[1]
+                    chk(cta.tguard[0:M, ac: ac + K // 2], _tmem_addr_grid(0, ac, K // 2, M), "TMEM",
+                        f"tcgen05.mma (PTX line {ins.line}) A operand")
+                    cells = cta.tmem[0:M, ac: ac + K // 2]
+                    lo16 = (cells & 0xFFFF).astype(np.uint16)
+                    hi16 = (cells >> 16).astype(np.uint16)
+                    A = np.empty((M, K), np.float64)
+                    A[:, 0::2] = conv(lo16)
+                    A[:, 1::2] = conv(hi16)
+                else:
+                    addr = a_src[1]
+                    chk(cta.sguard[addr], addr, "SMEM", f"tcgen05.mma (PTX line {ins.line}) A operand")
+                    A = conv(cta.smem.view(np.uint16)[addr // 2]).astype(np.float64)
+                chk(cta.sguard[b_addr], b_addr, "SMEM", f"tcgen05.mma (PTX line {ins.line}) B operand")
+                B = conv(cta.smem.view(np.uint16)[b_addr // 2]).astype(np.float64)
+                if neg_a:
+                    A = -A
+                if neg_b:
+                    B = -B
+                prod = A @ B.T
+                if acc:
+                    chk(cta.tguard[0:M, dc: dc + N], _tmem_addr_grid(0, dc, N, M), "TMEM",
+                        f"tcgen05.mma (PTX line {ins.line}) accumulator")
+                    old = cta.tmem[0:M, dc: dc + N].view(np.float32).astype(np.float64)
+                    prod = prod + old
+                with np.errstate(over="ignore", invalid="ignore"):
+                    cta.tmem[0:M, dc: dc + N] = prod.astype(np.float32).view(np.uint32)
+                cta.tguard[0:M, dc: dc + N] = cta.guard_id(own, seq, f"tcgen05.mma #{seq} of warp {wid} (PTX line {ins.line})")
+            cta.at(t, execute)
+    return fn
+
+
+def _own_mask(cta, ids, own):
+    u = np.unique(ids)
+    mine = [g for g in u if g > 2 and cta.guards[g][0] == "know" and cta.guards[g][1] == own]
+    if not mine:
+        return np.zeros(ids.shape, bool)
+    return np.isin(ids, mine)
+
+
+# ---- wgmma -----------------------------------------------------------------------------------------
+def compile_wgmma(ctx, ins, parts):
+    op = parts[1]
+    ops_ = ins.operands
+    emu = ctx.emu
+    if op == "fence":
+        def fn(w, m):
+            w.wg_fence = {k: id(v) for k, v in w.regs.items()}
+        return fn
+    if op == "commit_group":
+        def fn(w, m):
+            w.wg_groups.append(w.wg_open)
+            w.wg_open = []
+        return fn
+    if op == "wait_group":
+        n = reader(ctx, ops_[0], "u32", ins)
+
+        def fn(w, m):
+            k = int(np.broadcast_to(n(w), (WARP,))[0])
+
+            def ready():
+                w.wg_groups = [g for g in w.wg_groups if not all(o["done"] for o in g)]
+                return len(w.wg_groups) <= k
+
+            def release():
+                live = set()
+                for g in w.wg_groups + [w.wg_open]:
+                    for o in g:
+                        live.update(o["regs"][w.wid])
+                for r in [r for r, v in w.poison.items() if v[1].startswith("its wgmma")]:
+                    if r not in live:
+                        del w.poison[r]
+            return Block(ready, f"wgmma.wait_group {k}: {len(w.wg_groups)} groups in flight", release)
+        return fn
+    if op != "mma_async":
+        raise unsupported(ins)
+    shp = re.fullmatch(r"m64n(\d+)k16", parts[4])
+    if shp is None or parts[5] != "f32" or parts[6] not in ("bf16", "f16") or parts[7] != parts[6] or len(parts) != 8:
+        raise unsupported(ins, "only wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16} is modelled")
+    N = int(shp.group(1))
+    conv = fp.bf16_bits_to_f32 if parts[6] == "bf16" else fp.f16_bits_to_f32
+    d_op = ops_[0]
+    if not isinstance(d_op, Vec) or len(d_op.items) != N // 2:
+        raise unsupported(ins, f"m64n{N} needs {N // 2} accumulator registers")
+    dnames = [r.name for r in d_op.items]
+    d_readers = [reader(ctx, r, "f32", ins) for r in d_op.items]
+    d_writers = [writer(ctx, r, "f32", ins) for r in d_op.items]
+    rs_form = isinstance(ops_[1], Vec)
+    if rs_form:
+        if len(ops_) != 7 or len(ops_[1].items) != 4:
+            raise unsupported(ins, "RS form: d, {a0..a3}, b-desc, scale-d, imm-scale-a, imm-scale-b, imm-trans-b")
+        anames = [r.name for r in ops_[1].items]
+        a_readers = [reader(ctx, r, "b32", ins) for r in ops_[1].items]
+        b_r = reader(ctx, ops_[2], "b64", ins)
+        sd = reader(ctx, ops_[3], "pred", ins) if isinstance(ops_[3], Reg) else None
+        sd_imm = None if sd else int(ops_[3].value)
+        isa, isb, ita, itb = int(ops_[4].value), int(ops_[5].value), 0, int(ops_[6].value)
+        a_r = None
+    else:
+        if len(ops_) != 8:
+            raise unsupported(ins, "SS form: d, a-desc, b-desc, scale-d, imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b")
+        anames = []
+        a_r = reader(ctx, ops_[1], "b64", ins)
+        b_r = reader(ctx, ops_[2], "b64", ins)
+        sd = reader(ctx, ops_[3], "pred", ins) if isinstance(ops_[3], Reg) else None
+        sd_imm = None if sd else int(ops_[3].value)
+        isa, isb, ita, itb = (int(o.value) for o in ops_[4:8])
+    for v in (isa, isb):
+        if v not in (1, -1):
+            raise unsupported(ins, "imm-scale must be 1 or -1")
+    lo, hi = emu.delays["wgmma"]
+    d_idx = [units.wgmma_d_index(N, i) for i in range(4)]
+    a_idx = [units.wgmma_a_index(i) for i in range(4)]
+
+    def fn(w, m):
+        cta = w.cta
+        wg, wi = divmod(w.wid, 4)
+        fence = getattr(w, "wg_fence", {})
+        for r in dnames + anames:
+            if fence.get(r) != id(w.regs[r]):
+                raise Fault("WGMMA_FENCE", f"wgmma uses {r}, written after the last wgmma.fence of warp {w.wid}",
+                            line=ins.line, warp=w.wid, text=ins.text)
+        bv = _uniform(np.broadcast_to(b_r(w), (WARP,)).astype(np.uint64), np.arange(WARP), "B descriptor", ins, w)
+        av = (_uniform(np.broadcast_to(a_r(w), (WARP,)).astype(np.uint64), np.arange(WARP), "A descriptor", ins, w)
+              if a_r is not None else None)
+        scale_d = (bool(_uniform(np.broadcast_to(sd(w), (WARP,)), np.arange(WARP), "scale-d", ins, w))
+                   if sd is not None else bool(sd_imm))
+        seq = w.wg_seq
+        w.wg_seq += 1
+        key = (wg, seq)
+        pend = cta.wg_pending.setdefault(key, {"contrib": {}, "done": False, "regs": {}})
+        pend["contrib"][wi] = dict(warp=w, a=av, b=bv, scale_d=scale_d, know=dict(w.know),
+                                   aregs=[np.array(r(w)) for r in a_readers] if rs_form else None)
+        pend["regs"][w.wid] = dnames + anames
+        for r in dnames:
+            w.poison[r] = ("rw", "its wgmma", ins.line)
+        for r in anames:
+            if r not in w.poison:
+                w.poison[r] = ("w", "its wgmma (A fragment)", ins.line)
+        w.wg_open.append(pend)
+        if len(pend["contrib"]) < 4:
+            return None
+        cs = pend["contrib"]
+        first = cs[0]
+        for c in cs.values():
+            if c["b"] != first["b"] or c["a"] != first["a"] or c["scale_d"] != first["scale_d"]:
+                raise Fault("WGMMA", "the warps of the warpgroup disagree on descriptors or scale-d", line=ins.line, warp=w.wid)
+        del cta.wg_pending[key]
+        t = max(cta.now, cta.wg_tail.get(wg, 0)) + cta.delay(lo, hi)
+        cta.wg_tail[wg] = t
+        esize = 2
+        bd = _unit(lambda: units.decode_desc(first["b"], "sm_90a"), ins, w)
+        b_addr = _unit(lambda: units.operand_addresses(bd, itb == 1, N, 16, esize), ins, w)
+        cta.smem_check(b_addr.reshape(-1), esize, ins.line, w.wid, "wgmma B operand")
+        if not rs_form:
+            ad = _unit(lambda: units.decode_desc(first["a"], "sm_90a"), ins, w)
+            a_addr = _unit(lambda: units.operand_addresses(ad, ita == 1, 64, 16, esize), ins, w)
+            cta.smem_check(a_addr.reshape(-1), esize, ins.line, w.wid, "wgmma A operand")
+        know = {}
+        for c in cs.values():
+            _join(know, c["know"])
+
+        def execute():
+            cta.check_guards(cta.sguard[b_addr], know, f"wgmma (PTX line {ins.line}) B operand", async_proxy=True,
+                             own=None, line=ins.line, warp=w.wid, addrs=b_addr)
+            B = conv(cta.smem.view(np.uint16)[b_addr // 2]).astype(np.float64) * isb
+            if rs_form:
+                A = np.zeros((64, 16), np.float64)
+                for wi_, c in cs.items():
+                    rows, ks = a_idx[wi_]
+                    for j in range(4):
+                        v = c["aregs"][j].astype(np.uint32)
+                        A[rows[j, 0], ks[j, 0]] = conv((v & 0xFFFF).astype(np.uint16))
+                        A[rows[j, 1], ks[j, 1]] = conv((v >> 16).astype(np.uint16))
+            else:
+                cta.check_guards(cta.sguard[a_addr], know, f"wgmma (PTX line {ins.line}) A operand", async_proxy=True,
+                                 own=None, line=ins.line, warp=w.wid, addrs=a_addr)
+                A = conv(cta.smem.view(np.uint16)[a_addr // 2]).astype(np.float64)
+            prod = (A * isa) @ B.T
+            for wi_, c in cs.items():
+                ww = c["warp"]
+                rows, cols = d_idx[wi_]
+                val = prod[rows, cols]
+                if first["scale_d"]:
+                    old = np.stack([np.asarray(ww.regs[n]).view(np.float32) for n in dnames]).astype(np.float64)
+                    val = val + old
+                with np.errstate(over="ignore", invalid="ignore"):
+                    v32 = val.astype(np.float32)
+                fence_ = getattr(ww, "wg_fence", None)
+                for j, n in enumerate(dnames):
+                    arr = v32[j].view(np.uint32).copy()
+                    ww.regs[n] = arr
+                    if fence_ is not None:
+                        fence_[n] = id(arr)
+            pend["done"] = True
+        cta.at(t, execute)
+        return None
+    return fn
+
+
+def compile_async(ctx, ins, parts):
+    head = parts[0]
+    if head == "tcgen05":
+        return compile_tcgen05(ctx, ins, parts)
+    if head == "wgmma":
+        return compile_wgmma(ctx, ins, parts)
+    if head == "prefetch":
+        if parts[1] != "tensormap":
+            raise unsupported(ins)
+        ar = addr_reader(ctx, ins.operands[0], ins, "u64")
+
+        def fn(w, m):
+            for lane in _lanes(m):
+                _tensor_map(w.cta, int(ar(w)[lane]), ins, w)
+        return fn
+    if head == "cp" and parts[1] == "async" and parts[2] == "bulk":
+        if len(parts) > 3 and parts[3] == "tensor":
+            return compile_tma(ctx, ins, parts)
+        if len(parts) > 3 and parts[3] in ("commit_group", "wait_group"):
+            return compile_bulk_group(ctx, ins, parts)
+    raise unsupported(ins)

@@ -1,0 +1,164 @@
+"""IEEE-exact f32 arithmetic on NumPy lane vectors, with PTX's rounding modes.
+
+Products and sums of two f32 values are computed in float64 with the exact error term (TwoSum);
+rounding the pair to f32 in the requested mode is then exact, including fma (one rounding) and the
+directed modes .rm/.rp/.rz. Division and reciprocal in float64 then f32 are exact (53 >= 2*24 + 2).
+The .approx functions (ex2, lg2, rcp.approx) are the correctly rounded values: the hardware's are
+within its documented error (2 ulp class), which the emulator does not reproduce bit for bit.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+F32 = np.float32
+F64 = np.float64
+_MID_MASK = np.uint64((1 << 29) - 1)
+_MID = np.uint64(1 << 28)
+_F32_MIN_NORMAL = np.float32(1.1754943508222875e-38)
+
+
+def two_sum(a: np.ndarray, b: np.ndarray):
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = a + b
+        bb = s - a
+        err = (a - (s - bb)) + (b - bb)
+    return s, np.where(np.isfinite(s), err, 0.0)
+
+
+def round_pair(s: np.ndarray, err, mode: str = "rn") -> np.ndarray:
+    """Round the exact value s + err (float64 arrays, |err| <= ulp(s)/2) to f32 in `mode`."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if mode == "rn":
+            if err is not None:
+                bits = np.asarray(s, F64).view(np.uint64)
+                mid = ((bits & _MID_MASK) == _MID) & (err != 0)
+                if mid.any():
+                    s = np.where(mid, np.nextafter(s, s + err), s)
+            return np.asarray(s, F64).astype(F32)
+        f = np.asarray(s, F64).astype(F32)
+        f64 = f.astype(F64)
+        e = 0.0 if err is None else err
+        above = (f64 > s) | ((f64 == s) & (e < 0))  # f is above the exact value
+        below = (f64 < s) | ((f64 == s) & (e > 0))
+        if mode == "rz":
+            down = above & (s > 0) | above & (s == 0) & (e > 0)
+            up = below & (s < 0) | below & (s == 0) & (e < 0)
+        elif mode == "rm":
+            down, up = above, np.zeros_like(above)
+        elif mode == "rp":
+            down, up = np.zeros_like(below), below
+        else:
+            raise ValueError(mode)
+        if down.any():
+            f = np.where(down, np.nextafter(f, F32(-np.inf)), f)
+        if up.any():
+            f = np.where(up, np.nextafter(f, F32(np.inf)), f)
+        return f
+
+
+def ftz(x: np.ndarray) -> np.ndarray:
+    """Flush f32 subnormals to sign-preserving zero."""
+    sub = (np.abs(x) < _F32_MIN_NORMAL) & (x != 0)
+    if sub.any():
+        return np.where(sub, np.copysign(F32(0), x), x).astype(F32)
+    return x
+
+
+def add(a, b, mode="rn", flush=False):
+    a64, b64 = np.asarray(a, F32).astype(F64), np.asarray(b, F32).astype(F64)  # exact
+    if flush:
+        a64, b64 = ftz(a64.astype(F32)).astype(F64), ftz(b64.astype(F32)).astype(F64)
+    s, e = two_sum(a64, b64)
+    r = round_pair(s, e, mode)
+    return ftz(r) if flush else r
+
+
+def mul(a, b, mode="rn", flush=False):
+    a32, b32 = np.asarray(a, F32), np.asarray(b, F32)
+    if flush:
+        a32, b32 = ftz(a32), ftz(b32)
+    if mode == "rn":
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+            r = a32 * b32  # one IEEE rounding in f32
+    else:
+        r = round_pair(a32.astype(F64) * b32.astype(F64), None, mode)  # the product is exact in f64
+    return ftz(r) if flush else r
+
+
+def fma(a, b, c, mode="rn", flush=False):
+    a32, b32, c32 = np.asarray(a, F32), np.asarray(b, F32), np.asarray(c, F32)
+    if flush:
+        a32, b32, c32 = ftz(a32), ftz(b32), ftz(c32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        p = a32.astype(F64) * b32.astype(F64)  # exact: 48 significant bits
+        s, e = two_sum(p, c32.astype(F64))
+        r = round_pair(s, e, mode)
+    return ftz(r) if flush else r
+
+
+def div(a, b, mode="rn", flush=False):
+    a32, b32 = np.asarray(a, F32), np.asarray(b, F32)
+    if flush:
+        a32, b32 = ftz(a32), ftz(b32)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        q = a32.astype(F64) / b32.astype(F64)
+        if mode == "rn":
+            r = q.astype(F32)
+        else:
+            # the f64 quotient may be inexact: recover the sign of the remainder
+            rem = np.where(np.isfinite(q), a32.astype(F64) - q * b32.astype(F64), 0.0)
+            err = np.where(b32 < 0, -rem, rem)
+            r = round_pair(q, err, mode)
+    return ftz(r) if flush else r
+
+
+def ex2_approx(x, flush=True):
+    x32 = ftz(np.asarray(x, F32)) if flush else np.asarray(x, F32)
+    with np.errstate(over="ignore", under="ignore"):
+        r = np.exp2(x32.astype(F64)).astype(F32)
+    return ftz(r) if flush else r
+
+
+def lg2_approx(x, flush=True):
+    x32 = ftz(np.asarray(x, F32)) if flush else np.asarray(x, F32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.log2(x32.astype(F64)).astype(F32)
+    return r
+
+
+def rcp(x, approx: bool, flush=False, mode="rn"):
+    x32 = ftz(np.asarray(x, F32)) if flush else np.asarray(x, F32)
+    r = div(np.ones_like(x32), x32, mode)
+    return ftz(r) if flush else r
+
+
+# ---- 16-bit packing --------------------------------------------------------------------------------
+def f32_to_bf16_bits(x: np.ndarray, mode: str = "rn") -> np.ndarray:
+    x32 = np.asarray(x, F32)
+    bits = x32.view(np.uint32)
+    if mode == "rn":
+        lsb = (bits >> np.uint32(16)) & np.uint32(1)
+        r = ((bits + np.uint32(0x7FFF) + lsb) >> np.uint32(16)).astype(np.uint16)
+    elif mode == "rz":
+        r = (bits >> np.uint32(16)).astype(np.uint16)
+    else:
+        raise ValueError(mode)
+    nan = np.isnan(x32)
+    if nan.any():
+        r = np.where(nan, ((bits >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16), r)
+    return r.astype(np.uint16)
+
+
+def f32_to_f16_bits(x: np.ndarray, mode: str = "rn") -> np.ndarray:
+    if mode != "rn":
+        raise ValueError(mode)
+    with np.errstate(over="ignore"):
+        return np.asarray(x, F32).astype(np.float16).view(np.uint16)
+
+
+def bf16_bits_to_f32(b: np.ndarray) -> np.ndarray:
+    return (np.asarray(b, np.uint16).astype(np.uint32) << np.uint32(16)).view(F32)
+
+
+def f16_bits_to_f32(b: np.ndarray) -> np.ndarray:
+    return np.asarray(b, np.uint16).view(np.float16).astype(F32)

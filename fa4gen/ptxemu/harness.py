@@ -1,0 +1,371 @@
+"""Launch an emitted kernel in the emulator exactly as the runtime launches it on a GPU, with inputs
+that exercise its paths, and judge O and LSE against the float64 reference.
+
+The PTX text is executed as given (read from disk by the caller); the manifest supplies what the
+runtime reads from it (threads, dynamic SMEM, tensor-map boxes, parameter order, grid policy).
+"""
+from __future__ import annotations
+
+import json
+import math
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .. import reference
+from ..encodings import TensorMapSpec
+from ..runtime import tensor_map_geometry
+from . import units
+from .machine import SMEM_BASE, Emulator, Fault, GlobalMemory
+from .parse import PtxSyntaxError, parse
+
+UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+SUBNORMAL_HALF_SPACING = {"fp16": 2.0 ** -25, "bf16": 0.0}
+EMU_AND_LOGITS = 4e-4  # the cubic exp2 emulation (8.6e-5 relative) and f32 logits, with margin
+
+
+class UsageError(Exception):
+    """Bad arguments (exit 2)."""
+
+
+@dataclass
+class Shape:
+    b: int
+    sq: int
+    skv: int
+    hq: int
+    hkv: int
+
+    def __str__(self):
+        return f"B={self.b} Sq={self.sq} Skv={self.skv} Hq={self.hq} Hkv={self.hkv}"
+
+    @classmethod
+    def parse(cls, s: str) -> "Shape":
+        try:
+            vals = [int(x) for x in s.split(",")]
+        except ValueError:
+            raise UsageError(f"--shape {s!r}: five integers B,Sq,Skv,Hq,Hkv") from None
+        if len(vals) != 5 or any(v < 1 for v in vals):
+            raise UsageError(f"--shape {s!r}: five positive integers B,Sq,Skv,Hq,Hkv")
+        return cls(*vals)
+
+
+@dataclass
+class RunResult:
+    ok: bool
+    shape: Shape
+    seed: int
+    kind: str = "ok"  # ok | mismatch | fault
+    report: str = ""
+    max_err: float = 0.0
+    warp_instructions: int = 0
+    seconds: float = 0.0
+    o: np.ndarray | None = None
+    lse: np.ndarray | None = None
+
+
+@dataclass
+class EmulateReport:
+    ok: bool
+    ptx: str
+    runs: list = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = []
+        for r in self.runs:
+            rate = r.warp_instructions / r.seconds if r.seconds else 0
+            head = (f"seed {r.seed} {r.shape}: {'PASS' if r.ok else r.kind.upper()} "
+                    f"({r.warp_instructions} warp-instructions, {r.seconds:.1f} s, {rate:,.0f}/s)")
+            lines.append(head)
+            if r.report:
+                lines.extend("  " + ln for ln in r.report.splitlines())
+        return "\n".join(lines)
+
+
+def load_manifest(ptx_path: Path, manifest_path: Path | None) -> dict:
+    mp = manifest_path or ptx_path.with_suffix(".json")
+    if not mp.exists():
+        raise UsageError(f"no manifest: {mp} does not exist (pass --manifest)")
+    try:
+        man = json.loads(mp.read_text())
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{mp}: not JSON ({e})") from None
+    for key in ("config", "threads_per_cta", "dynamic_smem_bytes", "tensor_maps", "params", "grid"):
+        if key not in man:
+            raise UsageError(f"{mp}: the manifest has no {key!r} (was it written by fa4gen build?)")
+    return man
+
+
+def default_shapes(man: dict) -> list[Shape]:
+    """Small shapes with tails on both lengths, GQA packing, and (causal) Sq != Skv both ways."""
+    cfg = man["config"]
+    g = int(cfg["gqa_ratio"])
+    rows = 128 // g
+    per_task = int(man["grid"].get("tiles_per_task", 1))
+    hkv = 2 if g <= 2 else 1
+    sq = rows * per_task + rows // 2 + 3  # a second task whose tiles are partly / wholly past Sq
+    if cfg["causal"]:
+        return [Shape(1, sq, sq + 70, g * hkv, hkv), Shape(1, 150, 97, g, 1)]
+    return [Shape(1, sq, 203, g * hkv, hkv)]
+
+
+def make_inputs(shape: Shape, dtype: str, head_dim: int, seed: int):
+    """Random q, k, v in the kernel dtype (NumPy: float16, or float32 holding bf16 values): one
+    K/V block of larger keys so the reverse visit order raises the row maximum by more than the
+    rescale threshold (O rescales), and a few rows of x30 queries (large logits)."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((shape.b, shape.sq, shape.hq, head_dim))
+    k = rng.standard_normal((shape.b, shape.skv, shape.hkv, head_dim))
+    v = rng.standard_normal((shape.b, shape.skv, shape.hkv, head_dim))
+    k[:, : min(128, shape.skv)] *= 3.0  # block 0 is visited last: its larger scores force rescales
+    rows = rng.choice(shape.sq, size=max(1, shape.sq // 16), replace=False)
+    q[:, rows] *= 30.0
+    return tuple(reference.round_to_dtype(x, dtype) for x in (q, k, v))
+
+
+def _np_dtype_bytes(dtype: str, x: np.ndarray) -> np.ndarray:
+    if dtype == "fp16":
+        return np.ascontiguousarray(x.astype(np.float16))
+    return np.ascontiguousarray((x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
+
+
+def _from_dtype_bytes(dtype: str, buf: np.ndarray, shape) -> np.ndarray:
+    u16 = buf.view(np.uint16).reshape(shape)
+    if dtype == "fp16":
+        return u16.view(np.float16).astype(np.float64)
+    return (u16.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def tolerance(o_ref, pv_abs, vsum, dtype):
+    u = UNIT_ROUNDOFF[dtype]
+    return (2 * u + EMU_AND_LOGITS) * pv_abs + 2 * u * np.abs(o_ref) + SUBNORMAL_HALF_SPACING[dtype] * vsum + 1e-6
+
+
+def _pv_abs(q, k, v, causal, scale):
+    b, sq, hq, d = q.shape
+    skv, hkv = k.shape[1], k.shape[2]
+    g = hq // hkv
+    qg = q.astype(np.float64).reshape(b, sq, hkv, g, d)
+    s = np.einsum("bihgd,bjhd->bhgij", qg, k.astype(np.float64)) * scale
+    if causal:
+        allowed = np.arange(skv)[None, :] <= np.arange(sq)[:, None] + (skv - sq)
+        s = np.where(allowed, s, -np.inf)
+    m = s.max(axis=-1, initial=-np.inf)
+    e = np.exp(s - np.where(np.isfinite(m), m, 0)[..., None])
+    den = e.sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = np.where(den[..., None] > 0, e / den[..., None], 0.0)
+    pv = np.einsum("bhgij,bjhd->bhgid", p, np.abs(v.astype(np.float64)))
+    return pv.transpose(0, 3, 1, 2, 4).reshape(b, sq, hq, d)
+
+
+class Launch:
+    """Everything the runtime would hand the driver, built on the CPU."""
+
+    def __init__(self, mod, man: dict, shape: Shape, q, k, v, *, ctas: int, seed: int, l2_group: int | None = None,
+                 with_lse: bool = True):
+        cfg = man["config"]
+        self.man, self.cfg, self.shape = man, cfg, shape
+        self.dtype = cfg["dtype"]
+        d = int(cfg["head_dim"])
+        g = int(cfg["gqa_ratio"])
+        if shape.hq != shape.hkv * g:
+            raise UsageError(f"shape {shape}: Hq must be Hkv x the kernel's GQA ratio {g}")
+        self.gmem = GlobalMemory()
+        tensors = {"q": q, "k": k, "v": v}
+        o_init = np.full(q.shape, np.nan)
+        self.addr = {}
+        for name, x in list(tensors.items()) + [("o", o_init)]:
+            self.addr[name] = self.gmem.add(name, _np_dtype_bytes(self.dtype, x))
+        lse_shape = (shape.b, shape.hq, shape.sq)
+        self.lse_addr = self.gmem.add("lse", np.full(lse_shape, np.nan, np.float32)) if with_lse else 0
+        self.o_shape = q.shape
+        self.lse_shape = lse_shape
+        # parameters, in the manifest's order; offsets from the PTX's own declarations
+        offsets, sizes, blob = {}, {}, bytearray()
+        pdecl = {p.name: p for p in mod.params}
+        if [p.name for p in mod.params] != list(man["params"]):
+            raise UsageError(f"the PTX declares parameters {[p.name for p in mod.params]}, the manifest lists "
+                             f"{man['params']}: they must agree")
+        rows_per_tile = 128 // g
+        num_m_blocks = -(-shape.sq // rows_per_tile)
+        num_tasks = shape.b * shape.hkv * num_m_blocks
+        scale = 1.0 / math.sqrt(d)
+        scalars = {
+            "lse_ptr": ("<Q", self.lse_addr), "batch": ("<I", shape.b), "seqlen_q": ("<I", shape.sq),
+            "seqlen_k": ("<I", shape.skv), "num_heads_kv": ("<I", shape.hkv),
+            "scale_log2": ("<f", scale * math.log2(math.e)), "num_m_blocks": ("<I", num_m_blocks),
+            "num_tasks": ("<I", num_tasks),
+            "l2_group": ("<I", l2_group if l2_group is not None else 1 + seed % max(shape.b * shape.hkv, 1)),
+        }
+        self.scale = scale
+        for p in mod.params:
+            align = max(p.align, 1)
+            while len(blob) % align:
+                blob.append(0)
+            offsets[p.name] = len(blob)
+            sizes[p.name] = p.size
+            if p.name.startswith("tmap_"):
+                role = p.name[5:]
+                spec = man["tensor_maps"][role]
+                t = tensors.get(role, o_init)
+                strides = tuple(int(s) for s in np.cumprod((1,) + t.shape[::-1][:-1])[::-1])
+                geo = tensor_map_geometry(role, spec, tuple(t.shape), strides, 2, g)
+                tms = TensorMapSpec(dtype=spec["dtype"], dims=tuple(spec["dims"]), box=geo.box, swizzle=spec["swizzle"])
+                args = tms.validate(geo.dims, geo.strides, self.addr[role])
+                blob += units.encode_tensor_map(args, self.addr[role])
+            elif p.name in scalars:
+                fmt, val = scalars[p.name]
+                blob += struct.pack(fmt, val)
+            else:
+                raise UsageError(f"parameter {p.name} is not one the runtime knows how to pass")
+        self.params, self.offsets, self.sizes = bytes(blob), offsets, sizes
+        pol = man["grid"]["policy"]
+        self.nctas = min(num_tasks, ctas) if pol == "persistent" else num_tasks
+        self.num_tasks = num_tasks
+
+    def barrier_names(self) -> dict:
+        lay = self.man.get("smem_layout", {})
+        bars = lay.get("barriers", {})
+        slots = {b["name"]: b.get("slots", 1) for b in self.man.get("barriers", [])}
+        align = int(lay.get("align", 1024))
+        base = (SMEM_BASE + align - 1) // align * align
+        out = {}
+        for name, off in bars.items():
+            for s in range(int(slots.get(name, 1))):
+                out[base + off + 8 * s] = f"{name}[{s}]"
+        return out
+
+    def output(self):
+        o = _from_dtype_bytes(self.dtype, self.gmem.buffer("o"), self.o_shape)
+        lse = self.gmem.buffer("lse").view(np.float32).reshape(self.lse_shape).astype(np.float64) if self.lse_addr else None
+        return o, lse
+
+
+def role_of(man: dict, warp: int) -> str:
+    for r in man.get("roles", []):
+        if warp in r.get("warps", []):
+            return r["role"]
+    return f"warp {warp}"
+
+
+def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2, step_limit: int = 30_000_000,
+             mod=None, progress=None, inputs=None, delays=None) -> RunResult:
+    cfg = man["config"]
+    mod = mod or parse(ptx_text)
+    d = int(cfg["head_dim"])
+    q, k, v = inputs if inputs is not None else make_inputs(shape, cfg["dtype"], d, seed)
+    launch = Launch(mod, man, shape, q, k, v, ctas=ctas, seed=seed)
+    entry_regs = None
+    asm = man.get("assembler", {}).get("entries", [])
+    if asm:
+        entry_regs = int(asm[0]["registers"])
+    elif mod.maxnreg:
+        entry_regs = mod.maxnreg
+    t0 = time.perf_counter()
+    res = RunResult(False, shape, seed)
+    try:
+        emu = Emulator(mod, arch=cfg["arch"], nthreads=int(man["threads_per_cta"]), nctas=launch.nctas,
+                       dyn_smem=int(man["dynamic_smem_bytes"]), params=launch.params, param_offsets=launch.offsets,
+                       gmem=launch.gmem, seed=seed, entry_regs=entry_regs, barrier_names=launch.barrier_names(),
+                       delays=delays)
+        emu.param_sizes = launch.sizes
+        emu.run(step_limit, progress=progress)
+    except Fault as f:
+        res.kind = "fault"
+        role = f" [{role_of(man, f.warp)}]" if f.warp is not None else ""
+        res.report = f"{f}{role}"
+        res.seconds = time.perf_counter() - t0
+        return res
+    res.warp_instructions = emu.total_steps
+    res.seconds = time.perf_counter() - t0
+    o, lse = launch.output()
+    res.o, res.lse = o, lse
+    res.ok, res.report, res.max_err = judge(o, lse, q, k, v, cfg, launch.scale)
+    res.kind = "ok" if res.ok else "mismatch"
+    return res
+
+
+def judge(o, lse, q, k, v, cfg, scale):
+    causal = bool(cfg["causal"])
+    dtype = cfg["dtype"]
+    o_ref, lse_ref = reference.attention_exact(q, k, v, causal, scale)
+    pv = _pv_abs(q, k, v, causal, scale)
+    g = q.shape[2] // k.shape[2]
+    vsum = np.repeat(np.abs(v.astype(np.float64)).sum(axis=1), g, axis=1)[:, None]
+    tol = tolerance(o_ref, pv, vsum, dtype)
+    err = np.abs(o - o_ref)
+    nan = np.isnan(o)
+    bad = nan | (err > tol)
+    max_err = float(np.nanmax(np.where(nan, np.inf, err))) if o.size else 0.0
+    msgs = []
+    if bad.any():
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        cols = np.argwhere(bad.any(axis=(0, 2)))
+        msgs.append(f"O: {int(bad.sum())} of {o.size} elements wrong ({int(nan.sum())} never written / NaN); "
+                    f"max |err| {max_err:.4g}")
+        b, s, h, dd = first
+        msgs.append(f"  first bad (b, s, h, d) = {first}: got {o[first]:.6g}, reference {o_ref[first]:.6g}, "
+                    f"tolerance {tol[first]:.3g}")
+        bad_d = np.flatnonzero(bad.any(axis=(0, 1, 2)))
+        msgs.append(f"  bad head-dim columns: {_ranges(bad_d)}; bad rows (s): {_ranges(np.flatnonzero(bad.any(axis=(0, 2, 3))))}")
+        ratio = o[bad & ~nan] / np.where(o_ref[bad & ~nan] == 0, np.nan, o_ref[bad & ~nan])
+        if ratio.size and np.isfinite(ratio).any():
+            msgs.append(f"  got/reference over the bad elements: median {np.nanmedian(ratio):.4g}")
+    if lse is not None:
+        masked = np.isinf(lse_ref)
+        lbad = np.zeros(lse.shape, bool)
+        lbad |= np.isnan(lse)
+        lbad |= masked & ~(lse == -np.inf)
+        seen = ~masked
+        with np.errstate(invalid="ignore"):
+            lerr = np.abs(np.where(seen, lse - lse_ref, 0))
+        u = UNIT_ROUNDOFF[dtype]
+        lbad |= seen & ~(lerr <= u + 5e-4 + 1e-6 * np.abs(np.where(seen, lse_ref, 0)))
+        if lbad.any():
+            first = tuple(int(i) for i in np.argwhere(lbad)[0])
+            msgs.append(f"LSE: {int(lbad.sum())} of {lse.size} wrong; first (b, h, s) = {first}: got {lse[first]:.6g}, "
+                        f"reference {lse_ref[first]:.6g}")
+        if masked.any():
+            rows = masked.transpose(0, 2, 1)  # (B, Sq, Hq)
+            if not (o[rows] == 0).all():
+                msgs.append("O: rows that see no key are not exactly 0")
+    return (not msgs), "\n".join(msgs), max_err
+
+
+def _ranges(idx) -> str:
+    idx = list(int(i) for i in idx)
+    if not idx:
+        return "none"
+    out, start, prev = [], idx[0], idx[0]
+    for i in idx[1:] + [None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ", ".join(out[:8]) + (" ..." if len(out) > 8 else "")
+
+
+def emulate_file(ptx_path, manifest_path=None, *, shapes=None, seeds=2, ctas: int = 2, step_limit=30_000_000,
+                 progress=None, ptx_text: str | None = None, manifest: dict | None = None, seed0: int = 0) -> EmulateReport:
+    """Run the PTX file as it is on disk (or `ptx_text`), each seed on each shape."""
+    ptx_path = Path(ptx_path)
+    if ptx_text is None:
+        if not ptx_path.exists():
+            raise UsageError(f"{ptx_path}: no such file")
+        ptx_text = ptx_path.read_text()
+    man = manifest if manifest is not None else load_manifest(ptx_path, Path(manifest_path) if manifest_path else None)
+    mod = parse(ptx_text)  # PtxSyntaxError / UnsupportedInstruction propagate to the caller
+    shapes = shapes or default_shapes(man)
+    rep = EmulateReport(True, str(ptx_path))
+    for shape in shapes:
+        for s in range(seeds):
+            r = run_once(ptx_text, man, shape, seed0 + s, ctas=ctas, step_limit=step_limit, mod=mod, progress=progress)
+            rep.runs.append(r)
+            rep.ok &= r.ok
+    return rep

@@ -1,0 +1,510 @@
+"""One CTA of a PTX kernel on the CPU: warps in SIMT lock-step over NumPy lanes, shared memory,
+Tensor Memory, mbarriers and named barriers, and the asynchronous units (TMA, tcgen05.mma,
+tcgen05.ld/st, wgmma, bulk stores) as agents whose completions land at seeded random times.
+
+Visibility is tracked, not assumed. Every shared-memory byte and TMEM cell carries a guard: what a
+reader must have observed before it may read it (a phase of an mbarrier, the completion of a
+tensor-core pipe up to an MMA, another warp's stores released through a barrier, ...). Warps carry
+knowledge (a vector clock keyed by those sources) that flows through mbarrier arrivals and phase
+completions, named barriers and tcgen05.commit; a read whose guard is not in the reader's
+knowledge, or of bytes an async unit is still writing, is a Fault with the PTX line, warp, lane and
+address. Registers that an async op will write (tcgen05.ld, wgmma accumulators) are poisoned until
+the matching wait. So an unordered read fails loudly instead of passing by luck.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import fp
+from .parse import (Addr, FImm, Imm, Instr, Module, PredPair, Reg, Sink, SReg, Sym, TmaAddr,
+                    UnsupportedInstruction, Vec)
+from . import units
+from .units import UnitError
+
+WARP = 32
+SMEM_BASE = 16  # the dynamic window starts 16 B past a 1024 B boundary: the kernel must align it
+PARAM_BASE = 0x7F00_0000_0000
+TMEM_LANES, TMEM_COLS = 128, 512
+REGS_PER_SM = 65536
+
+_U32, _S32, _F32, _U64, _S64, _U16, _S16 = (np.uint32, np.int32, np.float32, np.uint64, np.int64,
+                                           np.uint16, np.int16)
+_DT = {"u32": _U32, "b32": _U32, "s32": _S32, "f32": _F32, "u64": _U64, "b64": _U64, "s64": _S64,
+       "u16": _U16, "b16": _U16, "s16": _S16, "f16": _U16, "bf16": _U16, "pred": np.bool_,
+       "f16x2": _U32, "bf16x2": _U32, "u8": np.uint8, "s8": np.int8, "b8": np.uint8}
+_STORE = {1: np.bool_, 2: _U16, 4: _U32, 8: _U64}
+_WIDTH = {"pred": 1, "b16": 2, "u16": 2, "s16": 2, "f16": 2, "bf16": 2, "b32": 4, "u32": 4, "s32": 4,
+          "f32": 4, "f16x2": 4, "bf16x2": 4, "b64": 8, "u64": 8, "s64": 8, "f64": 8}
+
+
+class Fault(Exception):
+    def __init__(self, kind: str, message: str, *, line=None, warp=None, lane=None, addr=None, text=None):
+        self.kind, self.message, self.line, self.warp, self.lane, self.addr, self.text = (
+            kind, message, line, warp, lane, addr, text)
+        where = []
+        if line is not None:
+            where.append(f"PTX line {line}")
+        if warp is not None:
+            where.append(f"warp {warp}")
+        if lane is not None:
+            where.append(f"lane {lane}")
+        if addr is not None:
+            where.append(f"address {addr:#x}" if isinstance(addr, int) else f"address {addr}")
+        super().__init__(f"{kind}: {message}" + (f" ({', '.join(where)})" if where else "")
+                         + (f"\n    {text}" if text else ""))
+
+
+# ---- knowledge (vector clocks) ------------------------------------------------------------------
+def _join(dst: dict, src: dict) -> None:
+    for k, v in src.items():
+        if dst.get(k, -1) < v:
+            dst[k] = v
+
+
+@dataclass
+class Block:
+    """Why a warp is not runnable, and what happens when it may go on."""
+    ready: object  # callable -> bool
+    what: str
+    release: object = None  # callable run once when ready
+
+
+@dataclass
+class MBar:
+    addr: int
+    name: str
+    count: int
+    pending: int
+    tx: int = 0
+    phase: int = 0  # completed phases
+    version: int = 0
+    acc: dict = field(default_factory=dict)
+    know: dict = field(default_factory=dict)  # knowledge released by the last completed phase
+
+    def state(self) -> str:
+        return (f"{self.name}: phase {self.phase} (parity {self.phase & 1} pending), "
+                f"{self.pending}/{self.count} arrivals outstanding, tx-count {self.tx}")
+
+
+@dataclass
+class NamedBar:
+    id: int
+    count: int = 0
+    arrived: int = 0
+    waiters: list = field(default_factory=list)
+    acc: dict = field(default_factory=dict)
+    generation: int = 0
+
+
+class Warp:
+    def __init__(self, cta: "CTA", wid: int, nthreads: int):
+        self.cta, self.wid = cta, wid
+        n = min(WARP, max(nthreads - wid * WARP, 0))
+        self.alive = np.arange(WARP) < n
+        self.pc = 0
+        self.pcs = np.zeros(WARP, np.int64)
+        self.div = False
+        self.done = not self.alive.any()
+        self.regs: dict = {}
+        self.poison: dict = {}  # reg -> (kind "rw"|"w", what, line)
+        self.block: Block | None = None
+        self.know: dict = {("w", wid): 0}
+        self.epoch = 0
+        self.steps = 0
+        # async bookkeeping
+        self.tc_pending = 0  # tcgen05.ld/st in flight
+        self.tc_ld_regs: list = []
+        self.st_seq = 0
+        self.st_landed = 0
+        self.mma_seq = 0
+        self.mma_done = 0
+        self.mma_tail = 0  # time the pipe is busy until
+        self.bulk_groups: list = []  # list of [pending count]
+        self.bulk_open: list = []
+        self.wg_groups: list = []
+        self.wg_open: list = []
+        self.wg_seq = 0
+        self.wg_fenced: set = set()
+        self.regbudget = None
+        self.last_line = None
+        lane = np.arange(WARP, dtype=np.uint32)
+        self.sregs = {
+            "%tid.x": (lane + np.uint32(wid * WARP)).astype(_U32), "%tid.y": np.zeros(WARP, _U32),
+            "%tid.z": np.zeros(WARP, _U32), "%laneid": lane, "%warpid": np.full(WARP, wid, _U32),
+            "%ntid.x": np.full(WARP, nthreads, _U32), "%ntid.y": np.ones(WARP, _U32), "%ntid.z": np.ones(WARP, _U32),
+            "%ctaid.x": np.full(WARP, cta.ctaid, _U32), "%ctaid.y": np.zeros(WARP, _U32),
+            "%ctaid.z": np.zeros(WARP, _U32), "%nctaid.x": np.full(WARP, cta.nctas, _U32),
+            "%nctaid.y": np.ones(WARP, _U32), "%nctaid.z": np.ones(WARP, _U32),
+            "%nwarpid": np.full(WARP, 64, _U32),
+        }
+
+    def release_epoch(self):
+        self.epoch += 1
+        self.know[("w", self.wid)] = self.epoch
+
+    def describe(self) -> str:
+        pc = int(self.pcs[self.alive].min()) if self.div else self.pc
+        prog = self.cta.prog
+        line = prog[pc].ins.line if pc < len(prog) else "end"
+        b = f"blocked: {self.block.what}" if self.block else "runnable"
+        return f"warp {self.wid} at PTX line {line}: {b}"
+
+
+# ---- compiled instructions ----------------------------------------------------------------------
+@dataclass
+class Op:
+    ins: Instr
+    fn: object  # fn(w, m) -> Block | None ; m: bool mask of executing lanes or None (all 32)
+    kind: str = "alu"  # alu | bra | ret
+    target: int = -1
+    uni: bool = False
+    aligned: bool = False  # .sync.aligned: every lane of the warp must execute it together
+    srcs: tuple = ()
+    dsts: tuple = ()
+
+
+class CTA:
+    """One CTA. `run()` executes it to completion or raises Fault."""
+
+    def __init__(self, emu: "Emulator", ctaid: int):
+        self.emu = emu
+        self.mod: Module = emu.mod
+        self.prog: list[Op] = emu.prog
+        self.ctaid, self.nctas = ctaid, emu.nctas
+        self.rng = np.random.default_rng([emu.seed, ctaid])
+        size = (SMEM_BASE + emu.dyn_smem + 15) // 16 * 16
+        self.smem = np.zeros(size, np.uint8)
+        self.sguard = np.zeros(size, np.int32)
+        self.tmem = np.zeros((TMEM_LANES, TMEM_COLS), np.uint32)
+        self.tguard = np.zeros((TMEM_LANES, TMEM_COLS), np.int32)
+        self.tmem_alloc: dict = {}  # col -> ncols
+        self.tmem_relinquished = False
+        self.guards: list = [None, ("inflight", "an async write in flight"), ("mbarrier", "an mbarrier object")]
+        self._gidx: dict = {}
+        self.mbars: dict = {}
+        self.named: dict = {}
+        self.now = 0
+        self.events: list = []
+        self._eseq = 0
+        self.nthreads = emu.nthreads
+        self.warps = [Warp(self, i, self.nthreads) for i in range((self.nthreads + WARP - 1) // WARP)]
+        for w in self.warps:
+            w.regs = dict(emu.reg_init)
+        self.steps = 0
+        self.wg_pending: dict = {}  # (wg, seq) -> {warp: contribution}
+        self.wg_tail: dict = {}
+        self.reg_pool_used = 0
+
+    # ---- guards -------------------------------------------------------------------------------
+    def guard_id(self, key, thr, what) -> int:
+        k = (key, thr)
+        g = self._gidx.get(k)
+        if g is None:
+            g = len(self.guards)
+            self.guards.append(("know", key, thr, what))
+            self._gidx[k] = g
+        return g
+
+    def check_guards(self, ids: np.ndarray, know: dict, reader: str, *, async_proxy: bool, own: int | None,
+                     line=None, warp=None, addrs=None, space="SMEM"):
+        u = np.unique(ids)
+        for g in u:
+            g = int(g)
+            if g == 0:
+                continue
+            entry = self.guards[g]
+            where = None
+            if addrs is not None:
+                hit = np.flatnonzero(ids.reshape(-1) == g)
+                where = int(np.asarray(addrs).reshape(-1)[hit[0]]) if hit.size else None
+            if entry[0] == "inflight":
+                raise Fault("RACE", f"{reader} reads {space} that an asynchronous write has not finished writing",
+                            line=line, warp=warp, addr=where)
+            if entry[0] == "mbarrier":
+                raise Fault("MBARRIER_ACCESS", f"{reader} reads {space} bytes that hold an mbarrier object",
+                            line=line, warp=warp, addr=where)
+            _, key, thr, what = entry
+            if key[0] == "w":
+                if async_proxy:
+                    key = ("wa", key[1])
+                elif own is not None and key[1] == own:
+                    continue
+            if know.get(key, -1) < thr:
+                raise Fault("RACE", f"{reader} reads {space} written by {what} without observing its completion "
+                                    f"(needs {key[0]}:{key[1]} >= {thr}, has {know.get(key, 'nothing')})",
+                            line=line, warp=warp, addr=where)
+
+    # ---- events -------------------------------------------------------------------------------
+    def at(self, t: int, fn) -> None:
+        self._eseq += 1
+        heapq.heappush(self.events, (int(t), self._eseq, fn))
+
+    def delay(self, lo: int, hi: int) -> int:
+        return int(self.rng.integers(lo, hi + 1))
+
+    def fire_until(self, t: int) -> None:
+        ev = self.events
+        while ev and ev[0][0] <= t:
+            _, _, fn = heapq.heappop(ev)
+            fn()
+
+    # ---- shared memory ------------------------------------------------------------------------
+    def smem_check(self, addrs: np.ndarray, nbytes: int, line, warp, what="access"):
+        lo, hi = SMEM_BASE, SMEM_BASE + self.emu.dyn_smem
+        bad = (addrs < lo) | (addrs + nbytes > hi)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise Fault("SMEM_OOB", f"shared-memory {what} of {nbytes} B outside the dynamic window "
+                                    f"[{lo:#x}, {hi:#x})", line=line, warp=warp, addr=int(addrs.reshape(-1)[i]))
+        mis = (addrs % nbytes) != 0
+        if mis.any():
+            i = int(np.flatnonzero(mis)[0])
+            raise Fault("SMEM_MISALIGNED", f"shared-memory {what} of {nbytes} B is not {nbytes}-byte aligned",
+                        line=line, warp=warp, addr=int(addrs.reshape(-1)[i]))
+
+    def mbar_at(self, addr: int, line, warp) -> MBar:
+        b = self.mbars.get(addr)
+        if b is None:
+            raise Fault("MBARRIER", "operation on an address where no mbarrier was initialised",
+                        line=line, warp=warp, addr=addr)
+        return b
+
+    def mbar_name(self, addr: int) -> str:
+        return self.emu.barrier_name(addr)
+
+    def mbar_complete_check(self, b: MBar) -> None:
+        if b.pending == 0 and b.tx == 0:
+            b.acc[("bar", b.addr)] = b.phase + 1
+            b.know = b.acc
+            b.acc = {}
+            b.phase += 1
+            b.pending = b.count
+            b.version += 1
+
+    def mbar_arrive(self, b: MBar, n: int, know: dict, line, warp, tx: int = 0):
+        b.tx += tx
+        if abs(b.tx) >= 1 << 20:
+            raise Fault("TX_COUNT", f"tx-count of {b.name} out of range ({b.tx})", line=line, warp=warp, addr=b.addr)
+        if n > b.pending:
+            raise Fault("ARRIVAL_OVERFLOW", f"{n} arrival(s) on {b.name} with only {b.pending} outstanding "
+                                            f"in phase {b.phase} (count {b.count})", line=line, warp=warp, addr=b.addr)
+        b.pending -= n
+        _join(b.acc, know)
+        self.mbar_complete_check(b)
+
+    def mbar_complete_tx(self, b: MBar, nbytes: int, know: dict, line, warp):
+        b.tx -= nbytes
+        if abs(b.tx) >= 1 << 20:
+            raise Fault("TX_COUNT", f"tx-count of {b.name} out of range ({b.tx})", line=line, warp=warp, addr=b.addr)
+        _join(b.acc, know)
+        self.mbar_complete_check(b)
+
+    # ---- running ------------------------------------------------------------------------------
+    def runnable(self, w: Warp) -> bool:
+        if w.done:
+            return False
+        b = w.block
+        if b is None:
+            return True
+        if b.ready():
+            w.block = None
+            if b.release is not None:
+                b.release()
+            return True
+        return False
+
+    def run(self, step_limit: int) -> None:
+        rng = self.rng
+        warps = self.warps
+        while True:
+            ready = [w for w in warps if self.runnable(w)]
+            if not ready:
+                if self.events:
+                    t = self.events[0][0]
+                    self.now = max(self.now, t)
+                    self.fire_until(self.now)
+                    continue
+                if all(w.done for w in warps):
+                    break
+                self.deadlock()
+            w = ready[int(rng.integers(len(ready)))] if len(ready) > 1 else ready[0]
+            burst = int(rng.integers(1, 64))
+            for _ in range(burst):
+                self.step(w)
+                if w.done or w.block is not None:
+                    break
+            self.now += burst
+            self.steps += burst
+            if self.steps > step_limit:
+                raise Fault("STEP_LIMIT", f"CTA {self.ctaid} ran past {step_limit} warp-instructions; "
+                                          + "; ".join(x.describe() for x in warps if not x.done))
+            if self.events and self.events[0][0] <= self.now:
+                self.fire_until(self.now)
+        self.finish()
+
+    def deadlock(self):
+        lines = [w.describe() for w in self.warps if not w.done]
+        bars = [b.state() for b in self.mbars.values()]
+        raise Fault("DEADLOCK", "every live warp is blocked and no asynchronous operation is pending:\n    "
+                    + "\n    ".join(lines) + "\n  mbarriers:\n    " + "\n    ".join(bars))
+
+    def finish(self):
+        if self.tmem_alloc:
+            cols = ", ".join(f"{n} columns at {c}" for c, n in self.tmem_alloc.items())
+            raise Fault("TMEM_LEAK", f"CTA {self.ctaid} exited with Tensor Memory still allocated ({cols})")
+
+    def step(self, w: Warp) -> None:
+        prog = self.prog
+        if not w.div:
+            pc = w.pc
+            act = w.alive
+        else:
+            live = w.alive
+            pc = int(w.pcs[live].min())
+            act = live & (w.pcs == pc)
+        if pc >= len(prog):
+            raise Fault("PC", "execution ran past the last instruction", warp=w.wid)
+        op = prog[pc]
+        ins = op.ins
+        w.last_line = ins.line
+        if op.aligned and not (act.all()):
+            raise Fault("ALIGNED", f"{ins.opcode} is .sync.aligned but only {int(act.sum())} of 32 lanes execute it",
+                        line=ins.line, warp=w.wid, text=ins.text)
+        if ins.guard is not None:
+            p = w.regs.get(ins.guard)
+            if p is None:
+                raise Fault("REG", f"guard predicate {ins.guard} is not declared", line=ins.line, warp=w.wid)
+            m = act & ~p if ins.guard_neg else act & p
+        else:
+            m = act
+        full = bool(m.all())
+        any_ = full or bool(m.any())
+        if w.poison and any_:
+            for r in op.srcs:
+                pz = w.poison.get(r)
+                if pz is not None and pz[0] == "rw":
+                    raise Fault("REG_RACE", f"reads {r} before {pz[1]} (issued at PTX line {pz[2]}) was waited for",
+                                line=ins.line, warp=w.wid, text=ins.text)
+            for r in op.dsts:
+                pz = w.poison.get(r)
+                if pz is not None:
+                    raise Fault("REG_RACE", f"writes {r} while {pz[1]} (issued at PTX line {pz[2]}) is in flight",
+                                line=ins.line, warp=w.wid, text=ins.text)
+        kind = op.kind
+        nxt = pc + 1
+        if kind == "alu":
+            blk = op.fn(w, None if full else m) if any_ else None
+            self._advance(w, pc, act, nxt)
+            if blk is not None:
+                w.block = blk
+                if blk.ready():  # completes at once
+                    w.block = None
+                    if blk.release is not None:
+                        blk.release()
+        elif kind == "bra":
+            if op.uni and any_ and not np.array_equal(m, act):
+                raise Fault("BRA_UNI", "bra.uni taken by some lanes only (the branch is not uniform)",
+                            line=ins.line, warp=w.wid, text=ins.text)
+            if full or (any_ and np.array_equal(m, act)):
+                self._advance(w, pc, act, op.target)
+            elif not any_:
+                self._advance(w, pc, act, nxt)
+            else:
+                if not w.div:
+                    w.pcs[:] = pc
+                    w.div = True
+                w.pcs[m] = op.target
+                w.pcs[act & ~m] = nxt
+                self._reconverge(w)
+        elif kind == "ret":
+            if any_:
+                w.alive = w.alive & ~m
+                if not w.alive.any():
+                    w.done = True
+                    return
+            self._advance(w, pc, act & w.alive, nxt)
+        w.steps += 1
+
+    @staticmethod
+    def _advance(w: Warp, pc: int, act, nxt: int) -> None:
+        if not w.div:
+            w.pc = nxt
+            return
+        w.pcs[act] = nxt
+        CTA._reconverge(w)
+
+    @staticmethod
+    def _reconverge(w: Warp) -> None:
+        live = w.alive
+        p = w.pcs[live]
+        if p.size and (p == p[0]).all():
+            w.div = False
+            w.pc = int(p[0])
+
+
+# ---- the emulator: a module, a launch, the compiled program -------------------------------------
+class Emulator:
+    def __init__(self, mod: Module, *, arch: str, nthreads: int, nctas: int, dyn_smem: int, params: bytes,
+                 param_offsets: dict, gmem: "GlobalMemory", seed: int, entry_regs: int | None,
+                 barrier_names: dict | None = None, delays: dict | None = None):
+        self.mod, self.arch = mod, arch
+        self.nthreads, self.nctas, self.dyn_smem = nthreads, nctas, dyn_smem
+        self.params, self.param_offsets = params, param_offsets
+        self.gmem, self.seed = gmem, seed
+        self.entry_regs = entry_regs
+        self._bar_names = barrier_names or {}
+        self.delays = dict(DEFAULT_DELAYS, **(delays or {}))
+        from .ops import compile_program, init_registers  # (cycle: ops needs the classes above)
+        self.param_sizes = {p.name: p.size for p in mod.params}
+        self.prog = compile_program(self)
+        self.reg_init = init_registers(mod)
+        self.total_steps = 0
+        if mod.maxntid is not None and nthreads > mod.maxntid:
+            raise Fault("LAUNCH", f"{nthreads} threads per CTA exceed .maxntid {mod.maxntid}")
+
+    def barrier_name(self, addr: int) -> str:
+        return self._bar_names.get(addr, f"mbarrier@{addr:#x}")
+
+    def run(self, step_limit: int = 20_000_000, ctas=None, progress=None) -> None:
+        for c in (range(self.nctas) if ctas is None else ctas):
+            cta = CTA(self, c)
+            cta.run(step_limit)
+            self.total_steps += cta.steps
+            if progress:
+                progress(c, cta)
+
+
+DEFAULT_DELAYS = {
+    "tma": (150, 2500), "mma": (20, 400), "commit": (1, 60), "tmem": (2, 200), "bulk_store": (150, 2500),
+    "wgmma": (20, 400),
+}
+
+
+class GlobalMemory:
+    """Device allocations the kernel parameters point at (NumPy byte buffers)."""
+
+    def __init__(self):
+        self.allocs: list = []  # (base, buf uint8, name)
+        self._next = 0x1_0000_0000
+
+    def add(self, name: str, arr: np.ndarray) -> int:
+        buf = np.ascontiguousarray(arr).reshape(-1).view(np.uint8).copy()
+        base = self._next
+        self._next += (buf.size + 0xFFFF) // 0x10000 * 0x10000 + 0x10000
+        self.allocs.append((base, buf, name))
+        return base
+
+    def find(self, addr: int, nbytes: int):
+        for base, buf, name in self.allocs:
+            if base <= addr and addr + nbytes <= base + buf.size:
+                return base, buf, name
+        return None
+
+    def buffer(self, name: str) -> np.ndarray:
+        for _, buf, n in self.allocs:
+            if n == name:
+                return buf
+        raise KeyError(name)

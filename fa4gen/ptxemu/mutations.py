@@ -1,0 +1,219 @@
+"""A corpus of broken PTX: edits of emitted kernel text, each a class of bug that the IR checks cannot
+see because they live below the IR (template spelling, encodings, emitter bookkeeping). Every entry
+must make `fa4gen emulate` fail; `expect` names the findings it may produce (a Fault kind, or
+"mismatch" for a wrong O/LSE).
+
+Each mutation applies to the PTX of one named default variant; `apply` raises MutationMiss when the
+text it edits is not there (the corpus must not silently go stale when the templates change).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..config import KernelConfig
+
+
+class MutationMiss(Exception):
+    """The text a mutation edits is not in the PTX (the corpus needs updating)."""
+
+
+@dataclass(frozen=True)
+class PtxMutation:
+    name: str
+    config: dict  # KernelConfig keywords of the variant it edits
+    what: str  # the bug class, in words
+    expect: tuple  # acceptable findings: Fault kinds and/or "mismatch"
+    edit: object  # fn(text, manifest) -> text
+
+    def kernel_config(self) -> KernelConfig:
+        return KernelConfig(**self.config)
+
+    def apply(self, text: str, manifest: dict) -> str:
+        out = self.edit(text, manifest)
+        if out == text:
+            raise MutationMiss(f"{self.name}: the edit changed nothing")
+        return out
+
+
+def _sub(pattern, repl, *, count=1, nth=None, flags=re.M):
+    """Replace the first `count` matches (or only the nth, 0-based)."""
+    def edit(text, man):
+        ms = list(re.finditer(pattern, text, flags))
+        if not ms:
+            raise MutationMiss(f"pattern {pattern!r} not found")
+        sel = [ms[nth]] if nth is not None else (ms if count == 0 else ms[:count])
+        out, last = [], 0
+        for m in sel:
+            out.append(text[last:m.start()])
+            out.append(m.expand(repl) if isinstance(repl, str) else repl(m))
+            last = m.end()
+        out.append(text[last:])
+        return "".join(out)
+    return edit
+
+
+def _bar_off(man, name, slot=0):
+    return man["smem_layout"]["barriers"][name] + 8 * slot
+
+
+def _init_count(name, new):
+    def edit(text, man):
+        off = _bar_off(man, name)
+        return _sub(rf"(mbarrier\.init\.shared::cta\.b64 \[%bar\+{off}\]), \d+;", rf"\1, {new};")(text, man)
+    return edit
+
+
+def _drop_line(pattern, nth=0):
+    return _sub(rf"^[^\n]*{pattern}[^\n]*\n", "", nth=nth)
+
+
+def _commit_to(name):
+    def edit(text, man):
+        off = _bar_off(man, name)
+        return _drop_line(rf"tcgen05\.commit[^\n]*\[%(?:bar|qb)\+{off}\]", nth=0)(text, man)
+    return edit
+
+
+def _arrive_on(name, nth=0):
+    def edit(text, man):
+        off = _bar_off(man, name)
+        return _drop_line(rf"mbarrier\.arrive\.shared::cta\.b64 _, \[%(?:bar|qb)\+{off}\]", nth=nth)(text, man)
+    return edit
+
+
+def _wait_on_other_barrier(src, dst):
+    def edit(text, man):
+        a, b = _bar_off(man, src), _bar_off(man, dst)
+        return _sub(rf"(mbarrier\.try_wait\.parity\.shared::cta\.b64 %p_w, \[%qb\+){a}\]", rf"\g<1>{b}]", nth=0)(text, man)
+    return edit
+
+
+def _v_desc_lbo(text, man):
+    # The V operand's descriptor (MN-major, LBO = the 64-column panel stride) is the constant OR-ed
+    # into %db before the PV MMAs; halve its LBO field (bits 16-29, 16-byte units).
+    def repl(m):
+        v = int(m.group(2), 16)
+        lbo = (v >> 16) & 0x3FFF
+        v = (v & ~(0x3FFF << 16)) | ((lbo // 2) << 16)
+        return f"{m.group(1)}{v:#x}"
+    ms = [m for m in re.finditer(r"(or\.b64 %db, %db, )(0x[0-9a-fA-F]+)", text)
+          if ((int(m.group(2), 16) >> 16) & 0x3FFF) > 1]
+    if not ms:
+        raise MutationMiss("no MN-major V descriptor constant")
+    m = ms[0]
+    return text[:m.start()] + repl(m) + text[m.end():]
+
+
+def _idesc_bit(bit, which="qk"):
+    def edit(text, man):
+        def repl(m):
+            v = int(m.group(2), 16) ^ (1 << bit)
+            return f"{m.group(1)}{v:#x}"
+        pat = r"(tcgen05\.mma\.cta_group::1\.kind::f16 \[%tmem\+\d+\], %dak, %dbk, )(0x[0-9a-fA-F]+)" if which == "qk" else \
+              r"(tcgen05\.mma\.cta_group::1\.kind::f16 \[%tmem\+\d+\], \[%tmem\+\d+\], %dbk, )(0x[0-9a-fA-F]+)"
+        return _sub(pat, repl, count=0)(text, man)
+    return edit
+
+
+def _idesc_m(new_m):
+    def edit(text, man):
+        def repl(m):
+            v = int(m.group(2), 16)
+            v = (v & ~(0x1F << 24)) | ((new_m >> 4) << 24)
+            return f"{m.group(1)}{v:#x}"
+        return _sub(r"(tcgen05\.mma\.cta_group::1\.kind::f16 \[%tmem\+\d+\], %dak, %dbk, )(0x[0-9a-fA-F]+)", repl,
+                    count=0)(text, man)
+    return edit
+
+
+def _duplicate_line(pattern, nth=0):
+    return _sub(rf"^([^\n]*{pattern}[^\n]*\n)", r"\1\1", nth=nth)
+
+
+_SM100 = dict(arch="sm_100a", head_dim=128, causal=False, gqa_ratio=1, dtype="bf16")
+_SM100C = dict(arch="sm_100a", head_dim=128, causal=True, gqa_ratio=1, dtype="bf16")
+_SM90 = dict(arch="sm_90a", head_dim=128, causal=False, gqa_ratio=1, dtype="bf16")
+
+PTX_MUTATIONS: tuple[PtxMutation, ...] = (
+    PtxMutation("init_count_p_o_rescale", _SM100, "mbarrier.init count of p_o_rescale halved (256 -> 128)",
+                ("ARRIVAL_OVERFLOW", "RACE", "mismatch"), _init_count("p_o_rescale", 128)),
+    PtxMutation("init_count_s_ready", _SM100, "mbarrier.init count of s_ready doubled (1 -> 2)",
+                ("DEADLOCK",), _init_count("s_ready", 2)),
+    PtxMutation("tmem_lane_field", _SM100, "TMEM lane field of the softmax tcgen05 address shifted by 20, not 21",
+                ("TMEM_LANE",), _sub(r"shl\.b32 %tmp0, %warp4, 21;", "shl.b32 %tmp0, %warp4, 20;")),
+    PtxMutation("idesc_transpose_b", _SM100, "QK instruction descriptor: B (K) read MN-major (bit 16 flipped)",
+                ("mismatch", "RACE"), _idesc_bit(16, "qk")),
+    PtxMutation("idesc_transpose_a", _SM100, "QK instruction descriptor: A (Q) read MN-major (bit 15 flipped)",
+                ("mismatch", "RACE"), _idesc_bit(15, "qk")),
+    PtxMutation("idesc_m_field", _SM100, "QK instruction descriptor: M = 64 instead of 128",
+                ("UNIT", "mismatch"), _idesc_m(64)),
+    PtxMutation("v_desc_lbo", _SM100, "V SMEM descriptor: leading byte offset halved (panel stride)",
+                ("mismatch", "RACE"), _v_desc_lbo),
+    PtxMutation("qk_kstep_panel_jump", _SM100, "QK k-steps 4-7 do not jump to the second 64-column panel",
+                ("mismatch",), _sub(r"add\.s64 (%dak|%dbk), (%da|%db), 10(2[468]|24);",
+                                    lambda m: f"add.s64 {m.group(1)}, {m.group(2)}, {int(m.group(0).split(', ')[-1][:-1]) - 1024};",
+                                    count=0)),
+    PtxMutation("expect_tx_bytes", _SM100, "K/V expect_tx announces half the bytes the TMA delivers",
+                ("RACE", "TX_COUNT", "mismatch", "DEADLOCK"),
+                _sub(r"(mbarrier\.arrive\.expect_tx\.shared::cta\.b64 _, \[%qb\+\d+\]), 32768;", r"\1, 16384;", nth=0)),
+    PtxMutation("dropped_commit_s_ready", _SM100, "tcgen05.commit to s_ready dropped", ("DEADLOCK",),
+                _commit_to("s_ready")),
+    PtxMutation("dropped_wait_ld", _SM100, "softmax tcgen05.wait::ld dropped after loading S", ("REG_RACE",),
+                _drop_line(r"tcgen05\.wait::ld\.sync\.aligned;", nth=2)),
+    PtxMutation("dropped_wait_st", _SM100, "softmax tcgen05.wait::st dropped before the P hand-off",
+                ("RACE", "mismatch"), _drop_line(r"tcgen05\.wait::st\.sync\.aligned;", nth=0)),
+    PtxMutation("dropped_arrive_p_ready_2", _SM100, "softmax0 never arrives on p_ready_2", ("DEADLOCK",),
+                _arrive_on("p_ready_2")),
+    PtxMutation("wait_parity_flipped", _SM100, "the MMA warp's first Q wait uses the wrong parity",
+                ("RACE", "mismatch"), _sub(r"selp\.u32 %qp, 1, 0, %p_q;", "selp.u32 %qp, 0, 1, %p_q;", nth=0)),
+    PtxMutation("wait_on_wrong_barrier", _SM100, "the MMA warp waits q_full where kv_full is due",
+                ("RACE", "mismatch", "DEADLOCK"), _wait_on_other_barrier("kv_full", "q_full")),
+    PtxMutation("duplicated_scale", _SM100, "one output column normalised twice (O / row_sum^2)",
+                ("mismatch",), _duplicate_line(r"mul\.f32 %o5, %o5, %inv;", nth=0)),
+    PtxMutation("dropped_normalisation", _SM100, "O tile 0's first 32 columns never divided by row_sum",
+                ("mismatch",), _sub(r"^\s*mul\.f32 %o(\d+), %o\1, %inv;\n", "", count=32)),
+    PtxMutation("duplicated_rescale", _SM100C, "the correction rescales one O column twice per rescale",
+                ("mismatch",), _duplicate_line(r"mul\.f32 %o3, %o3, %acc;", nth=0)),
+    PtxMutation("sm90_swap_kv_full_barriers", _SM90, "steady state: the K wait polls v_full and the V wait k_full",
+                ("RACE", "mismatch", "DEADLOCK"),
+                _sub(r"(mad\.lo\.u32 %baddr, %kst, 8, %bar;\n\s*add\.u32 %baddr, %baddr, )32(;[\s\S]*?"
+                     r"mad\.lo\.u32 %baddr, %vst, 8, %bar;\n\s*add\.u32 %baddr, %baddr, )64;",
+                     r"\g<1>64\g<2>32;", nth=1)),
+    PtxMutation("sm90_wait_group_shallow", _SM90, "steady state waits wgmma.wait_group 1 where 0 is due (S read early)",
+                ("REG_RACE",), _sub(r"wgmma\.wait_group\.sync\.aligned 0;", "wgmma.wait_group.sync.aligned 1;", nth=0)),
+    PtxMutation("sm90_dropped_wgmma_fence", _SM90, "the first wgmma.fence dropped", ("WGMMA_FENCE",),
+                _drop_line(r"wgmma\.fence\.sync\.aligned;", nth=0)),
+    PtxMutation("sm90_named_count", _SM90, "ping-pong named barrier counts 128 threads instead of 256",
+                ("NAMED_BARRIER", "DEADLOCK"), _sub(r"bar\.sync %sched_own, 256;", "bar.sync %sched_own, 128;", nth=0)),
+    PtxMutation("sm90_expect_tx", _SM90, "Q expect_tx announces half the bytes", ("RACE", "mismatch", "DEADLOCK"),
+                _sub(r"(mbarrier\.arrive\.expect_tx\.shared::cta\.b64 _, \[%qfull\]), 32768;", r"\1, 16384;")),
+)
+
+
+def _release_k_early(text, man):
+    """Steady state: move the k_empty release (after `wgmma.wait_group 1`, once S = Q K^T is done)
+    to just after the ping-pong sync, before the QK wgmma that reads K is even issued."""
+    loop = text.index("$L_c_loop:")
+    rel = re.compile(r"\n(\s*mad\.lo\.u32 %baddr, %kst, 8, %bar;\n\s*add\.u32 %baddr, %baddr, \d+;\n\s*"
+                     r"@%p_lead mbarrier\.arrive\.shared::cta\.b64 _, \[%baddr\];)\n")
+    m = rel.search(text, loop)
+    sync = re.compile(r"\n\s*bar\.sync %sched_own, 256;\n").search(text, loop)
+    if not m or not sync or sync.start() > m.start():
+        raise MutationMiss("the steady-state k_empty release after the ping-pong sync")
+    body = m.group(1)
+    text = text[:m.start()] + "\n" + text[m.end():]
+    return text[:sync.end()] + body + "\n" + text[sync.end():]
+
+
+PTX_MUTATIONS = PTX_MUTATIONS + (
+    PtxMutation("sm90_release_k_early", _SM90, "the consumers release K (k_empty) before their QK wgmma reads it",
+                ("RACE", "mismatch"), _release_k_early),
+)
+
+
+def by_name(name: str) -> PtxMutation:
+    for m in PTX_MUTATIONS:
+        if m.name == name:
+            return m
+    raise KeyError(f"no PTX mutation {name!r}; known: {', '.join(m.name for m in PTX_MUTATIONS)}")

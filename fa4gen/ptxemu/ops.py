@@ -1,0 +1,870 @@
+"""PTX instruction semantics: each instruction compiled once into a closure over lane vectors.
+
+An instruction outside the modelled subset raises UnsupportedInstruction("unsupported instruction X
+at line N") when the program is compiled, before anything runs.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from . import fp, units
+from .machine import (_DT, _STORE, _WIDTH, PARAM_BASE, REGS_PER_SM, SMEM_BASE, TMEM_COLS, TMEM_LANES, WARP,
+                      Block, Fault, MBar, NamedBar, Op, _join)
+from .parse import Addr, FImm, Imm, PredPair, Reg, Sink, SReg, Sym, TmaAddr, UnsupportedInstruction, Vec
+from .units import UnitError
+
+_U32, _S32, _F32, _U64 = np.uint32, np.int32, np.float32, np.uint64
+_ZERO = {np.bool_: np.zeros(WARP, np.bool_), np.uint16: np.zeros(WARP, np.uint16),
+         np.uint32: np.zeros(WARP, np.uint32), np.uint64: np.zeros(WARP, np.uint64)}
+for _z in _ZERO.values():
+    _z.flags.writeable = False
+
+
+def unsupported(ins, why=""):
+    return UnsupportedInstruction(f"unsupported instruction {ins.opcode} at line {ins.line}"
+                                  + (f": {why}" if why else ""))
+
+
+class Ctx:
+    """Compile-time context: the module and the launch facts instructions need."""
+
+    def __init__(self, emu):
+        self.emu = emu
+        self.mod = emu.mod
+        self.regs = emu.mod.regs
+
+    def reg_type(self, name, ins):
+        t = self.regs.get(name.lstrip("!"))
+        if t is None:
+            raise UnsupportedInstruction(f"register {name} is not declared (line {ins.line})")
+        return t[1:]
+
+
+# ---- operand access -------------------------------------------------------------------------------
+def _const(value, t):
+    dt = _DT[t]
+    if t == "pred":
+        return np.bool_(bool(value))
+    if np.issubdtype(dt, np.floating):
+        return dt(value)
+    bits = np.dtype(dt).itemsize * 8
+    v = int(value) & ((1 << bits) - 1)
+    return np.array(v, dtype=np.dtype(f"u{bits // 8}")).view(dt)[()]
+
+
+def reader(ctx: Ctx, o, t: str, ins):
+    """fn(w) -> lane vector (or NumPy scalar) of type t."""
+    dt = _DT[t]
+    if isinstance(o, Reg):
+        neg = o.name.startswith("!")
+        name = o.name.lstrip("!")
+        rt = ctx.reg_type(name, ins)
+        if _WIDTH[rt] != _WIDTH.get(t, -1) and not (t in ("u8", "s8", "b8")):
+            raise unsupported(ins, f"register {name} is .{rt}, the instruction reads .{t}")
+        sdt = _STORE[_WIDTH[rt]]
+        if neg:
+            if t != "pred":
+                raise unsupported(ins, "! on a non-predicate operand")
+            return lambda w: ~w.regs[name]
+        if sdt == dt:
+            return lambda w: w.regs[name]
+        return lambda w: w.regs[name].view(dt)
+    if isinstance(o, Imm):
+        c = _const(o.value, t)
+        return lambda w: c
+    if isinstance(o, FImm):
+        if t == "f32":
+            c = np.array(o.bits, dtype=_U32).view(_F32)[()]
+        elif _WIDTH.get(t) == 4:
+            c = _const(o.bits, t)
+        else:
+            raise unsupported(ins, f"float immediate for .{t}")
+        return lambda w: c
+    if isinstance(o, SReg):
+        name = o.name
+        if dt == _U32:
+            return lambda w: w.sregs[name]
+        if dt == _S32:
+            return lambda w: w.sregs[name].view(_S32)
+        if dt == _U64:
+            return lambda w: w.sregs[name].astype(_U64)
+        raise unsupported(ins, f"special register {name} as .{t}")
+    if isinstance(o, Sym):
+        if o.name in ctx.mod.shared_symbols:
+            c = _const(SMEM_BASE, t)
+            return lambda w: c
+        if o.name in ctx.emu.param_offsets:
+            c = _const(PARAM_BASE + ctx.emu.param_offsets[o.name], t)
+            return lambda w: c
+        raise unsupported(ins, f"symbol {o.name} is neither a parameter nor a shared symbol")
+    raise unsupported(ins, f"operand {o!r}")
+
+
+def writer(ctx: Ctx, o, t: str, ins):
+    """fn(w, value, m) storing a type-t value (lanes in m, or all when m is None)."""
+    if isinstance(o, Sink):
+        return lambda w, v, m: None
+    if not isinstance(o, Reg):
+        raise unsupported(ins, f"destination {o!r} is not a register")
+    name = o.name
+    rt = ctx.reg_type(name, ins)
+    if _WIDTH[rt] != _WIDTH.get(t, -1):
+        raise unsupported(ins, f"register {name} is .{rt}, the instruction writes .{t}")
+    dt = _DT[t]
+    sdt = _STORE[_WIDTH[rt]]
+
+    def store(w, v, m):
+        v = np.asarray(v, dtype=dt)
+        if v.shape != (WARP,):
+            v = np.full(WARP, v, dt)
+        if dt != sdt:
+            v = v.view(sdt)
+        if m is None:
+            w.regs[name] = v
+        else:
+            w.regs[name] = np.where(m, v, w.regs[name])
+    return store
+
+
+def _regnames(o):
+    if isinstance(o, Reg):
+        return (o.name.lstrip("!"),)
+    if isinstance(o, Vec):
+        return tuple(n for it in o.items for n in _regnames(it))
+    if isinstance(o, Addr) and isinstance(o.base, Reg):
+        return (o.base.name,)
+    if isinstance(o, TmaAddr):
+        return _regnames(o.tmap) + tuple(n for c in o.coords for n in _regnames(c))
+    if isinstance(o, PredPair):
+        return _regnames(o.first) + _regnames(o.pred)
+    return ()
+
+
+def addr_reader(ctx, o: Addr, ins, t="u32"):
+    """Per-lane int64 byte address of [base+off]."""
+    if not isinstance(o, Addr):
+        raise unsupported(ins, f"expected an address, got {o!r}")
+    off = o.offset
+    if o.base is None:
+        return lambda w: np.full(WARP, off, np.int64)
+    base = reader(ctx, o.base, t, ins)
+
+    def f(w):
+        b = base(w)
+        return np.asarray(b, np.int64) + off if np.ndim(b) else np.full(WARP, int(b) + off, np.int64)
+    return f
+
+
+def _lanes(m):
+    return np.arange(WARP) if m is None else np.flatnonzero(m)
+
+
+def _mask(m):
+    return np.ones(WARP, bool) if m is None else m
+
+
+# ---- ALU --------------------------------------------------------------------------------------------
+_CMP_INT = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+            "ge": np.greater_equal, "lo": np.less, "ls": np.less_equal, "hi": np.greater, "hs": np.greater_equal}
+
+
+def _cmp_float(c, a, b):
+    nan = np.isnan(a) | np.isnan(b)
+    base = c.rstrip("u") if c not in ("num", "nan") else c
+    if c == "num":
+        return ~nan
+    if c == "nan":
+        return nan
+    r = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+         "ge": np.greater_equal}[base](a, b)
+    if c.endswith("u") and c != "num":
+        return r | nan
+    return r & ~nan
+
+
+def _int_info(t):
+    return np.dtype(_DT[t])
+
+
+def compile_alu(ctx, ins, parts):
+    head = parts[0]
+    mods = parts[1:]
+    ops_ = ins.operands
+    t = mods[-1] if mods else None
+    R = lambda i, tt=None: reader(ctx, ops_[i], tt or t, ins)  # noqa: E731
+    Wr = lambda i, tt=None: writer(ctx, ops_[i], tt or t, ins)  # noqa: E731
+    rnd = next((x for x in mods if x in ("rn", "rz", "rm", "rp")), "rn")
+    ftz = "ftz" in mods
+    sat = "sat" in mods
+    isf = t == "f32"
+
+    def sat_(x):
+        return np.clip(np.nan_to_num(x, nan=0.0), 0, 1).astype(_F32) if sat else x
+
+    if head == "mov":
+        if t not in _DT:
+            raise unsupported(ins)
+        a, d = R(1), Wr(0)
+        return lambda w, m: d(w, a(w), m)
+    if head in ("add", "sub") and isf:
+        a, b, d = R(1), R(2), Wr(0)
+        if head == "add":
+            return lambda w, m: d(w, sat_(fp.add(a(w), b(w), rnd, ftz)), m)
+        return lambda w, m: d(w, sat_(fp.add(a(w), -np.asarray(b(w), _F32), rnd, ftz)), m)
+    if head == "mul" and isf:
+        a, b, d = R(1), R(2), Wr(0)
+        return lambda w, m: d(w, sat_(fp.mul(a(w), b(w), rnd, ftz)), m)
+    if head in ("fma", "mad") and isf:
+        a, b, c, d = R(1), R(2), R(3), Wr(0)
+        return lambda w, m: d(w, sat_(fp.fma(a(w), b(w), c(w), rnd, ftz)), m)
+    if head in ("max", "min") and isf:
+        a, b, d = R(1), R(2), Wr(0)
+        f = np.fmax if head == "max" else np.fmin
+        if ftz:
+            return lambda w, m: d(w, f(fp.ftz(np.asarray(a(w), _F32)), fp.ftz(np.asarray(b(w), _F32))), m)
+        return lambda w, m: d(w, f(a(w), b(w)), m)
+    if head == "neg" and isf:
+        a, d = R(1), Wr(0)
+        return lambda w, m: d(w, -np.asarray(a(w), _F32), m)
+    if head == "abs" and isf:
+        a, d = R(1), Wr(0)
+        return lambda w, m: d(w, np.abs(np.asarray(a(w), _F32)), m)
+    if head == "div" and isf:
+        a, b, d = R(1), R(2), Wr(0)
+        return lambda w, m: d(w, fp.div(a(w), b(w), rnd, ftz), m)
+    if head == "rcp" and isf:
+        a, d = R(1), Wr(0)
+        approx = "approx" in mods
+        return lambda w, m: d(w, fp.rcp(a(w), approx, ftz, rnd), m)
+    if head == "ex2" and isf:
+        a, d = R(1), Wr(0)
+        return lambda w, m: d(w, fp.ex2_approx(a(w), ftz), m)
+    if head == "lg2" and isf:
+        a, d = R(1), Wr(0)
+        return lambda w, m: d(w, fp.lg2_approx(a(w), ftz), m)
+    if head == "sqrt" and isf:
+        a, d = R(1), Wr(0)
+        return lambda w, m: d(w, np.sqrt(np.asarray(a(w), _F32).astype(np.float64)).astype(_F32), m)
+    if isf:
+        raise unsupported(ins)
+    # integer / bit ops
+    if t in ("pred",) and head in ("and", "or", "xor", "not"):
+        if head == "not":
+            a, d = R(1), Wr(0)
+            return lambda w, m: d(w, ~np.asarray(a(w), bool), m)
+        a, b, d = R(1), R(2), Wr(0)
+        f = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}[head]
+        return lambda w, m: d(w, f(a(w), b(w)), m)
+    if t not in _DT:
+        raise unsupported(ins)
+    if head in ("add", "sub", "and", "or", "xor", "min", "max"):
+        a, b, d = R(1), R(2), Wr(0)
+        f = {"add": np.add, "sub": np.subtract, "and": np.bitwise_and, "or": np.bitwise_or,
+             "xor": np.bitwise_xor, "min": np.minimum, "max": np.maximum}[head]
+        dt = _DT[t]
+
+        def fn(w, m):
+            with np.errstate(over="ignore"):
+                d(w, f(a(w), b(w)).astype(dt, copy=False), m)
+        return fn
+    if head == "not":
+        a, d = R(1), Wr(0)
+        return lambda w, m: d(w, np.invert(a(w)), m)
+    if head == "neg":
+        a, d = R(1), Wr(0)
+        return lambda w, m: d(w, (np.zeros((), _DT[t]) - a(w)), m)
+    if head == "mul" and "wide" in mods:
+        wt = {"u32": "u64", "s32": "s64", "u16": "u32", "s16": "s32"}[t]
+        a, b, d = R(1), R(2), Wr(0, wt)
+        wdt = _DT[wt]
+        return lambda w, m: d(w, np.asarray(a(w)).astype(wdt) * np.asarray(b(w)).astype(wdt), m)
+    if head == "mul" and "lo" in mods:
+        a, b, d = R(1), R(2), Wr(0)
+        return lambda w, m: d(w, np.multiply(a(w), b(w), dtype=_DT[t]), m)
+    if head == "mad" and "lo" in mods:
+        a, b, c, d = R(1), R(2), R(3), Wr(0)
+        dt = _DT[t]
+        return lambda w, m: d(w, (np.multiply(a(w), b(w), dtype=dt) + c(w)).astype(dt, copy=False), m)
+    if head in ("div", "rem"):
+        a, b, d = R(1), R(2), Wr(0)
+        signed = t.startswith("s")
+
+        def fn(w, m):
+            av, bv = np.broadcast_to(a(w), (WARP,)), np.broadcast_to(b(w), (WARP,))
+            mm = _mask(m)
+            if (bv[mm] == 0).any():
+                lane = int(np.flatnonzero(mm & (bv == 0))[0])
+                raise Fault("DIV_ZERO", f"{ins.opcode} by zero", line=ins.line, warp=w.wid, lane=lane, text=ins.text)
+            bs = np.where(bv == 0, 1, bv).astype(bv.dtype)
+            if signed:
+                q = (np.abs(av.astype(np.int64)) // np.abs(bs.astype(np.int64))) * np.sign(av.astype(np.int64)) * np.sign(bs.astype(np.int64))
+                r = av.astype(np.int64) - q * bs.astype(np.int64)
+                res = (q if head == "div" else r).astype(av.dtype)
+            else:
+                res = av // bs if head == "div" else av % bs
+            d(w, res, m)
+        return fn
+    if head in ("shl", "shr"):
+        a, b, d = R(1), R(2, "u32"), Wr(0)
+        dt = _DT[t]
+        bits = np.dtype(dt).itemsize * 8
+        signed = t.startswith("s")
+
+        def fn(w, m):
+            av = np.asarray(a(w), dt)
+            bv = np.asarray(b(w), np.int64)
+            big = bv >= bits
+            sh = np.minimum(bv, bits - 1).astype(dt if not signed else np.dtype(f"u{np.dtype(dt).itemsize}"))
+            if head == "shl":
+                r = np.left_shift(av, sh.astype(av.dtype) if av.dtype.kind == "u" else sh.astype(av.dtype))
+                r = np.where(big, np.zeros((), dt), r)
+            else:
+                r = np.right_shift(av, sh.astype(av.dtype))
+                if big.any():
+                    fill = np.where(av < 0, -1, 0).astype(dt) if signed else np.zeros((), dt)
+                    r = np.where(big, fill, r)
+            d(w, np.asarray(r, dt), m)
+        return fn
+    if head == "selp":
+        a, b, c, d = R(1), R(2), reader(ctx, ops_[3], "pred", ins), Wr(0)
+        return lambda w, m: d(w, np.where(c(w), a(w), b(w)), m)
+    raise unsupported(ins)
+
+
+def compile_setp(ctx, ins, parts):
+    # setp.CmpOp[.BoolOp][.ftz].type  p[|q], a, b[, {!}c]
+    mods = parts[1:]
+    cmp_ = mods[0]
+    t = mods[-1]
+    boolop = next((x for x in mods[1:-1] if x in ("and", "or", "xor")), None)
+    ops_ = ins.operands
+    dst = ops_[0]
+    q = None
+    if isinstance(dst, PredPair):
+        dst, q = dst.first, dst.pred
+    a, b = reader(ctx, ops_[1], t, ins), reader(ctx, ops_[2], t, ins)
+    c = reader(ctx, ops_[3], "pred", ins) if boolop else None
+    dp = writer(ctx, dst, "pred", ins)
+    dq = writer(ctx, q, "pred", ins) if q is not None else None
+    isf = t in ("f32", "f64", "f16")
+    if not isf and cmp_ not in _CMP_INT:
+        raise unsupported(ins)
+    comb = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}.get(boolop)
+
+    def fn(w, m):
+        av, bv = a(w), b(w)
+        r = _cmp_float(cmp_, np.asarray(av), np.asarray(bv)) if isf else _CMP_INT[cmp_](av, bv)
+        r = np.broadcast_to(r, (WARP,))
+        if comb is not None:
+            cv = c(w)
+            dp(w, comb(r, cv), m)
+            if dq is not None:
+                dq(w, comb(~r, cv), m)
+        else:
+            dp(w, r, m)
+            if dq is not None:
+                dq(w, ~r, m)
+    return fn
+
+
+def compile_cvt(ctx, ins, parts):
+    mods = parts[1:]
+    rnd = next((x for x in mods if x in ("rn", "rz", "rm", "rp", "rni", "rzi", "rmi", "rpi")), None)
+    types = [x for x in mods if x in _DT or x in ("f64",)]
+    if len(types) != 2:
+        raise unsupported(ins)
+    dt_, st_ = types
+    ops_ = ins.operands
+    if dt_ in ("bf16x2", "f16x2"):
+        if st_ != "f32" or len(ops_) != 3:
+            raise unsupported(ins)
+        a, b = reader(ctx, ops_[1], "f32", ins), reader(ctx, ops_[2], "f32", ins)
+        d = writer(ctx, ops_[0], "b32", ins)
+        conv = fp.f32_to_bf16_bits if dt_ == "bf16x2" else fp.f32_to_f16_bits
+        mode = rnd or "rn"
+
+        def fn(w, m):
+            hi = conv(np.broadcast_to(a(w), (WARP,)), mode).astype(_U32)
+            lo = conv(np.broadcast_to(b(w), (WARP,)), mode).astype(_U32)
+            d(w, (hi << _U32(16)) | lo, m)
+        return fn
+    a = reader(ctx, ops_[1], st_, ins)
+    d = writer(ctx, ops_[0], dt_, ins)
+    ddt = _DT[dt_]
+    if st_ == "f32" and dt_ in ("bf16", "f16"):
+        conv = fp.f32_to_bf16_bits if dt_ == "bf16" else fp.f32_to_f16_bits
+        return lambda w, m: d(w, conv(np.broadcast_to(a(w), (WARP,)), rnd or "rn"), m)
+    if st_ in ("bf16", "f16") and dt_ == "f32":
+        conv = fp.bf16_bits_to_f32 if st_ == "bf16" else fp.f16_bits_to_f32
+        return lambda w, m: d(w, conv(a(w)), m)
+    if st_ == "f32" and dt_ != "f32":  # float -> int
+        f = {"rni": np.rint, "rzi": np.trunc, "rmi": np.floor, "rpi": np.ceil, None: np.trunc}[rnd if rnd in ("rni", "rzi", "rmi", "rpi") else None]
+        info = np.iinfo(ddt)
+
+        def fn(w, m):
+            x = f(np.asarray(a(w), np.float64))
+            x = np.nan_to_num(x, nan=0.0)
+            d(w, np.clip(x, info.min, info.max).astype(ddt), m)
+        return fn
+    if dt_ == "f32":  # int -> float
+        return lambda w, m: d(w, fp.round_pair(np.asarray(a(w)).astype(np.float64), None, rnd or "rn"), m)
+    # int -> int: sign/zero extension or truncation by the source type
+    sdt = _DT[st_]
+
+    def fn(w, m):
+        v = np.asarray(a(w), sdt)
+        d(w, v.astype(np.int64 if np.dtype(sdt).kind == "i" else np.uint64).astype(ddt), m)
+    return fn
+
+
+# ---- memory -------------------------------------------------------------------------------------------
+def compile_ld_st(ctx, ins, parts):
+    emu = ctx.emu
+    head = parts[0]
+    space = parts[1]
+    vec = next((int(x[1:]) for x in parts[2:] if re.fullmatch(r"v[248]", x)), 1)
+    t = parts[-1]
+    width = _WIDTH.get(t)
+    if width is None or width == 1:
+        raise unsupported(ins)
+    ops_ = ins.operands
+    if head == "ld":
+        dst, src = ops_
+        dsts = dst.items if isinstance(dst, Vec) else (dst,)
+        ws = [writer(ctx, x, t, ins) for x in dsts]
+        if len(ws) != vec:
+            raise unsupported(ins, "vector width and operand count differ")
+        if space == "param":
+            if not isinstance(src, Addr) or not isinstance(src.base, Sym):
+                raise unsupported(ins, "ld.param needs [param_name]")
+            off = emu.param_offsets.get(src.base.name)
+            if off is None:
+                raise unsupported(ins, f"unknown parameter {src.base.name}")
+            off += src.offset
+            dt = _DT[t]
+            raw = emu.params[off: off + width * vec]
+            vals = np.frombuffer(raw, dtype=np.dtype(dt).newbyteorder("<"))
+            return lambda w, m: [ws[i](w, vals[i], m) for i in range(vec)] and None
+        if space == "shared" or space.startswith("shared"):
+            ar = addr_reader(ctx, src, ins)
+            dt = _DT[t]
+
+            def fn(w, m):
+                cta = w.cta
+                lanes = _lanes(m)
+                addrs = ar(w)[lanes]
+                nb = width * vec
+                cta.smem_check(addrs, nb, ins.line, w.wid, "load")
+                idx = addrs[:, None] + np.arange(nb)[None, :]
+                cta.check_guards(cta.sguard[idx], w.know, f"ld.shared by warp {w.wid}", async_proxy=False,
+                                 own=w.wid, line=ins.line, warp=w.wid, addrs=idx)
+                raw = cta.smem[idx].reshape(-1).view(dt).reshape(len(lanes), vec)
+                for i in range(vec):
+                    full = np.zeros(WARP, dt)
+                    full[lanes] = raw[:, i]
+                    ws[i](w, full, m)
+            return fn
+        raise unsupported(ins, f"loads from .{space}")
+    # st
+    dst, src = ops_
+    srcs = src.items if isinstance(src, Vec) else (src,)
+    if len(srcs) != vec:
+        raise unsupported(ins, "vector width and operand count differ")
+    rs = [reader(ctx, x, t, ins) for x in srcs]
+    dt = _DT[t]
+    nb = width * vec
+    if space.startswith("shared"):
+        ar = addr_reader(ctx, dst, ins)
+
+        def fn(w, m):
+            cta = w.cta
+            lanes = _lanes(m)
+            addrs = ar(w)[lanes]
+            cta.smem_check(addrs, nb, ins.line, w.wid, "store")
+            idx = addrs[:, None] + np.arange(nb)[None, :]
+            g = cta.sguard[idx]
+            if (g == 1).any() or (g == 2).any():
+                what = "an mbarrier object" if (g == 2).any() else "bytes an asynchronous write is still filling"
+                hit = idx.reshape(-1)[np.flatnonzero((g == 1) | (g == 2))[0]]
+                raise Fault("RACE", f"st.shared overwrites {what}", line=ins.line, warp=w.wid, addr=int(hit),
+                            text=ins.text)
+            vals = np.stack([np.broadcast_to(np.asarray(r(w), dt), (WARP,))[lanes] for r in rs], axis=1)
+            cta.smem[idx] = vals.reshape(len(lanes), vec).copy().view(np.uint8).reshape(len(lanes), nb)
+            cta.sguard[idx] = cta.guard_id(("w", w.wid), w.epoch + 1, f"st.shared of warp {w.wid}")
+        return fn
+    if space == "global":
+        ar = addr_reader(ctx, dst, ins, "u64")
+
+        def fn(w, m):
+            lanes = _lanes(m)
+            addrs = ar(w)[lanes]
+            gm = w.cta.emu.gmem
+            vals = np.stack([np.broadcast_to(np.asarray(r(w), dt), (WARP,))[lanes] for r in rs], axis=1)
+            for j, (a, lane) in enumerate(zip(addrs, lanes)):
+                a = int(a)
+                hit = gm.find(a, nb)
+                if hit is None:
+                    raise Fault("GMEM_OOB", f"st.global of {nb} B outside every allocation", line=ins.line,
+                                warp=w.wid, lane=int(lane), addr=a, text=ins.text)
+                if a % nb:
+                    raise Fault("GMEM_MISALIGNED", f"st.global of {nb} B not {nb}-byte aligned", line=ins.line,
+                                warp=w.wid, lane=int(lane), addr=a)
+                base, buf, _ = hit
+                buf[a - base: a - base + nb] = vals[j].copy().view(np.uint8)
+        return fn
+    raise unsupported(ins, f"stores to .{space}")
+
+
+# ---- barriers ---------------------------------------------------------------------------------------
+def _uniform(vals: np.ndarray, lanes, what, ins, w):
+    v = vals[lanes]
+    if v.size and not (v == v[0]).all():
+        raise Fault("NON_UNIFORM", f"{what} differs between the lanes of the warp", line=ins.line, warp=w.wid,
+                    text=ins.text)
+    return int(v[0]) if v.size else None
+
+
+def compile_mbarrier(ctx, ins, parts):
+    op = parts[1]
+    ops_ = ins.operands
+    if op == "init":
+        ar = addr_reader(ctx, ops_[0], ins)
+        cnt = reader(ctx, ops_[1], "u32", ins)
+
+        def fn(w, m):
+            cta = w.cta
+            lanes = _lanes(m)
+            addrs = ar(w)[lanes]
+            cta.smem_check(addrs, 8, ins.line, w.wid, "mbarrier.init")
+            counts = np.broadcast_to(cnt(w), (WARP,))[lanes]
+            for a, c in zip(addrs, counts):
+                a, c = int(a), int(c)
+                if not 1 <= c < (1 << 20):
+                    raise Fault("MBARRIER", f"mbarrier.init count {c} outside 1..2^20-1", line=ins.line,
+                                warp=w.wid, addr=a)
+                cta.mbars[a] = MBar(a, cta.mbar_name(a), c, c)
+                cta.sguard[a: a + 8] = 2
+        return fn
+    if op == "arrive":
+        expect = "expect_tx" in parts
+        ar = addr_reader(ctx, ops_[1], ins)
+        extra = reader(ctx, ops_[2], "u32", ins) if len(ops_) > 2 else None
+        if not isinstance(ops_[0], Sink):
+            raise unsupported(ins, "mbarrier.arrive with a state destination")
+
+        def fn(w, m):
+            cta = w.cta
+            lanes = _lanes(m)
+            addrs = ar(w)[lanes]
+            w.release_epoch()
+            ex = np.broadcast_to(extra(w), (WARP,))[lanes] if extra is not None else None
+            for i, a in enumerate(addrs):
+                b = cta.mbar_at(int(a), ins.line, w.wid)
+                if expect:
+                    cta.mbar_arrive(b, 1, w.know, ins.line, w.wid, tx=int(ex[i]))
+                else:
+                    cta.mbar_arrive(b, int(ex[i]) if ex is not None else 1, w.know, ins.line, w.wid)
+        return fn
+    if op in ("try_wait", "test_wait") and "parity" in parts:
+        dp = writer(ctx, ops_[0], "pred", ins)
+        ar = addr_reader(ctx, ops_[1], ins)
+        par = reader(ctx, ops_[2], "u32", ins)
+
+        def fn(w, m):
+            cta = w.cta
+            lanes = _lanes(m)
+            addrs = ar(w)[lanes]
+            pv = np.broadcast_to(par(w), (WARP,))[lanes]
+            res = np.zeros(WARP, bool)
+            blocked_on = None
+            for i, (a, p) in enumerate(zip(addrs, pv)):
+                b = cta.mbar_at(int(a), ins.line, w.wid)
+                ok = (b.phase & 1) != (int(p) & 1)
+                res[lanes[i]] = ok
+                if ok:
+                    if b.phase >= 1:
+                        _join(w.know, b.know)
+                else:
+                    blocked_on = b
+            dp(w, res, m)
+            if blocked_on is not None:
+                b, v = blocked_on, blocked_on.version
+                return Block(lambda: b.version != v, f"spinning on {b.name} for parity {int(pv[0]) & 1}: {b.state()}")
+            return None
+        return fn
+    raise unsupported(ins)
+
+
+def compile_bar(ctx, ins, parts):
+    head = parts[0]
+    ops_ = ins.operands
+    if head == "bar" and parts[1] == "warp":
+        msk = reader(ctx, ops_[0], "u32", ins)
+
+        def fn(w, m):
+            mv = int(np.broadcast_to(msk(w), (WARP,))[0])
+            act = _mask(m)
+            want = np.array([(mv >> i) & 1 for i in range(WARP)], bool)
+            if (want & ~act).any():
+                raise Fault("WARP_SYNC", f"bar.warp.sync {mv:#x}: lanes of the mask are not executing it",
+                            line=ins.line, warp=w.wid)
+        return fn
+    kind = parts[1] if head == "bar" else parts[1]
+    if kind not in ("sync", "arrive", "red"):
+        raise unsupported(ins)
+    if kind == "red":
+        raise unsupported(ins)
+    idr = reader(ctx, ops_[0], "u32", ins)
+    cnt = reader(ctx, ops_[1], "u32", ins) if len(ops_) > 1 else None
+    wait = kind == "sync"
+
+    def fn(w, m):
+        cta = w.cta
+        if m is not None and not m.all():
+            raise Fault("ALIGNED", f"{ins.opcode} executed by {int(m.sum())} of 32 lanes (the barrier counts whole warps)",
+                        line=ins.line, warp=w.wid, text=ins.text)
+        lanes = _lanes(m)
+        bid = _uniform(np.broadcast_to(idr(w), (WARP,)), lanes, "barrier id", ins, w)
+        count = (_uniform(np.broadcast_to(cnt(w), (WARP,)), lanes, "thread count", ins, w) if cnt is not None
+                 else cta.nthreads)
+        if not 0 <= bid < 16:
+            raise Fault("NAMED_BARRIER", f"barrier id {bid} outside 0..15", line=ins.line, warp=w.wid)
+        if count % WARP or count <= 0 or count > cta.nthreads:
+            raise Fault("NAMED_BARRIER", f"barrier {bid}: thread count {count} is not a positive multiple of 32 "
+                                         f"up to {cta.nthreads}", line=ins.line, warp=w.wid)
+        nb = cta.named.get(bid)
+        if nb is None:
+            nb = cta.named[bid] = NamedBar(bid)
+        if nb.arrived == 0:
+            nb.count = count
+        elif nb.count != count:
+            raise Fault("NAMED_BARRIER", f"barrier {bid}: thread count {count} while this phase counts {nb.count}",
+                        line=ins.line, warp=w.wid, text=ins.text)
+        w.release_epoch()
+        _join(nb.acc, w.know)
+        nb.arrived += WARP
+        gen = nb.generation
+        if wait:
+            nb.waiters.append(w)
+        if nb.arrived > nb.count:
+            raise Fault("NAMED_BARRIER", f"barrier {bid}: {nb.arrived} threads arrived for a count of {nb.count}",
+                        line=ins.line, warp=w.wid)
+        if nb.arrived == nb.count:
+            acc = nb.acc
+            for x in nb.waiters:
+                _join(x.know, acc)
+            nb.arrived, nb.waiters, nb.acc = 0, [], {}
+            nb.generation += 1
+        if wait:
+            return Block(lambda: nb.generation != gen,
+                         f"bar.sync {bid}, {count}: {nb.arrived}/{nb.count} threads arrived")
+        return None
+    return fn
+
+
+# ---- warp collectives ------------------------------------------------------------------------------
+def compile_warp_coll(ctx, ins, parts):
+    head = parts[0]
+    ops_ = ins.operands
+    if head == "elect":
+        pp = ops_[0]
+        if not isinstance(pp, PredPair):
+            raise unsupported(ins)
+        dr = writer(ctx, pp.first, "u32", ins)
+        dp = writer(ctx, pp.pred, "pred", ins)
+        msk = reader(ctx, ops_[1], "u32", ins)
+
+        def fn(w, m):
+            mv = int(np.broadcast_to(msk(w), (WARP,))[0])
+            act = _mask(m)
+            want = np.array([(mv >> i) & 1 for i in range(WARP)], bool)
+            cand = np.flatnonzero(act & want)
+            res = np.zeros(WARP, bool)
+            leader = int(cand[0]) if cand.size else 0
+            if cand.size:
+                res[leader] = True
+            dp(w, res, m)
+            dr(w, np.full(WARP, leader, _U32), m)
+        return fn
+    if head == "vote":
+        mode = parts[2]
+        if mode == "ballot":
+            d = writer(ctx, ops_[0], "b32", ins)
+        else:
+            d = writer(ctx, ops_[0], "pred", ins)
+        a = reader(ctx, ops_[1], "pred", ins)
+
+        def fn(w, m):
+            act = _mask(m)
+            v = np.broadcast_to(a(w), (WARP,)) & act
+            if mode == "any":
+                d(w, np.full(WARP, bool(v.any())), m)
+            elif mode == "all":
+                d(w, np.full(WARP, bool(v[act].all())), m)
+            elif mode == "uni":
+                d(w, np.full(WARP, bool(v[act].all() or not v[act].any())), m)
+            else:
+                bits = int(sum(1 << int(i) for i in np.flatnonzero(v)))
+                d(w, np.full(WARP, bits, _U32), m)
+        return fn
+    if head == "shfl":
+        mode = parts[2]
+        d = writer(ctx, ops_[0], "b32", ins)
+        a = reader(ctx, ops_[1], "b32", ins)
+        b = reader(ctx, ops_[2], "u32", ins)
+        c = reader(ctx, ops_[3], "u32", ins)
+        lane = np.arange(WARP, dtype=np.int64)
+
+        def fn(w, m):
+            act = _mask(m)
+            av = np.broadcast_to(a(w), (WARP,))
+            bv = np.broadcast_to(b(w), (WARP,)).astype(np.int64)
+            cv = np.broadcast_to(c(w), (WARP,)).astype(np.int64)
+            clamp, seg = cv & 0x1F, (cv >> 8) & 0x1F
+            maxl = (lane & seg) | (clamp & ~seg)
+            minl = lane & seg
+            if mode == "bfly":
+                j = lane ^ bv
+                ok = j <= maxl
+            elif mode == "idx":
+                j = minl | (bv & ~seg)
+                ok = j <= maxl
+            elif mode == "down":
+                j = lane + bv
+                ok = j <= maxl
+            elif mode == "up":
+                j = lane - bv
+                ok = j >= maxl
+            else:
+                raise unsupported(ins)
+            j = np.where(ok, j, lane) & 31
+            if (~act[j] & act).any():
+                raise Fault("SHFL", "shfl.sync reads a lane that is not executing it", line=ins.line, warp=w.wid)
+            d(w, av[j], m)
+        return fn
+    raise unsupported(ins)
+
+
+def compile_setmaxnreg(ctx, ins, parts):
+    inc = parts[1] == "inc"
+    n = reader(ctx, ins.operands[0], "u32", ins)
+
+    def fn(w, m):
+        cta = w.cta
+        v = int(np.broadcast_to(n(w), (WARP,))[0])
+        if v % 8 or not 24 <= v <= 256:
+            raise Fault("SETMAXNREG", f"setmaxnreg {v}: must be a multiple of 8 in 24..256", line=ins.line, warp=w.wid)
+        cur = w.regbudget if w.regbudget is not None else cta.emu.entry_regs
+        if cur is None:
+            cur = v
+        if inc and v < cur or (not inc and v > cur):
+            raise Fault("SETMAXNREG", f"setmaxnreg.{parts[1]} {v} with a current budget of {cur} per thread",
+                        line=ins.line, warp=w.wid)
+        w.regbudget = v
+        total = sum(32 * (x.regbudget if x.regbudget is not None else (cta.emu.entry_regs or 0))
+                    for x in cta.warps if x.alive.any() or x.done)
+        if total > REGS_PER_SM:
+            # the hardware stalls an .inc until registers are free: model it as waiting for the .dec of others
+            w.regbudget = cur
+
+            def ready():
+                tot = sum(32 * (x.regbudget if x.regbudget is not None else (cta.emu.entry_regs or 0))
+                          for x in cta.warps if x is not w)
+                return tot + 32 * v <= REGS_PER_SM
+
+            def release():
+                w.regbudget = v
+            if not inc:
+                raise Fault("SETMAXNREG", f"register budget over {REGS_PER_SM}", line=ins.line, warp=w.wid)
+            return Block(ready, f"setmaxnreg.inc {v}: waiting for registers ({total} > {REGS_PER_SM} requested)",
+                         release)
+        return None
+    return fn
+
+
+def compile_fence(ctx, ins, parts):
+    if parts[1] == "proxy" and parts[2] == "async":
+        def fn(w, m):
+            w.release_epoch()
+            w.know[("wa", w.wid)] = w.epoch
+        return fn
+    if parts[1] in ("mbarrier_init",) or parts[1].startswith("acq_rel") or parts[1] in ("sc", "cta"):
+        return lambda w, m: None
+    raise unsupported(ins)
+
+
+# ---- dispatch -----------------------------------------------------------------------------------
+def compile_instr(ctx: Ctx, ins) -> Op:
+    parts = ins.parts
+    head = parts[0]
+    srcs, dsts = (), ()
+    ops_ = ins.operands
+    if ops_:
+        first = ops_[0]
+        writes_first = head not in ("st", "bar", "barrier", "mbarrier", "cp", "prefetch", "tcgen05", "bra",
+                                    "setmaxnreg", "wgmma", "fence")
+        if head == "mbarrier" and parts[1] in ("try_wait", "test_wait"):
+            writes_first = True
+        if head == "tcgen05" and parts[1] == "ld":
+            writes_first = False  # async destination: poisoned, handled by the unit
+        if head == "wgmma" and parts[1] == "mma_async":
+            # chained accumulators are allowed between wgmma ops of one shape: the unit checks them
+            srcs = tuple(n for o in ops_[1:] for n in _regnames(o))
+        elif writes_first:
+            dsts = _regnames(first)
+            srcs = tuple(n for o in ops_[1:] for n in _regnames(o))
+        else:
+            srcs = tuple(n for o in ops_ for n in _regnames(o))
+    if ins.guard:
+        srcs = srcs + (ins.guard,)
+    aligned = "aligned" in parts
+    if head == "bra":
+        if len(ops_) != 1 or not isinstance(ops_[0], Sym):
+            raise unsupported(ins, "bra needs one label")
+        tgt = ctx.mod.labels.get(ops_[0].name)
+        if tgt is None:
+            raise UnsupportedInstruction(f"bra to an undefined label {ops_[0].name} at line {ins.line}")
+        return Op(ins, None, "bra", tgt, uni="uni" in parts, srcs=srcs)
+    if head in ("ret", "exit"):
+        return Op(ins, None, "ret")
+    from . import async_units as au
+    if head == "setp":
+        fn = compile_setp(ctx, ins, parts)
+    elif head == "cvt":
+        fn = compile_cvt(ctx, ins, parts)
+    elif head == "cvta":
+        a = reader(ctx, ops_[1], parts[-1], ins)
+        d = writer(ctx, ops_[0], parts[-1], ins)
+        fn = lambda w, m: d(w, a(w), m)  # noqa: E731  (param/shared windows map 1:1 into generic)
+    elif head in ("ld", "st"):
+        fn = compile_ld_st(ctx, ins, parts)
+    elif head == "mbarrier":
+        fn = compile_mbarrier(ctx, ins, parts)
+    elif head == "bar" or (head == "barrier" and len(parts) > 1):
+        fn = compile_bar(ctx, ins, parts)
+    elif head in ("elect", "vote", "shfl"):
+        fn = compile_warp_coll(ctx, ins, parts)
+    elif head == "setmaxnreg":
+        fn = compile_setmaxnreg(ctx, ins, parts)
+    elif head == "fence":
+        fn = compile_fence(ctx, ins, parts)
+    elif head in ("tcgen05", "cp", "prefetch", "wgmma"):
+        fn = au.compile_async(ctx, ins, parts)
+    elif head in ("mov", "add", "sub", "mul", "mad", "fma", "max", "min", "neg", "abs", "div", "rem", "rcp",
+                  "ex2", "lg2", "sqrt", "and", "or", "xor", "not", "shl", "shr", "selp"):
+        fn = compile_alu(ctx, ins, parts)
+    else:
+        raise unsupported(ins)
+    return Op(ins, fn, "alu", aligned=aligned, srcs=srcs, dsts=dsts)
+
+
+def compile_program(emu) -> list:
+    ctx = Ctx(emu)
+    return [compile_instr(ctx, ins) for ins in emu.mod.instrs]
+
+
+def init_registers(mod) -> dict:
+    """Every declared register, zero (shared read-only arrays: writes always replace)."""
+    return {name: _ZERO[_STORE[_WIDTH[t[1:]]]] for name, t in mod.regs.items()}
