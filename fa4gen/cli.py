@@ -131,5 +131,86 @@ def verify(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, mut
     sys.exit(0 if rep.ok else 1)
 
 
+@main.command(help="Execute a PTX file exactly as it is on disk in the CPU emulator (fa4gen/ptxemu): every "
+                   "warp in SIMT lock-step, TMA / tcgen05 / wgmma as asynchronous agents with seeded random "
+                   "completion orders, reads checked against what the protocol made visible. Random inputs "
+                   "(with O rescales, tails, fully masked rows) are run for each seed and shape and O / LSE "
+                   "compared with the float64 reference. Exit 0 when every run matches, 1 on a mismatch, "
+                   "fault or deadlock (one report each), 2 on bad usage.")
+@click.argument("ptx_file", type=click.Path(dir_okay=False))
+@click.option("--manifest", type=click.Path(dir_okay=False), default=None,
+              help="The build manifest (default: the .json beside the .ptx).")
+@click.option("--shape", "shapes", multiple=True, metavar="B,Sq,Skv,Hq,Hkv",
+              help="Problem shape (repeatable). Default: small shapes with tails on both lengths, GQA "
+                   "packing and, for causal kernels, Sq < Skv and Sq > Skv (rows that see no key).")
+@click.option("--seeds", type=click.IntRange(1, 1000), default=2, show_default=True,
+              help="Seeds per shape: inputs and completion orders both change with the seed.")
+@click.option("--seed0", type=click.IntRange(0), default=0, show_default=True, help="First seed.")
+@click.option("--ctas", type=click.IntRange(1, 4096), default=2, show_default=True,
+              help="SM count to emulate: persistent kernels launch min(tasks, N) CTAs, so N < tasks "
+                   "exercises the persistent task loop.")
+@click.option("--step-limit", type=click.IntRange(1000), default=30_000_000, show_default=True,
+              help="Warp-instructions per CTA before the run is called a livelock.")
+@click.option("--mutation", default=None, help="Apply a PTX corpus mutation to the file first (see --list-mutations).")
+@click.option("--list-mutations", is_flag=True, help="List the PTX mutation corpus and exit.")
+@click.option("--quiet", is_flag=True, help="Only the verdict line and reports.")
+def emulate(ptx_file, manifest, shapes, seeds, seed0, ctas, step_limit, mutation, list_mutations, quiet):
+    from .ptxemu import harness
+    from .ptxemu.mutations import PTX_MUTATIONS, MutationMiss, by_name
+    from .ptxemu.parse import PtxSyntaxError
+
+    if list_mutations:
+        for m in PTX_MUTATIONS:
+            click.echo(f"{m.name:28s} {m.kernel_config().name:40s} {'/'.join(m.expect):28s} {m.what}")
+        return
+    path = Path(ptx_file)
+    try:
+        if not path.exists():
+            raise harness.UsageError(f"{path}: no such file")
+        man = harness.load_manifest(path, Path(manifest) if manifest else None)
+        shp = [harness.Shape.parse(s) for s in shapes] or None
+        text = path.read_text()
+        if mutation:
+            try:
+                text = by_name(mutation).apply(text, man)
+            except (KeyError, MutationMiss) as e:
+                raise harness.UsageError(str(e.args[0] if isinstance(e, KeyError) else e)) from None
+    except harness.UsageError as e:
+        click.echo(f"fa4gen emulate: error: {e}", err=True)
+        sys.exit(2)
+
+    def progress(run_label):
+        def cb(c, cta):
+            if not quiet:
+                click.echo(f"  {run_label}: CTA {c + 1} done ({cta.steps} warp-instructions)", err=True)
+        return cb
+
+    shp = shp or harness.default_shapes(man)
+    ok = True
+    total_steps, total_s = 0, 0.0
+    try:
+        from .ptxemu.parse import parse
+        mod = parse(text)
+        for sh in shp:
+            for s in range(seed0, seed0 + seeds):
+                try:
+                    r = harness.run_once(text, man, sh, s, ctas=ctas, step_limit=step_limit, mod=mod,
+                                         progress=progress(f"seed {s} {sh}"))
+                except harness.UsageError as e:
+                    click.echo(f"fa4gen emulate: error: {e}", err=True)
+                    sys.exit(2)
+                total_steps += r.warp_instructions
+                total_s += r.seconds
+                rep = harness.EmulateReport(r.ok, str(path), [r])
+                click.echo(rep.summary())
+                ok &= r.ok
+    except PtxSyntaxError as e:
+        click.echo(f"fa4gen emulate: {path}: {e}", err=True)
+        sys.exit(1)
+    rate = f", {total_steps / total_s:,.0f} warp-instructions/s" if total_s else ""
+    click.echo(f"{'PASS' if ok else 'FAIL'}: {path} ({len(shp) * seeds} runs{rate})")
+    sys.exit(0 if ok else 1)
+
+
 if __name__ == "__main__":
     main()

@@ -222,8 +222,10 @@ def test_tmem_alloc_and_dealloc_bracket_the_roles():
                      r"CHECK: tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 \[%smem\+\d+\], 512",
                      r"CHECK-NEXT: tcgen05.relinquish_alloc_permit", r"CHECK: bar.sync 0",
                      r"CHECK-NEXT: tcgen05.fence::after_thread_sync", r"CHECK-NEXT: ld.shared.u32 %tmem",
-                     r"CHECK: \$L_softmax0_end:", r"CHECK: bar.sync 0", r"CHECK-NEXT: tcgen05.fence::after_thread_sync",
+                     r"CHECK: \$L_mma_end:", r"CHECK: bar.sync 0", r"CHECK-NEXT: tcgen05.fence::after_thread_sync",
                      r"CHECK-NEXT: tcgen05.dealloc.cta_group::1.sync.aligned.b32 %tmem, 512"])
+    # One dealloc line is not enough: it must sit in a one-warp role (the allocating MMA warp).
+    # It used to end softmax0, where all four of its warps freed the same 512 columns.
     assert sum(ln.startswith("tcgen05.dealloc") for ln in body) == 1
 
 

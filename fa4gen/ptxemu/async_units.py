@@ -143,12 +143,20 @@ def compile_tma(ctx, ins, parts):
             w.bulk_open.append(op)
             idx = phys[:, None] + np.arange(es)[None, :]
 
-            def land(idx=idx, rel=rel, valid=valid, know=know, op=op, wid=w.wid, buf=buf, es=es):
+            def land(idx=idx, rel=rel, valid=valid, know=know, op=op, wid=w.wid, buf=buf, es=es, gname=gname):
                 cta.check_guards(cta.sguard[idx], know, f"the TMA store (PTX line {ins.line}) of warp {wid}",
                                  async_proxy=True, own=None, line=ins.line, warp=wid, addrs=idx)
                 data = cta.smem[idx]
                 vi = np.flatnonzero(valid)
-                buf[rel[vi][:, None] + np.arange(es)[None, :]] = data[vi]
+                dst = rel[vi][:, None] + np.arange(es)[None, :]
+                buf[dst] = data[vi]
+                emu = cta.emu
+                src_w = cta.swriter[idx[vi, 0]]
+                ids = np.empty(src_w.shape, np.int32)
+                for u in np.unique(src_w):
+                    via = emu.writers[u] if u >= 0 else None
+                    ids[src_w == u] = emu.writer_id(("TMA store", wid, ins.line, via))
+                emu.mark_gmem(gname, buf.size, dst, ids[:, None])
                 op["done"] = True
             cta.at(cta.now + cta.delay(lo, hi), land)
     return fn
@@ -220,8 +228,11 @@ def compile_tcgen05(ctx, ins, parts):
             lane, col = _taddr(int(np.broadcast_to(tr(w), (WARP,))[0]))
             n = int(np.broadcast_to(nr(w), (WARP,))[0])
             if cta.tmem_alloc.get(col) != n or lane != 0:
-                raise Fault("TMEM_ALLOC", f"tcgen05.dealloc of {n} columns at lane {lane} column {col} matches no "
-                                          f"allocation ({cta.tmem_alloc})", line=ins.line, warp=w.wid)
+                # not fatal to the data: recorded, and the run goes on so O is still judged
+                cta.emu.findings.append(Fault("TMEM_ALLOC", f"tcgen05.dealloc of {n} columns at lane {lane} column "
+                                                            f"{col} matches no allocation ({cta.tmem_alloc or 'none left'})",
+                                              line=ins.line, warp=w.wid, text=ins.text))
+                return
             del cta.tmem_alloc[col]
         return fn
     if op == "relinquish_alloc_permit":

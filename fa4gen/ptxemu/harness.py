@@ -275,6 +275,7 @@ def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2
         emu.param_sizes = launch.sizes
         emu.run(step_limit, progress=progress)
     except Fault as f:
+        res.warp_instructions = emu.total_steps if "emu" in locals() else 0
         res.kind = "fault"
         role = f" [{role_of(man, f.warp)}]" if f.warp is not None else ""
         res.report = f"{f}{role}"
@@ -286,7 +287,40 @@ def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2
     res.o, res.lse = o, lse
     res.ok, res.report, res.max_err = judge(o, lse, q, k, v, cfg, launch.scale)
     res.kind = "ok" if res.ok else "mismatch"
+    if not res.ok:
+        res.report += "\n" + _writer_report(emu, man, o, q, k, v, cfg, launch.scale)
+    if emu.findings:
+        uniq = list({str(f): f for f in emu.findings}.values())
+        extra = "\n".join(f"{f}" + (f" [{role_of(man, f.warp)}]" if f.warp is not None else "") for f in uniq)
+        res.report = (extra + ("\n" + res.report if res.report else "")).strip()
+        if res.ok:
+            res.kind = emu.findings[0].kind
+        res.ok = False
     return res
+
+
+def _describe_writer(emu, man, entry) -> str:
+    if entry is None:
+        return "never written"
+    kind, warp, line = entry[:3]
+    text = f"{kind} at PTX line {line} (warp {warp}, {role_of(man, warp)})"
+    if len(entry) > 3:
+        text += " from SMEM " + ("written by " + _describe_writer(emu, man, entry[3]) if entry[3] else "never written by a thread")
+    return text
+
+
+def _writer_report(emu, man, o, q, k, v, cfg, scale) -> str:
+    o_ref, _ = reference.attention_exact(q, k, v, bool(cfg["causal"]), scale)
+    pv = _pv_abs(q, k, v, bool(cfg["causal"]), scale)
+    g = q.shape[2] // k.shape[2]
+    vsum = np.repeat(np.abs(v.astype(np.float64)).sum(axis=1), g, axis=1)[:, None]
+    bad = np.isnan(o) | (np.abs(o - o_ref) > tolerance(o_ref, pv, vsum, cfg["dtype"]))
+    if not bad.any():
+        return ""
+    flat = int(np.flatnonzero(bad.reshape(-1))[0])
+    gw = emu.gwriter.get("o")
+    wid = int(gw[2 * flat]) if gw is not None else -1
+    return "  the first bad element was written by " + (_describe_writer(emu, man, emu.writers[wid]) if wid >= 0 else "nothing")
 
 
 def judge(o, lse, q, k, v, cfg, scale):

@@ -178,6 +178,7 @@ class CTA:
         size = (SMEM_BASE + emu.dyn_smem + 15) // 16 * 16
         self.smem = np.zeros(size, np.uint8)
         self.sguard = np.zeros(size, np.int32)
+        self.swriter = np.full(size, -1, np.int32)  # last generic writer of each byte (for reports)
         self.tmem = np.zeros((TMEM_LANES, TMEM_COLS), np.uint32)
         self.tguard = np.zeros((TMEM_LANES, TMEM_COLS), np.int32)
         self.tmem_alloc: dict = {}  # col -> ncols
@@ -354,7 +355,8 @@ class CTA:
     def finish(self):
         if self.tmem_alloc:
             cols = ", ".join(f"{n} columns at {c}" for c, n in self.tmem_alloc.items())
-            raise Fault("TMEM_LEAK", f"CTA {self.ctaid} exited with Tensor Memory still allocated ({cols})")
+            self.emu.findings.append(Fault("TMEM_LEAK", f"CTA {self.ctaid} exited with Tensor Memory still "
+                                                        f"allocated ({cols})"))
 
     def step(self, w: Warp) -> None:
         prog = self.prog
@@ -462,8 +464,25 @@ class Emulator:
         self.prog = compile_program(self)
         self.reg_init = init_registers(mod)
         self.total_steps = 0
+        self.findings: list = []  # faults that do not stop the run (TMEM dealloc/leak): still failures
+        self.writers: list = []  # (kind, warp, line[, via]) for reports: who wrote an output byte
+        self._writer_idx: dict = {}
+        self.gwriter: dict = {}  # allocation name -> int32 writer id per byte
         if mod.maxntid is not None and nthreads > mod.maxntid:
             raise Fault("LAUNCH", f"{nthreads} threads per CTA exceed .maxntid {mod.maxntid}")
+
+    def writer_id(self, entry: tuple) -> int:
+        i = self._writer_idx.get(entry)
+        if i is None:
+            i = self._writer_idx[entry] = len(self.writers)
+            self.writers.append(entry)
+        return i
+
+    def mark_gmem(self, name: str, buf_size: int, byte_idx: np.ndarray, wid: np.ndarray | int) -> None:
+        arr = self.gwriter.get(name)
+        if arr is None:
+            arr = self.gwriter[name] = np.full(buf_size, -1, np.int32)
+        arr[byte_idx] = wid
 
     def barrier_name(self, addr: int) -> str:
         return self._bar_names.get(addr, f"mbarrier@{addr:#x}")
@@ -471,8 +490,14 @@ class Emulator:
     def run(self, step_limit: int = 20_000_000, ctas=None, progress=None) -> None:
         for c in (range(self.nctas) if ctas is None else ctas):
             cta = CTA(self, c)
-            cta.run(step_limit)
-            self.total_steps += cta.steps
+            try:
+                cta.run(step_limit)
+            except Fault as f:
+                f.cta = c
+                f.args = (f"CTA {c}: {f.args[0]}",)
+                raise
+            finally:
+                self.total_steps += cta.steps
             if progress:
                 progress(c, cta)
 

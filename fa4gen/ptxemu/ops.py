@@ -493,6 +493,7 @@ def compile_ld_st(ctx, ins, parts):
             vals = np.stack([np.broadcast_to(np.asarray(r(w), dt), (WARP,))[lanes] for r in rs], axis=1)
             cta.smem[idx] = vals.reshape(len(lanes), vec).copy().view(np.uint8).reshape(len(lanes), nb)
             cta.sguard[idx] = cta.guard_id(("w", w.wid), w.epoch + 1, f"st.shared of warp {w.wid}")
+            cta.swriter[idx] = cta.emu.writer_id(("st.shared", w.wid, ins.line))
         return fn
     if space == "global":
         ar = addr_reader(ctx, dst, ins, "u64")
@@ -511,8 +512,10 @@ def compile_ld_st(ctx, ins, parts):
                 if a % nb:
                     raise Fault("GMEM_MISALIGNED", f"st.global of {nb} B not {nb}-byte aligned", line=ins.line,
                                 warp=w.wid, lane=int(lane), addr=a)
-                base, buf, _ = hit
+                base, buf, gname = hit
                 buf[a - base: a - base + nb] = vals[j].copy().view(np.uint8)
+                w.cta.emu.mark_gmem(gname, buf.size, np.arange(a - base, a - base + nb),
+                                    w.cta.emu.writer_id(("st.global", w.wid, ins.line)))
         return fn
     raise unsupported(ins, f"stores to .{space}")
 
