@@ -408,6 +408,10 @@ def compile_tcgen05_mma(ctx, ins, parts):
             wid = w.wid
 
             def execute(a_src=a_src, b_addr=b_addr, know=know, seq=seq, dc=dc, N=N, acc=acc):
+                with np.errstate(invalid="ignore", over="ignore"):
+                    _execute(a_src, b_addr, know, seq, dc, N, acc)
+
+            def _execute(a_src, b_addr, know, seq, dc, N, acc):
                 own = ("mma", wid)
 
                 def chk(ids, addrs, space, what):

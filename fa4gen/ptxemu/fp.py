@@ -33,7 +33,7 @@ def round_pair(s: np.ndarray, err, mode: str = "rn") -> np.ndarray:
                 bits = np.asarray(s, F64).view(np.uint64)
                 mid = ((bits & _MID_MASK) == _MID) & (err != 0)
                 if mid.any():
-                    s = np.where(mid, np.nextafter(s, s + err), s)
+                    s = np.where(mid, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
             return np.asarray(s, F64).astype(F32)
         f = np.asarray(s, F64).astype(F32)
         f64 = f.astype(F64)

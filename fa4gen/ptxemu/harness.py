@@ -59,6 +59,7 @@ class RunResult:
     shape: Shape
     seed: int
     kind: str = "ok"  # ok | mismatch | fault
+    finding: str = ""  # the Fault kind (RACE, DEADLOCK, ...) or "mismatch"
     report: str = ""
     max_err: float = 0.0
     warp_instructions: int = 0
@@ -245,6 +246,49 @@ class Launch:
         return o, lse
 
 
+def entry_registers(mod, man: dict | None, threads: int) -> int:
+    """Registers per thread at kernel entry: the assembler's report when the manifest has one, else
+    what ptxas gives a kernel of this many threads (.maxnreg, or 64K / threads rounded down to 8)."""
+    asm = (man or {}).get("assembler", {}).get("entries", [])
+    if asm:
+        return int(asm[0]["registers"])
+    if mod.maxnreg:
+        return int(mod.maxnreg)
+    return min(255, 65536 // max(threads, 1) // 8 * 8)
+
+
+def run_raw(ptx_text: str, *, threads: int, ctas: int = 1, args: tuple = (), smem: int = 0, seed: int = 0,
+            step_limit: int = 1_000_000):
+    """Launch any PTX kernel in the emulator: `args` in parameter order, NumPy arrays become device
+    buffers (the parameter gets their address), ints/floats are packed as the parameter's type.
+    Returns the buffers after the run, in argument order (None for scalars). Raises Fault."""
+    mod = parse(ptx_text)
+    if len(args) != len(mod.params):
+        raise UsageError(f"{len(args)} arguments for {len(mod.params)} parameters")
+    gmem = GlobalMemory()
+    blob, offsets, names = bytearray(), {}, []
+    for p, a in zip(mod.params, args):
+        while len(blob) % max(p.align, 1):
+            blob.append(0)
+        offsets[p.name] = len(blob)
+        if isinstance(a, np.ndarray):
+            names.append(p.name)
+            blob += struct.pack("<Q", gmem.add(p.name, a))
+        else:
+            names.append(None)
+            fmt = {".u32": "<I", ".s32": "<i", ".f32": "<f", ".u64": "<Q", ".s64": "<q", ".b32": "<I", ".b64": "<Q"}[p.type]
+            blob += struct.pack(fmt, a)
+    emu = Emulator(mod, arch="raw", nthreads=threads, nctas=ctas, dyn_smem=smem, params=bytes(blob),
+                   param_offsets=offsets, gmem=gmem, seed=seed, entry_regs=entry_registers(mod, None, threads))
+    emu.run(step_limit)
+    if emu.findings:
+        raise emu.findings[0]
+    outs = []
+    for n, a in zip(names, args):
+        outs.append(gmem.buffer(n).view(a.dtype).reshape(a.shape) if n else None)
+    return outs
+
+
 def role_of(man: dict, warp: int) -> str:
     for r in man.get("roles", []):
         if warp in r.get("warps", []):
@@ -253,18 +297,13 @@ def role_of(man: dict, warp: int) -> str:
 
 
 def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2, step_limit: int = 30_000_000,
-             mod=None, progress=None, inputs=None, delays=None) -> RunResult:
+             mod=None, progress=None, inputs=None, delays=None, l2_group: int | None = None) -> RunResult:
     cfg = man["config"]
     mod = mod or parse(ptx_text)
     d = int(cfg["head_dim"])
     q, k, v = inputs if inputs is not None else make_inputs(shape, cfg["dtype"], d, seed)
-    launch = Launch(mod, man, shape, q, k, v, ctas=ctas, seed=seed)
-    entry_regs = None
-    asm = man.get("assembler", {}).get("entries", [])
-    if asm:
-        entry_regs = int(asm[0]["registers"])
-    elif mod.maxnreg:
-        entry_regs = mod.maxnreg
+    launch = Launch(mod, man, shape, q, k, v, ctas=ctas, seed=seed, l2_group=l2_group)
+    entry_regs = entry_registers(mod, man, int(man["threads_per_cta"]))
     t0 = time.perf_counter()
     res = RunResult(False, shape, seed)
     try:
@@ -277,6 +316,7 @@ def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2
     except Fault as f:
         res.warp_instructions = emu.total_steps if "emu" in locals() else 0
         res.kind = "fault"
+        res.finding = f.kind
         role = f" [{role_of(man, f.warp)}]" if f.warp is not None else ""
         res.report = f"{f}{role}"
         res.seconds = time.perf_counter() - t0
@@ -287,6 +327,7 @@ def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2
     res.o, res.lse = o, lse
     res.ok, res.report, res.max_err = judge(o, lse, q, k, v, cfg, launch.scale)
     res.kind = "ok" if res.ok else "mismatch"
+    res.finding = "" if res.ok else "mismatch"
     if not res.ok:
         res.report += "\n" + _writer_report(emu, man, o, q, k, v, cfg, launch.scale)
     if emu.findings:
@@ -294,7 +335,8 @@ def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2
         extra = "\n".join(f"{f}" + (f" [{role_of(man, f.warp)}]" if f.warp is not None else "") for f in uniq)
         res.report = (extra + ("\n" + res.report if res.report else "")).strip()
         if res.ok:
-            res.kind = emu.findings[0].kind
+            res.kind = "fault"
+            res.finding = emu.findings[0].kind
         res.ok = False
     return res
 

@@ -1,0 +1,357 @@
+"""The PTX emulator: the emitted kernels of both targets executed as text, the PTX mutation corpus,
+and the emulator's own semantics (exact rounding, descriptors against TMA layouts, SIMT control
+flow, barriers, faults) on small handwritten kernels."""
+from __future__ import annotations
+
+import functools
+import json
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from fa4gen import codegen
+from fa4gen.cli import main as cli_main
+from fa4gen.config import KernelConfig
+from fa4gen.encodings import DescArch, SmemMatrixDesc, Swizzle, TcgenInstrDesc, TmaDtype
+from fa4gen.ptxemu import fp, units
+from fa4gen.ptxemu.harness import Shape, default_shapes, emulate_file, run_raw
+from fa4gen.ptxemu.machine import Fault
+from fa4gen.ptxemu.mutations import PTX_MUTATIONS
+from fa4gen.ptxemu.parse import UnsupportedInstruction, parse
+
+ROOT = Path(__file__).resolve().parent.parent
+GEN = ROOT / "generated"
+SM100_GOLDEN = sorted(p.stem for p in GEN.glob("*.ptx"))
+# every sm_90a kernel the GPU tests run (tests/test_gpu.py): D x dtype x causal x GQA, both exp2 splits
+SM90_VARIANTS = [dict(arch="sm_90a", head_dim=d, dtype=dt, causal=c, gqa_ratio=g, emu_pairs=e)
+                 for d in (64, 128) for dt in ("bf16", "fp16") for c in (False, True) for g in (1, 2, 4, 8)
+                 for e in (None, 2)]
+
+
+@functools.lru_cache(maxsize=None)
+def _emitted(items: tuple):
+    res = codegen.build(KernelConfig(**dict(items)), emit=("ptx",), verify=False)
+    return res.ptx, res.manifest
+
+
+def emitted(**cfg):
+    return _emitted(tuple(sorted(cfg.items())))
+
+
+# ---- the kernels ------------------------------------------------------------------------------------
+def test_golden_matrix_is_the_default_matrix():
+    assert SM100_GOLDEN == sorted(c.name for c in codegen.DEFAULT_MATRIX)
+
+
+@pytest.mark.parametrize("name", SM100_GOLDEN)
+def test_generated_sm100_ptx_emulates(name):
+    """The checked-in golden PTX (the text reviewers read) computes attention: two seeds on shapes
+    with tails, a partial second task, GQA packing and (causal) Sq < Skv and Sq > Skv."""
+    rep = emulate_file(GEN / f"{name}.ptx", seeds=2)
+    assert rep.ok, rep.summary()
+    assert all(r.warp_instructions > 10_000 for r in rep.runs)
+
+
+@pytest.mark.parametrize("cfg", SM90_VARIANTS, ids=lambda c: KernelConfig(**c).name)
+def test_sm90_gpu_variants_emulate(cfg):
+    ptx, man = emitted(**cfg)
+    rep = emulate_file(Path(man["name"] + ".ptx"), ptx_text=ptx, manifest=man, seeds=2)
+    assert rep.ok, rep.summary()
+
+
+def test_default_shapes_exercise_tails_masking_and_the_persistent_loop():
+    for name in SM100_GOLDEN:
+        man = json.loads((GEN / f"{name}.json").read_text())
+        rows = 128 // man["config"]["gqa_ratio"]
+        for s in default_shapes(man):
+            assert s.sq % rows and s.skv % 128  # tails on both lengths
+        if man["config"]["causal"]:
+            assert any(s.sq > s.skv for s in default_shapes(man))  # rows that see no key
+
+
+# ---- the corpus ----------------------------------------------------------------------------------
+def test_corpus_covers_the_bug_classes():
+    names = {m.name for m in PTX_MUTATIONS}
+    assert len(names) == len(PTX_MUTATIONS) >= 15
+    for needed in ("init_count_s_ready", "tmem_lane_field", "idesc_transpose_b", "idesc_m_field", "v_desc_lbo",
+                   "qk_kstep_panel_jump", "expect_tx_bytes", "dropped_commit_s_ready", "dropped_wait_ld",
+                   "dropped_wait_st", "dropped_arrive_p_ready_2", "wait_parity_flipped", "wait_on_wrong_barrier",
+                   "duplicated_scale", "dropped_normalisation", "sm90_wait_group_shallow",
+                   "sm90_swap_kv_full_barriers"):
+        assert needed in names
+
+
+@pytest.mark.parametrize("mut", PTX_MUTATIONS, ids=lambda m: m.name)
+def test_ptx_mutation_is_caught(mut):
+    ptx, man = emitted(**mut.config)
+    broken = mut.apply(ptx, man)
+    rep = emulate_file(Path(man["name"] + ".ptx"), ptx_text=broken, manifest=man, seeds=1)
+    assert not rep.ok, f"{mut.name} passed the emulator"
+    found = {r.finding for r in rep.runs if not r.ok}
+    assert found & set(mut.expect), f"{mut.name}: findings {found}, expected one of {mut.expect}\n{rep.summary()}"
+
+
+def test_unmutated_kernels_of_the_corpus_pass():
+    for cfg in {tuple(sorted(m.config.items())) for m in PTX_MUTATIONS}:
+        ptx, man = _emitted(cfg)
+        rep = emulate_file(Path("k.ptx"), ptx_text=ptx, manifest=man, seeds=1)
+        assert rep.ok, rep.summary()
+
+
+# ---- exact arithmetic ------------------------------------------------------------------------------
+def _round_f32(x: Fraction, mode: str) -> np.float32:
+    f = np.float32(float(x))
+    cands = [np.nextafter(f, np.float32(-np.inf)), f, np.nextafter(f, np.float32(np.inf))]
+    cands = [c for c in cands if np.isfinite(c)]
+    if mode == "rm":
+        return max(c for c in cands if Fraction(float(c)) <= x)
+    if mode == "rp":
+        return min(c for c in cands if Fraction(float(c)) >= x)
+    best = min(cands, key=lambda c: (abs(Fraction(float(c)) - x), int(np.array(c).view(np.uint32)) & 1))
+    return best
+
+
+def test_fma_rounds_once_even_where_float64_would_double_round():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal(3000).astype(np.float32)
+    b = rng.standard_normal(3000).astype(np.float32)
+    c = (rng.standard_normal(3000) * 1e-3).astype(np.float32)
+    # constructed ties: (1 + 2^-12)^2 = 1 + 2^-11 + 2^-24 is an f32 midpoint; c = +-2^-60 decides it
+    t = np.float32(1 + 2.0 ** -12)
+    a = np.concatenate([a, [t, t, -t]]).astype(np.float32)
+    b = np.concatenate([b, [t, t, t]]).astype(np.float32)
+    c = np.concatenate([c, [2.0 ** -60, -(2.0 ** -60), 2.0 ** -60]]).astype(np.float32)
+    got = fp.fma(a, b, c)
+    for i in range(a.size):
+        want = _round_f32(Fraction(float(a[i])) * Fraction(float(b[i])) + Fraction(float(c[i])), "rn")
+        assert got[i] == want, (i, a[i], b[i], c[i], got[i], want)
+    naive = (a.astype(np.float64) * b + c).astype(np.float32)
+    assert (naive[-3:] != got[-3:]).any()  # the naive float64 path gets a tie wrong
+
+
+def test_add_rm_is_directed():
+    rng = np.random.default_rng(2)
+    a = (rng.standard_normal(2000) * 1e3).astype(np.float32)
+    b = (rng.standard_normal(2000) * 1e-4).astype(np.float32)
+    for mode in ("rm", "rp"):
+        got = fp.add(a, b, mode)
+        for i in range(0, a.size, 7):
+            assert got[i] == _round_f32(Fraction(float(a[i])) + Fraction(float(b[i])), mode)
+
+
+def test_bf16x2_pack_puts_the_first_source_high():
+    ptx = _kernel(".param .u64 out", """
+    .reg .b64 %rd<2>; .reg .b32 %r<2>; .reg .f32 %f<2>;
+    ld.param.u64 %rd0, [out];
+    mov.f32 %f0, 0f3F800000;
+    mov.f32 %f1, 0fC0000000;
+    cvt.rn.bf16x2.f32 %r0, %f0, %f1;
+    st.global.u32 [%rd0], %r0;
+    ret;""")
+    out, = run_raw(ptx, threads=1, args=(np.zeros(1, np.uint32),))
+    assert out[0] == (0x3F80 << 16 | 0xC000)
+
+
+# ---- descriptors read what TMA wrote ---------------------------------------------------------------
+def _tma_tile(rows: int, cols: int, base: int):
+    """SMEM byte address of element (r, c) of a [rows, cols] bf16 tile written by 64-column TMA
+    boxes with 128B swizzle, panels of rows x 128 B back to back (the kernels' Q/K/V layout)."""
+    tm = units.TensorMap(TmaDtype.BFLOAT16, 2, Swizzle.B128, 0, (cols, rows), (cols * 2,), (64, rows), (1, 1), 0, 0)
+    addr = np.zeros((rows, cols), np.int64)
+    for p in range(cols // 64):
+        _, _, phys = units.tma_box_plan(tm, (64 * p, 0), base + p * rows * 128)
+        addr[:, 64 * p: 64 * p + 64] = phys.reshape(rows, 64)
+    return addr
+
+
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])
+def test_k_major_descriptor_k_steps_read_the_tma_tile(arch):
+    base = 2048
+    tile = _tma_tile(128, 128, base)
+    for k0 in range(0, 128, 16):
+        panel, within = divmod(k0, 64)
+        start = base + panel * 128 * 128 + within * 2
+        d = units.decode_desc(SmemMatrixDesc.k_major_sw128(arch, start, pattern_start=base + panel * 16384).encode(), arch)
+        got = units.operand_addresses(d, False, 128, 16, 2)
+        assert np.array_equal(got, tile[:, k0:k0 + 16])
+
+
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])
+def test_mn_major_descriptor_reads_v_with_its_panel_stride(arch):
+    base = 4096
+    v = _tma_tile(128, 128, base)  # V[key, d]: d contiguous, 64-column panels of 128 keys
+    for k0 in range(0, 128, 16):
+        start = base + k0 * 128
+        d = units.decode_desc(SmemMatrixDesc.mn_major_sw128(arch, start, panel_stride=128 * 128,
+                                                            pattern_start=base).encode(), arch)
+        got = units.operand_addresses(d, True, 128, 16, 2)  # [n = d, k = key]
+        assert np.array_equal(got, v[k0:k0 + 16, :].T)
+        wrong = units.operand_addresses(units.MatDesc(d.start, d.lbo // 2, d.sbo, 0, d.swizzle), True, 128, 16, 2)
+        assert not np.array_equal(wrong, got)
+
+
+def test_instruction_descriptor_fields_are_decoded():
+    v = TcgenInstrDesc.for_dtype("bf16", 128, 256).encode()
+    d = units.decode_idesc(v)
+    assert (d.m, d.n, int(d.a_type), int(d.b_major)) == (128, 256, 1, 0)
+    with pytest.raises(units.UnitError):
+        units.decode_idesc(v | 1 << 6)  # a reserved bit
+
+
+def test_tma_box_fills_out_of_bounds_and_swizzles_by_address():
+    tm = units.TensorMap(TmaDtype.BFLOAT16, 2, Swizzle.B128, 0, (64, 10), (128,), (64, 16), (1, 1), 0, 0)
+    off, valid, phys = units.tma_box_plan(tm, (0, 4), 1024)
+    assert valid.reshape(16, 64)[:6].all() and not valid.reshape(16, 64)[6:].any()
+    row1 = phys.reshape(16, 64)[1]
+    assert row1[0] == 1024 + 128 + 16  # row 1's first 16-byte chunk moves to chunk 1
+    with pytest.raises(units.UnitError):
+        units.tma_box_plan(tm, (0, 0), 1024 + 128)  # not on the 1024-byte pattern boundary
+
+
+# ---- the machine on small kernels -------------------------------------------------------------------
+def _kernel(params: str, body: str, extra: str = "") -> str:
+    return f""".version 8.5
+.target sm_90a
+.address_size 64
+.extern .shared .align 1024 .b8 smem[];
+.visible .entry k(
+    {params}
+)
+{extra}{{
+{body}
+}}
+"""
+
+
+def test_divergent_branches_reconverge():
+    ptx = _kernel(".param .u64 out", """
+    .reg .pred %p; .reg .b32 %t, %v; .reg .b64 %a, %o;
+    ld.param.u64 %o, [out];
+    mov.u32 %t, %tid.x;
+    and.b32 %v, %t, 1;
+    setp.eq.u32 %p, %v, 1;
+    @%p bra $odd;
+    mov.u32 %v, 100;
+    bra $join;
+$odd:
+    mov.u32 %v, 200;
+$join:
+    add.u32 %v, %v, %t;
+    mul.wide.u32 %a, %t, 4;
+    add.s64 %a, %o, %a;
+    st.global.u32 [%a], %v;
+    ret;""")
+    out, = run_raw(ptx, threads=64, args=(np.zeros(64, np.uint32),))
+    t = np.arange(64)
+    assert np.array_equal(out, np.where(t % 2, 200, 100) + t)
+
+
+def test_shfl_butterfly_reduces_a_warp():
+    ptx = _kernel(".param .u64 out", """
+    .reg .b32 %t, %v, %s; .reg .b64 %a, %o;
+    ld.param.u64 %o, [out];
+    mov.u32 %t, %tid.x;
+    mov.u32 %v, %t;
+    shfl.sync.bfly.b32 %s, %v, 16, 0x1f, 0xffffffff;  add.u32 %v, %v, %s;
+    shfl.sync.bfly.b32 %s, %v, 8, 0x1f, 0xffffffff;  add.u32 %v, %v, %s;
+    shfl.sync.bfly.b32 %s, %v, 4, 0x1f, 0xffffffff;  add.u32 %v, %v, %s;
+    shfl.sync.bfly.b32 %s, %v, 2, 0x1f, 0xffffffff;  add.u32 %v, %v, %s;
+    shfl.sync.bfly.b32 %s, %v, 1, 0x1f, 0xffffffff;  add.u32 %v, %v, %s;
+    mul.wide.u32 %a, %t, 4;
+    add.s64 %a, %o, %a;
+    st.global.u32 [%a], %v;
+    ret;""")
+    out, = run_raw(ptx, threads=32, args=(np.zeros(32, np.uint32),))
+    assert (out == sum(range(32))).all()
+
+
+def test_a_wait_nobody_satisfies_is_a_deadlock_naming_the_barrier():
+    ptx = _kernel(".param .u64 out", """
+    .reg .pred %p, %w; .reg .b32 %t, %b;
+    mov.u32 %t, %tid.x;
+    mov.u32 %b, smem;
+    setp.eq.u32 %p, %t, 0;
+    @%p mbarrier.init.shared::cta.b64 [%b], 2;
+    bar.sync 0;
+    @%p mbarrier.arrive.shared::cta.b64 _, [%b];
+$wait:
+    mbarrier.try_wait.parity.shared::cta.b64 %w, [%b], 0;
+    @!%w bra $wait;
+    ret;""")
+    with pytest.raises(Fault) as e:
+        run_raw(ptx, threads=64, args=(np.zeros(1, np.uint32),), smem=64)
+    assert e.value.kind == "DEADLOCK" and "1/2 arrivals outstanding" in str(e.value)
+
+
+def test_named_barrier_counts_must_agree():
+    ptx = _kernel(".param .u64 out", """
+    .reg .pred %p; .reg .b32 %t;
+    mov.u32 %t, %tid.x;
+    setp.lt.u32 %p, %t, 32;
+    @%p bra $a;
+    bar.sync 1, 128;
+    ret;
+$a:
+    bar.sync 1, 64;
+    ret;""")
+    with pytest.raises(Fault) as e:
+        run_raw(ptx, threads=64, args=(np.zeros(1, np.uint32),))
+    assert e.value.kind == "NAMED_BARRIER"
+
+
+def test_shared_memory_out_of_bounds_names_line_and_address():
+    ptx = _kernel(".param .u64 out", """
+    .reg .b32 %b, %v;
+    mov.u32 %b, smem;
+    mov.u32 %v, 7;
+    st.shared.u32 [%b+4096], %v;
+    ret;""")
+    with pytest.raises(Fault) as e:
+        run_raw(ptx, threads=32, args=(np.zeros(1, np.uint32),), smem=1024)
+    line = ptx.splitlines().index("    st.shared.u32 [%b+4096], %v;") + 1
+    assert e.value.kind == "SMEM_OOB" and e.value.line == line and e.value.addr == 0x10 + 4096
+
+
+def test_unsupported_instruction_names_itself_and_its_line():
+    ptx = _kernel(".param .u64 out", """
+    .reg .b32 %v;
+    popc.b32 %v, %v;
+    ret;""")
+    line = ptx.splitlines().index("    popc.b32 %v, %v;") + 1
+    with pytest.raises(UnsupportedInstruction, match=rf"unsupported instruction popc\.b32 at line {line}"):
+        run_raw(ptx, threads=32, args=(np.zeros(1, np.uint32),))
+
+
+def test_parser_reads_the_emitted_subset():
+    ptx, _ = emitted(arch="sm_100a", head_dim=128, causal=True, gqa_ratio=1, dtype="bf16")
+    mod = parse(ptx)
+    body = ptx[ptx.index("{"):]
+    stmts = [ln.split("//")[0].strip() for ln in body.splitlines()]
+    n = sum(1 for ln in stmts if ln.endswith(";") and not ln.startswith("."))
+    assert mod.entry == "fa4_fwd" and mod.maxntid == 512 and len(mod.instrs) == n > 4000
+    assert {i.opcode.split(".")[0] for i in mod.instrs} >= {"tcgen05", "mbarrier", "cp", "bar", "ex2"}
+
+
+# ---- the command ----------------------------------------------------------------------------------
+def test_emulate_cli_exit_codes(tmp_path):
+    runner = CliRunner()
+    good = GEN / "fa4_sm100a_d64_bf16_noncausal_gqa4.ptx"
+    r = runner.invoke(cli_main, ["emulate", str(good), "--seeds", "1", "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert "PASS" in r.output and "warp-instructions/s" in r.output
+    bad = tmp_path / good.name
+    bad.write_text(good.read_text().replace("mul.f32 %o5, %o5, %inv;", "mul.f32 %o5, %o5, %inv;\n    mul.f32 %o5, %o5, %inv;", 1))
+    r = runner.invoke(cli_main, ["emulate", str(bad), "--manifest", str(good.with_suffix(".json")), "--seeds", "1",
+                                 "--quiet"])
+    assert r.exit_code == 1 and "MISMATCH" in r.output and "the first bad element was written by" in r.output
+    r = runner.invoke(cli_main, ["emulate", str(tmp_path / "missing.ptx")])
+    assert r.exit_code == 2
+    r = runner.invoke(cli_main, ["emulate", str(good), "--shape", "1,2,3"])
+    assert r.exit_code == 2 and "five" in r.output
+    r = runner.invoke(cli_main, ["emulate", str(good), "--shape", "1,100,100,3,1"])  # Hq != G * Hkv
+    assert r.exit_code == 2
+    r = runner.invoke(cli_main, ["emulate", str(bad)])  # no manifest beside it
+    assert r.exit_code == 2 and "manifest" in r.output
