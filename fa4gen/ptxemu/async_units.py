@@ -18,6 +18,7 @@ from .parse import Addr, Imm, Reg, Sink, TmaAddr, Vec
 from .units import UnitError
 
 _U32, _F32, _U64 = np.uint32, np.float32, np.uint64
+DEFAULT_MMA_MODEL = (16, 2, "rz")  # see mma_accumulate: fitted to the H200 (bench/emu_crosscheck/README.md)
 
 
 def _unit(fn, ins, w):
@@ -439,17 +440,46 @@ def compile_tcgen05_mma(ctx, ins, parts):
                     A = -A
                 if neg_b:
                     B = -B
-                prod = A @ B.T
+                old = None
                 if acc:
                     chk(cta.tguard[0:M, dc: dc + N], _tmem_addr_grid(0, dc, N, M), "TMEM",
                         f"tcgen05.mma (PTX line {ins.line}) accumulator")
-                    old = cta.tmem[0:M, dc: dc + N].view(np.float32).astype(np.float64)
-                    prod = prod + old
+                    old = cta.tmem[0:M, dc: dc + N].view(np.float32)
                 with np.errstate(over="ignore", invalid="ignore"):
-                    cta.tmem[0:M, dc: dc + N] = prod.astype(np.float32).view(np.uint32)
+                    D = mma_accumulate(A, B, old, emu.options.get("mma_model", DEFAULT_MMA_MODEL))
+                cta.tmem[0:M, dc: dc + N] = D.view(np.uint32)
                 cta.tguard[0:M, dc: dc + N] = cta.guard_id(own, seq, f"tcgen05.mma #{seq} of warp {wid} (PTX line {ins.line})")
             cta.at(t, execute)
     return fn
+
+
+def mma_accumulate(A: np.ndarray, B: np.ndarray, old: np.ndarray | None, model: tuple | None) -> np.ndarray:
+    """D = old + A @ B.T for one MMA instruction (A [M, K], B [N, K] float64 holding 16-bit values,
+    old [M, N] f32 or None), returned as f32.
+
+    model None: the exact sum rounded once to nearest. model (G, E): the tensor-core adder as a
+    sequence of fused group sums: the accumulator and the next G products (exact) are aligned to the
+    largest exponent among them, each truncated to 24 + E bits below it, summed exactly and the sum
+    truncated to f32."""
+    prod = A[:, None, :] * B[None, :, :]  # [M, N, K], exact
+    if model is None:
+        tot = prod.sum(axis=2)
+        if old is not None:
+            tot = tot + old.astype(np.float64)
+        return tot.astype(np.float32)
+    G, E = model[:2]
+    final = model[2] if len(model) > 2 else "rz"
+    acc = np.zeros(prod.shape[:2]) if old is None else old.astype(np.float64)
+    K = prod.shape[2]
+    for k0 in range(0, K, G):
+        part = prod[:, :, k0:k0 + G]
+        big = np.maximum(np.abs(part).max(axis=2), np.abs(acc))
+        _, ex = np.frexp(big)  # the largest exponent among the group's terms
+        inv_q = np.ldexp(1.0, np.minimum(24 + E - ex, 1074))  # 1 / quantum, a power of two: exact
+        q = 1.0 / inv_q
+        s = np.trunc(part * inv_q[:, :, None]).sum(axis=2) * q + np.trunc(acc * inv_q) * q
+        acc = s if final == "exact" else fp.round_pair(s, None, final).astype(np.float64)
+    return acc.astype(np.float32)
 
 
 def _own_mask(cta, ids, own):
@@ -598,16 +628,19 @@ def compile_wgmma(ctx, ins, parts):
                 cta.check_guards(cta.sguard[a_addr], know, f"wgmma (PTX line {ins.line}) A operand", async_proxy=True,
                                  own=None, line=ins.line, warp=w.wid, addrs=a_addr)
                 A = conv(cta.smem.view(np.uint16)[a_addr // 2]).astype(np.float64)
-            prod = (A * isa) @ B.T
+            A = A * isa
+            D_old = None
+            if first["scale_d"]:
+                D_old = np.zeros((64, N), np.float32)
+                for wi_, c in cs.items():
+                    rows, cols = d_idx[wi_]
+                    D_old[rows, cols] = np.stack([np.asarray(c["warp"].regs[n]).view(np.float32) for n in dnames])
+            with np.errstate(over="ignore", invalid="ignore"):
+                D = mma_accumulate(A, B, D_old, emu.options.get("mma_model", DEFAULT_MMA_MODEL))
             for wi_, c in cs.items():
                 ww = c["warp"]
                 rows, cols = d_idx[wi_]
-                val = prod[rows, cols]
-                if first["scale_d"]:
-                    old = np.stack([np.asarray(ww.regs[n]).view(np.float32) for n in dnames]).astype(np.float64)
-                    val = val + old
-                with np.errstate(over="ignore", invalid="ignore"):
-                    v32 = val.astype(np.float32)
+                v32 = D[rows, cols]
                 fence_ = getattr(ww, "wg_fence", None)
                 for j, n in enumerate(dnames):
                     arr = v32[j].view(np.uint32).copy()

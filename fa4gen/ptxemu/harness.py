@@ -297,7 +297,8 @@ def role_of(man: dict, warp: int) -> str:
 
 
 def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2, step_limit: int = 30_000_000,
-             mod=None, progress=None, inputs=None, delays=None, l2_group: int | None = None) -> RunResult:
+             mod=None, progress=None, inputs=None, delays=None, l2_group: int | None = None,
+             options: dict | None = None) -> RunResult:
     cfg = man["config"]
     mod = mod or parse(ptx_text)
     d = int(cfg["head_dim"])
@@ -310,7 +311,7 @@ def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2
         emu = Emulator(mod, arch=cfg["arch"], nthreads=int(man["threads_per_cta"]), nctas=launch.nctas,
                        dyn_smem=int(man["dynamic_smem_bytes"]), params=launch.params, param_offsets=launch.offsets,
                        gmem=launch.gmem, seed=seed, entry_regs=entry_regs, barrier_names=launch.barrier_names(),
-                       delays=delays)
+                       delays=delays, options=options)
         emu.param_sizes = launch.sizes
         emu.run(step_limit, progress=progress)
     except Fault as f:

@@ -104,6 +104,7 @@ class Warp:
         self.cta, self.wid = cta, wid
         n = min(WARP, max(nthreads - wid * WARP, 0))
         self.alive = np.arange(WARP) < n
+        self.full = n == WARP  # every lane alive: the common case skips mask reductions
         self.pc = 0
         self.pcs = np.zeros(WARP, np.int64)
         self.div = False
@@ -363,16 +364,18 @@ class CTA:
         if not w.div:
             pc = w.pc
             act = w.alive
+            act_full = w.full
         else:
             live = w.alive
             pc = int(w.pcs[live].min())
             act = live & (w.pcs == pc)
+            act_full = False
         if pc >= len(prog):
             raise Fault("PC", "execution ran past the last instruction", warp=w.wid)
         op = prog[pc]
         ins = op.ins
         w.last_line = ins.line
-        if op.aligned and not (act.all()):
+        if op.aligned and not (act_full or act.all()):
             raise Fault("ALIGNED", f"{ins.opcode} is .sync.aligned but only {int(act.sum())} of 32 lanes execute it",
                         line=ins.line, warp=w.wid, text=ins.text)
         if ins.guard is not None:
@@ -380,10 +383,12 @@ class CTA:
             if p is None:
                 raise Fault("REG", f"guard predicate {ins.guard} is not declared", line=ins.line, warp=w.wid)
             m = act & ~p if ins.guard_neg else act & p
+            full = bool(m.all())
+            any_ = full or bool(m.any())
         else:
             m = act
-        full = bool(m.all())
-        any_ = full or bool(m.any())
+            full = act_full or bool(m.all())
+            any_ = full or bool(m.any())
         if w.poison and any_:
             for r in op.srcs:
                 pz = w.poison.get(r)
@@ -424,6 +429,7 @@ class CTA:
         elif kind == "ret":
             if any_:
                 w.alive = w.alive & ~m
+                w.full = False
                 if not w.alive.any():
                     w.done = True
                     return
@@ -451,7 +457,7 @@ class CTA:
 class Emulator:
     def __init__(self, mod: Module, *, arch: str, nthreads: int, nctas: int, dyn_smem: int, params: bytes,
                  param_offsets: dict, gmem: "GlobalMemory", seed: int, entry_regs: int | None,
-                 barrier_names: dict | None = None, delays: dict | None = None):
+                 barrier_names: dict | None = None, delays: dict | None = None, options: dict | None = None):
         self.mod, self.arch = mod, arch
         self.nthreads, self.nctas, self.dyn_smem = nthreads, nctas, dyn_smem
         self.params, self.param_offsets = params, param_offsets
@@ -459,6 +465,7 @@ class Emulator:
         self.entry_regs = entry_regs
         self._bar_names = barrier_names or {}
         self.delays = dict(DEFAULT_DELAYS, **(delays or {}))
+        self.options = dict(options or {})
         from .ops import compile_program, init_registers  # (cycle: ops needs the classes above)
         self.param_sizes = {p.name: p.size for p in mod.params}
         self.prog = compile_program(self)

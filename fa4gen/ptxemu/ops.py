@@ -240,6 +240,14 @@ def compile_alu(ctx, ins, parts):
         return lambda w, m: d(w, fp.rcp(a(w), approx, ftz, rnd), m)
     if head == "ex2" and isf:
         a, d = R(1), Wr(0)
+        noise = int(ctx.emu.options.get("ex2_noise_ulp", 0))
+        if noise:  # sensitivity experiments only: ex2.approx off by up to `noise` ulp, seeded per CTA
+            def fn(w, m):
+                r = fp.ex2_approx(a(w), ftz)
+                jitter = w.cta.rng.integers(-noise, noise + 1, WARP).astype(np.int64)
+                bits = np.where(r > 0, r.view(np.uint32).astype(np.int64) + jitter, r.view(np.uint32))
+                d(w, bits.astype(np.uint32).view(_F32), m)
+            return fn
         return lambda w, m: d(w, fp.ex2_approx(a(w), ftz), m)
     if head == "lg2" and isf:
         a, d = R(1), Wr(0)
