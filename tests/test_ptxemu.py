@@ -80,7 +80,8 @@ def test_corpus_covers_the_bug_classes():
                    "qk_kstep_panel_jump", "expect_tx_bytes", "dropped_commit_s_ready", "dropped_wait_ld",
                    "dropped_wait_st", "dropped_arrive_p_ready_2", "wait_parity_flipped", "wait_on_wrong_barrier",
                    "duplicated_scale", "dropped_normalisation", "sm90_wait_group_shallow",
-                   "sm90_swap_kv_full_barriers"):
+                   "sm90_swap_kv_full_barriers", "dropped_fence_after_p_wait", "dropped_store_wait_read",
+                   "dropped_setup_sync"):
         assert needed in names
 
 

@@ -87,7 +87,7 @@ def compile_tma(ctx, ins, parts):
                 goff, valid, phys = _unit(lambda: units.tma_box_plan(tm, coords, dst_a), ins, w)
                 es = tm.esize
                 cta.smem_check(phys, es, ins.line, w.wid, "TMA load destination")
-                b = cta.mbar_at(bar_a, ins.line, w.wid)
+                b = cta.mbar_at(bar_a, ins.line, w.wid, w.know)
                 base, buf, gname = _gmem_for(cta, tm, ins, w)
                 rel = tm.address - base + goff
                 if valid.any() and ((rel[valid] < 0).any() or (rel[valid] + es > buf.size).any()):
@@ -101,6 +101,9 @@ def compile_tma(ctx, ins, parts):
                     hit = int(idx[np.flatnonzero((g == 1) | (g == 2))[0]])
                     raise Fault("RACE", "TMA load writes SMEM that holds an mbarrier or another write in flight",
                                 line=ins.line, warp=w.wid, addr=hit, text=ins.text)
+                cta.check_war(cta.srguard[idx], w.know, f"the TMA load of {name} issued by warp {w.wid}",
+                              line=ins.line, warp=w.wid, addrs=idx)
+                cta.srguard[idx] = 0
                 cta.sguard[idx] = 1
                 know = dict(w.know)
                 line = ins.line
@@ -140,7 +143,8 @@ def compile_tma(ctx, ins, parts):
             if valid.any() and ((rel[valid] < 0).any() or (rel[valid] + es > buf.size).any()):
                 raise Fault("GMEM_OOB", f"TMA store through {name} writes outside {gname}", line=ins.line, warp=w.wid)
             know = dict(w.know)
-            op = {"done": False}
+            w.bulk_seq = getattr(w, "bulk_seq", 0) + 1
+            op = {"done": False, "seq": w.bulk_seq}
             w.bulk_open.append(op)
             idx = phys[:, None] + np.arange(es)[None, :]
 
@@ -148,6 +152,7 @@ def compile_tma(ctx, ins, parts):
                 cta.check_guards(cta.sguard[idx], know, f"the TMA store (PTX line {ins.line}) of warp {wid}",
                                  async_proxy=True, own=None, line=ins.line, warp=wid, addrs=idx)
                 data = cta.smem[idx]
+                cta.srguard[idx] = cta.guard_id(("bulkrd", wid), op["seq"], f"the TMA store (PTX line {ins.line}) of warp {wid}")
                 vi = np.flatnonzero(valid)
                 dst = rel[vi][:, None] + np.arange(es)[None, :]
                 buf[dst] = data[vi]
@@ -178,7 +183,13 @@ def compile_bulk_group(ctx, ins, parts):
             def ready():
                 w.bulk_groups = [g for g in w.bulk_groups if not all(o["done"] for o in g)]
                 return len(w.bulk_groups) <= k
-            return Block(ready, f"cp.async.bulk.wait_group {k}: {len(w.bulk_groups)} groups in flight")
+
+            def release():
+                pend = [o["seq"] for g in w.bulk_groups + [w.bulk_open] for o in g if not o["done"]]
+                done_upto = (min(pend) - 1) if pend else getattr(w, "bulk_seq", 0)
+                if w.know.get(("bulkrd", w.wid), 0) < done_upto:
+                    w.know[("bulkrd", w.wid)] = done_upto
+            return Block(ready, f"cp.async.bulk.wait_group {k}: {len(w.bulk_groups)} groups in flight", release)
         return fn
     raise unsupported(ins)
 
@@ -192,8 +203,15 @@ def compile_tcgen05(ctx, ins, parts):
     op = parts[1]
     ops_ = ins.operands
     emu = ctx.emu
-    if op in ("fence::before_thread_sync", "fence::after_thread_sync"):
-        return lambda w, m: None
+    if op == "fence::before_thread_sync":
+        def fn(w, m):
+            _join(w.know, w.tc_unpublished)
+            w.tc_unpublished = {}
+        return fn
+    if op == "fence::after_thread_sync":
+        def fn(w, m):
+            w.tc_view = dict(w.know)
+        return fn
     if op == "alloc":
         ar = addr_reader(ctx, ops_[0], ins)
         nr = reader(ctx, ops_[1], "u32", ins)
@@ -252,13 +270,17 @@ def compile_tcgen05(ctx, ins, parts):
                     for r in w.tc_ld_regs:
                         w.poison.pop(r, None)
                     w.tc_ld_regs = []
+                    n = getattr(w, "ld_seq", 0)
+                    w.own_tc[("ld", w.wid)] = n
+                    w.tc_unpublished[("ld", w.wid)] = n
                 return Block(ready, f"tcgen05.wait::ld: {w.tc_pending} loads in flight", release)
 
             def ready():
                 return w.st_landed >= w.st_seq
 
             def release():
-                w.know[("st", w.wid)] = w.st_seq
+                w.own_tc[("st", w.wid)] = w.st_seq
+                w.tc_unpublished[("st", w.wid)] = w.st_seq  # others see it after fence::before_thread_sync
             return Block(ready, f"tcgen05.wait::st: {w.st_seq - w.st_landed} stores in flight", release)
         return fn
     if op in ("ld", "st"):
@@ -293,17 +315,20 @@ def compile_tcgen05(ctx, ins, parts):
             rows = slice(lane0, lane0 + 32)
             cols = slice(col, col + nrep)
             if op == "ld":
-                know = dict(w.know)
+                know = w.tmem_knowledge()
                 for r in names:
                     w.poison[r] = ("rw", "its tcgen05.ld", ins.line)
                 w.tc_ld_regs.extend(names)
                 w.tc_pending += 1
+                w.ld_seq = getattr(w, "ld_seq", 0) + 1
+                rg = cta.guard_id(("ld", w.wid), w.ld_seq, f"tcgen05.ld of warp {w.wid} (PTX line {ins.line})")
 
                 def land():
                     cta.check_guards(cta.tguard[rows, cols], know, f"tcgen05.ld of warp {w.wid}", async_proxy=False,
                                      own=None, line=ins.line, warp=w.wid, space="TMEM",
                                      addrs=_tmem_addr_grid(lane0, col, nrep))
                     vals = cta.tmem[rows, cols]
+                    cta.trguard[rows, cols] = rg
                     for j, wr in enumerate(ws):
                         wr(w, vals[:, j].copy(), None)
                     w.tc_pending -= 1
@@ -313,6 +338,9 @@ def compile_tcgen05(ctx, ins, parts):
             g = cta.tguard[rows, cols]
             if (g == 1).any():
                 raise Fault("RACE", "tcgen05.st to TMEM cells another store is still writing", line=ins.line, warp=w.wid)
+            cta.check_war(cta.trguard[rows, cols], w.tmem_knowledge(), f"tcgen05.st of warp {w.wid}", line=ins.line,
+                          warp=w.wid, addrs=_tmem_addr_grid(lane0, col, nrep), space="TMEM")
+            cta.trguard[rows, cols] = 0
             cta.tguard[rows, cols] = 1
             w.st_seq += 1
             seq = w.st_seq
@@ -337,7 +365,7 @@ def compile_tcgen05(ctx, ins, parts):
         def fn(w, m):
             cta = w.cta
             for lane in _lanes(m):
-                b = cta.mbar_at(int(ba(w)[lane]), ins.line, w.wid)
+                b = cta.mbar_at(int(ba(w)[lane]), ins.line, w.wid, w.know)
                 know = dict(w.know)
                 know[("mma", w.wid)] = w.mma_seq
                 t = max(cta.now, w.mma_tail) + cta.delay(lo, hi)
@@ -402,29 +430,32 @@ def compile_tcgen05_mma(ctx, ins, parts):
             cta.smem_check(b_addr.reshape(-1), esize, ins.line, w.wid, "tcgen05.mma B operand")
             w.mma_seq += 1
             seq = w.mma_seq
-            know = dict(w.know)
+            know = dict(w.know)  # SMEM operands: ordered by the TMA's mbarrier (async proxy)
+            tknow = w.tmem_knowledge()  # TMEM operands: through tcgen05.fence::after_thread_sync
             t = max(cta.now, w.mma_tail) + cta.delay(lo, hi)
             w.mma_tail = t
             neg_a, neg_b = idesc.negate_a, idesc.negate_b
             wid = w.wid
 
-            def execute(a_src=a_src, b_addr=b_addr, know=know, seq=seq, dc=dc, N=N, acc=acc):
+            def execute(a_src=a_src, b_addr=b_addr, know=know, tknow=tknow, seq=seq, dc=dc, N=N, acc=acc):
                 with np.errstate(invalid="ignore", over="ignore"):
-                    _execute(a_src, b_addr, know, seq, dc, N, acc)
+                    _execute(a_src, b_addr, know, tknow, seq, dc, N, acc)
 
-            def _execute(a_src, b_addr, know, seq, dc, N, acc):
+            def _execute(a_src, b_addr, know, tknow, seq, dc, N, acc):
                 own = ("mma", wid)
+                rguard = cta.guard_id(own, seq, f"tcgen05.mma #{seq} of warp {wid} (PTX line {ins.line})")
 
                 def chk(ids, addrs, space, what):
                     # the pipe's own earlier MMAs are ordered before this one
                     ids = np.where(_own_mask(cta, ids, own), 0, ids)
-                    cta.check_guards(ids, know, what, async_proxy=True, own=None, line=ins.line, warp=wid,
-                                     addrs=addrs, space=space)
+                    cta.check_guards(ids, tknow if space == "TMEM" else know, what, async_proxy=True, own=None,
+                                     line=ins.line, warp=wid, addrs=addrs, space=space)
                 if a_src[0] == "tmem":
                     ac = a_src[1]
                     chk(cta.tguard[0:M, ac: ac + K // 2], _tmem_addr_grid(0, ac, K // 2, M), "TMEM",
                         f"tcgen05.mma (PTX line {ins.line}) A operand")
                     cells = cta.tmem[0:M, ac: ac + K // 2]
+                    cta.trguard[0:M, ac: ac + K // 2] = rguard
                     lo16 = (cells & 0xFFFF).astype(np.uint16)
                     hi16 = (cells >> 16).astype(np.uint16)
                     A = np.empty((M, K), np.float64)
@@ -434,7 +465,11 @@ def compile_tcgen05_mma(ctx, ins, parts):
                     addr = a_src[1]
                     chk(cta.sguard[addr], addr, "SMEM", f"tcgen05.mma (PTX line {ins.line}) A operand")
                     A = conv(cta.smem.view(np.uint16)[addr // 2]).astype(np.float64)
+                    cta.srguard[addr] = rguard
+                    cta.srguard[addr + 1] = rguard
                 chk(cta.sguard[b_addr], b_addr, "SMEM", f"tcgen05.mma (PTX line {ins.line}) B operand")
+                cta.srguard[b_addr] = rguard
+                cta.srguard[b_addr + 1] = rguard
                 B = conv(cta.smem.view(np.uint16)[b_addr // 2]).astype(np.float64)
                 if neg_a:
                     A = -A
@@ -445,6 +480,9 @@ def compile_tcgen05_mma(ctx, ins, parts):
                     chk(cta.tguard[0:M, dc: dc + N], _tmem_addr_grid(0, dc, N, M), "TMEM",
                         f"tcgen05.mma (PTX line {ins.line}) accumulator")
                     old = cta.tmem[0:M, dc: dc + N].view(np.float32)
+                cta.check_war(cta.trguard[0:M, dc: dc + N], tknow, f"tcgen05.mma (PTX line {ins.line})", skip=(own,),
+                              line=ins.line, warp=wid, addrs=_tmem_addr_grid(0, dc, N, M), space="TMEM")
+                cta.trguard[0:M, dc: dc + N] = 0
                 with np.errstate(over="ignore", invalid="ignore"):
                     D = mma_accumulate(A, B, old, emu.options.get("mma_model", DEFAULT_MMA_MODEL))
                 cta.tmem[0:M, dc: dc + N] = D.view(np.uint32)
@@ -516,9 +554,16 @@ def compile_wgmma(ctx, ins, parts):
 
             def release():
                 live = set()
+                pend = []
                 for g in w.wg_groups + [w.wg_open]:
                     for o in g:
                         live.update(o["regs"][w.wid])
+                        if not o["done"]:
+                            pend.append(o["seq"])
+                done_upto = (min(pend) - 1) if pend else w.wg_seq
+                key = ("wg", w.wid // 4)
+                if w.know.get(key, 0) < done_upto:
+                    w.know[key] = done_upto
                 for r in [r for r, v in w.poison.items() if v[1].startswith("its wgmma")]:
                     if r not in live:
                         del w.poison[r]
@@ -580,7 +625,7 @@ def compile_wgmma(ctx, ins, parts):
         seq = w.wg_seq
         w.wg_seq += 1
         key = (wg, seq)
-        pend = cta.wg_pending.setdefault(key, {"contrib": {}, "done": False, "regs": {}})
+        pend = cta.wg_pending.setdefault(key, {"contrib": {}, "done": False, "regs": {}, "seq": seq + 1})
         pend["contrib"][wi] = dict(warp=w, a=av, b=bv, scale_d=scale_d, know=dict(w.know),
                                    aregs=[np.array(r(w)) for r in a_readers] if rs_form else None)
         pend["regs"][w.wid] = dnames + anames
@@ -612,9 +657,13 @@ def compile_wgmma(ctx, ins, parts):
         for c in cs.values():
             _join(know, c["know"])
 
+        rg = cta.guard_id(("wg", wg), seq + 1, f"wgmma #{seq + 1} of warpgroup {wg} (PTX line {ins.line})")
+
         def execute():
             cta.check_guards(cta.sguard[b_addr], know, f"wgmma (PTX line {ins.line}) B operand", async_proxy=True,
                              own=None, line=ins.line, warp=w.wid, addrs=b_addr)
+            cta.srguard[b_addr] = rg
+            cta.srguard[b_addr + 1] = rg
             B = conv(cta.smem.view(np.uint16)[b_addr // 2]).astype(np.float64) * isb
             if rs_form:
                 A = np.zeros((64, 16), np.float64)
@@ -628,6 +677,8 @@ def compile_wgmma(ctx, ins, parts):
                 cta.check_guards(cta.sguard[a_addr], know, f"wgmma (PTX line {ins.line}) A operand", async_proxy=True,
                                  own=None, line=ins.line, warp=w.wid, addrs=a_addr)
                 A = conv(cta.smem.view(np.uint16)[a_addr // 2]).astype(np.float64)
+                cta.srguard[a_addr] = rg
+                cta.srguard[a_addr + 1] = rg
             A = A * isa
             D_old = None
             if first["scale_d"]:

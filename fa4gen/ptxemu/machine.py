@@ -83,6 +83,8 @@ class MBar:
     version: int = 0
     acc: dict = field(default_factory=dict)
     know: dict = field(default_factory=dict)  # knowledge released by the last completed phase
+    init_by: int = -1  # the warp whose mbarrier.init made it (others must have synchronised since)
+    init_epoch: int = 0
 
     def state(self) -> str:
         return (f"{self.name}: phase {self.phase} (parity {self.phase & 1} pending), "
@@ -116,7 +118,15 @@ class Warp:
         self.epoch = 0
         self.steps = 0
         # async bookkeeping
-        self.tc_pending = 0  # tcgen05.ld/st in flight
+        # tcgen05 ordering across thread synchronisation (PTX ISA, tcgen05 memory consistency):
+        # what a warp acquired reaches its later tcgen05 ops only through
+        # tcgen05.fence::after_thread_sync (tc_view is w.know as of the last one), and its own
+        # tcgen05 completions (wait::st) are released to others only through
+        # tcgen05.fence::before_thread_sync (tc_unpublished until then). own_tc: its own, always seen.
+        self.tc_view: dict = {}
+        self.tc_unpublished: dict = {}
+        self.own_tc: dict = {}
+        self.tc_pending = 0  # tcgen05.ld in flight
         self.tc_ld_regs: list = []
         self.st_seq = 0
         self.st_landed = 0
@@ -141,6 +151,12 @@ class Warp:
             "%nctaid.y": np.ones(WARP, _U32), "%nctaid.z": np.ones(WARP, _U32),
             "%nwarpid": np.full(WARP, 64, _U32),
         }
+
+    def tmem_knowledge(self) -> dict:
+        """What this warp's tcgen05 ops may assume (acquired before its last fence::after, its own)."""
+        k = dict(self.tc_view)
+        _join(k, self.own_tc)
+        return k
 
     def release_epoch(self):
         self.epoch += 1
@@ -180,6 +196,10 @@ class CTA:
         self.smem = np.zeros(size, np.uint8)
         self.sguard = np.zeros(size, np.int32)
         self.swriter = np.full(size, -1, np.int32)  # last generic writer of each byte (for reports)
+        # read guards (write-after-read): the last reader of each byte / cell; an overwrite must have
+        # observed that read's completion (same guard table as the write guards)
+        self.srguard = np.zeros(size, np.int32)
+        self.trguard = np.zeros((TMEM_LANES, TMEM_COLS), np.int32)
         self.tmem = np.zeros((TMEM_LANES, TMEM_COLS), np.uint32)
         self.tguard = np.zeros((TMEM_LANES, TMEM_COLS), np.int32)
         self.tmem_alloc: dict = {}  # col -> ncols
@@ -239,6 +259,26 @@ class CTA:
                                     f"(needs {key[0]}:{key[1]} >= {thr}, has {know.get(key, 'nothing')})",
                             line=line, warp=warp, addr=where)
 
+    def check_war(self, rids: np.ndarray, know: dict, writer: str, *, own: int | None = None, skip=(),
+                  line=None, warp=None, addrs=None, space="SMEM"):
+        """An overwrite: every read guard on the target must be in the writer's knowledge."""
+        u = np.unique(rids)
+        for g in u:
+            g = int(g)
+            if g <= 2:
+                continue
+            _, key, thr, what = self.guards[g]
+            if key in skip or (key[0] == "w" and key[1] == own):
+                continue
+            if know.get(key, -1) < thr:
+                where = None
+                if addrs is not None:
+                    hit = np.flatnonzero(rids.reshape(-1) == g)
+                    where = int(np.asarray(addrs).reshape(-1)[hit[0]]) if hit.size else None
+                raise Fault("RACE", f"{writer} overwrites {space} that {what} reads, without observing that the "
+                                    f"read completed (needs {key[0]}:{key[1]} >= {thr}, has {know.get(key, 'nothing')})",
+                            line=line, warp=warp, addr=where)
+
     # ---- events -------------------------------------------------------------------------------
     def at(self, t: int, fn) -> None:
         self._eseq += 1
@@ -267,11 +307,14 @@ class CTA:
             raise Fault("SMEM_MISALIGNED", f"shared-memory {what} of {nbytes} B is not {nbytes}-byte aligned",
                         line=line, warp=warp, addr=int(addrs.reshape(-1)[i]))
 
-    def mbar_at(self, addr: int, line, warp) -> MBar:
+    def mbar_at(self, addr: int, line, warp, know: dict | None = None) -> MBar:
         b = self.mbars.get(addr)
         if b is None:
             raise Fault("MBARRIER", "operation on an address where no mbarrier was initialised",
                         line=line, warp=warp, addr=addr)
+        if know is not None and warp != b.init_by and know.get(("w", b.init_by), -1) < b.init_epoch:
+            raise Fault("MBARRIER", f"{b.name} used before its mbarrier.init (by warp {b.init_by}) is visible to "
+                                    "this warp: no barrier since the init", line=line, warp=warp, addr=addr)
         return b
 
     def mbar_name(self, addr: int) -> str:

@@ -206,7 +206,44 @@ def _release_k_early(text, man):
     return text[:sync.end()] + body + "\n" + text[sync.end():]
 
 
+def _drop_fence_after_wait(bar_name):
+    """Drop the tcgen05.fence::after_thread_sync that follows the MMA warp's wait on `bar_name`."""
+    def edit(text, man):
+        off = _bar_off(man, bar_name)
+        pat = (rf"(mbarrier\.try_wait\.parity\.shared::cta\.b64 %p_w, \[%(?:bar|qb)\+{off}\][^\n]*\n"
+               rf"[^\n]*\n)\s*tcgen05\.fence::after_thread_sync;\n")
+        return _sub(pat, r"\1", nth=0)(text, man)
+    return edit
+
+
+def _drop_fence_before_arrive(bar_name):
+    """Drop the tcgen05.fence::before_thread_sync between a tcgen05.wait::st and the arrive on `bar_name`."""
+    def edit(text, man):
+        off = _bar_off(man, bar_name)
+        pat = (rf"(tcgen05\.wait::st\.sync\.aligned;\n\s*// op \d+ Arrive\n)\s*tcgen05\.fence::before_thread_sync;\n"
+               rf"(\s*mbarrier\.arrive\.shared::cta\.b64 _, \[%(?:bar|qb)\+{off}\];)")
+        return _sub(pat, r"\1\2", nth=0)(text, man)
+    return edit
+
+
 PTX_MUTATIONS = PTX_MUTATIONS + (
+    PtxMutation("dropped_fence_after_p_wait", _SM100, "the MMA warp reads P from TMEM without "
+                "tcgen05.fence::after_thread_sync after its p_o_rescale wait", ("RACE",),
+                _drop_fence_after_wait("p_o_rescale")),
+    PtxMutation("dropped_fence_before_p_arrive", _SM100, "softmax hands P over (p_o_rescale) without "
+                "tcgen05.fence::before_thread_sync after its wait::st", ("RACE",),
+                _drop_fence_before_arrive("p_o_rescale")),
+    PtxMutation("dropped_store_wait_read", _SM100, "the store warp frees O_smem (corr_epi_empty) without "
+                "cp.async.bulk.wait_group.read: the TMA store may still be reading it", ("RACE",),
+                _drop_line(r"cp\.async\.bulk\.wait_group\.read 0;", nth=0)),
+    PtxMutation("sscale_overwritten_early", _SM100, "softmax0 rewrites its sScale slot without waiting "
+                "softmax_corr_empty (the correction may not have read it yet)", ("RACE", "mismatch"),
+                lambda t, m: _sub(rf"\$Lwait\d+:\n\s*mbarrier\.try_wait\.parity\.shared::cta\.b64 %p_w, "
+                                  rf"\[%bar\+{_bar_off(m, 'softmax_corr_empty')}\], %q_softmax0_ce;\n\s*@!%p_w bra \$Lwait\d+;\n",
+                                  "", nth=0)(t, m)),
+    PtxMutation("dropped_setup_sync", _SM100, "no bar.sync between mbarrier.init / tcgen05.alloc and the roles",
+                ("RACE", "MBARRIER"), _sub(r"(\$L_alloc_done:\n\s*tcgen05\.fence::before_thread_sync;\n)\s*bar\.sync 0;\n",
+                                            r"\1", nth=0)),
     PtxMutation("sm90_release_k_early", _SM90, "the consumers release K (k_empty) before their QK wgmma reads it",
                 ("RACE", "mismatch"), _release_k_early),
 )

@@ -468,6 +468,7 @@ def compile_ld_st(ctx, ins, parts):
                 idx = addrs[:, None] + np.arange(nb)[None, :]
                 cta.check_guards(cta.sguard[idx], w.know, f"ld.shared by warp {w.wid}", async_proxy=False,
                                  own=w.wid, line=ins.line, warp=w.wid, addrs=idx)
+                cta.srguard[idx] = cta.guard_id(("w", w.wid), w.epoch + 1, f"ld.shared of warp {w.wid} (PTX line {ins.line})")
                 raw = cta.smem[idx].reshape(-1).view(dt).reshape(len(lanes), vec)
                 for i in range(vec):
                     full = np.zeros(WARP, dt)
@@ -498,6 +499,9 @@ def compile_ld_st(ctx, ins, parts):
                 hit = idx.reshape(-1)[np.flatnonzero((g == 1) | (g == 2))[0]]
                 raise Fault("RACE", f"st.shared overwrites {what}", line=ins.line, warp=w.wid, addr=int(hit),
                             text=ins.text)
+            cta.check_war(cta.srguard[idx], w.know, f"st.shared of warp {w.wid}", own=w.wid, line=ins.line,
+                          warp=w.wid, addrs=idx)
+            cta.srguard[idx] = 0
             vals = np.stack([np.broadcast_to(np.asarray(r(w), dt), (WARP,))[lanes] for r in rs], axis=1)
             cta.smem[idx] = vals.reshape(len(lanes), vec).copy().view(np.uint8).reshape(len(lanes), nb)
             cta.sguard[idx] = cta.guard_id(("w", w.wid), w.epoch + 1, f"st.shared of warp {w.wid}")
@@ -555,7 +559,7 @@ def compile_mbarrier(ctx, ins, parts):
                 if not 1 <= c < (1 << 20):
                     raise Fault("MBARRIER", f"mbarrier.init count {c} outside 1..2^20-1", line=ins.line,
                                 warp=w.wid, addr=a)
-                cta.mbars[a] = MBar(a, cta.mbar_name(a), c, c)
+                cta.mbars[a] = MBar(a, cta.mbar_name(a), c, c, init_by=w.wid, init_epoch=w.epoch + 1)
                 cta.sguard[a: a + 8] = 2
         return fn
     if op == "arrive":
@@ -572,7 +576,7 @@ def compile_mbarrier(ctx, ins, parts):
             w.release_epoch()
             ex = np.broadcast_to(extra(w), (WARP,))[lanes] if extra is not None else None
             for i, a in enumerate(addrs):
-                b = cta.mbar_at(int(a), ins.line, w.wid)
+                b = cta.mbar_at(int(a), ins.line, w.wid, w.know)
                 if expect:
                     cta.mbar_arrive(b, 1, w.know, ins.line, w.wid, tx=int(ex[i]))
                 else:
@@ -591,7 +595,7 @@ def compile_mbarrier(ctx, ins, parts):
             res = np.zeros(WARP, bool)
             blocked_on = None
             for i, (a, p) in enumerate(zip(addrs, pv)):
-                b = cta.mbar_at(int(a), ins.line, w.wid)
+                b = cta.mbar_at(int(a), ins.line, w.wid, w.know)
                 ok = (b.phase & 1) != (int(p) & 1)
                 res[lanes[i]] = ok
                 if ok:
