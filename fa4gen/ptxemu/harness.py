@@ -289,6 +289,12 @@ def run_raw(ptx_text: str, *, threads: int, ctas: int = 1, args: tuple = (), sme
     return outs
 
 
+def role_budgets(man: dict) -> dict:
+    """warp -> (role, setmaxnreg) from the manifest: the PTX must ask for exactly these budgets."""
+    return {w: (r["role"], int(r["setmaxnreg"])) for r in man.get("roles", []) if r.get("setmaxnreg")
+            for w in r.get("warps", [])}
+
+
 def role_of(man: dict, warp: int) -> str:
     for r in man.get("roles", []):
         if warp in r.get("warps", []):
@@ -311,7 +317,7 @@ def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2
         emu = Emulator(mod, arch=cfg["arch"], nthreads=int(man["threads_per_cta"]), nctas=launch.nctas,
                        dyn_smem=int(man["dynamic_smem_bytes"]), params=launch.params, param_offsets=launch.offsets,
                        gmem=launch.gmem, seed=seed, entry_regs=entry_regs, barrier_names=launch.barrier_names(),
-                       delays=delays, options=options)
+                       delays=delays, options=dict({"role_regs": role_budgets(man)}, **(options or {})))
         emu.param_sizes = launch.sizes
         emu.run(step_limit, progress=progress)
     except Fault as f:

@@ -244,6 +244,8 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
     PtxMutation("dropped_setup_sync", _SM100, "no bar.sync between mbarrier.init / tcgen05.alloc and the roles",
                 ("RACE", "MBARRIER"), _sub(r"(\$L_alloc_done:\n\s*tcgen05\.fence::before_thread_sync;\n)\s*bar\.sync 0;\n",
                                             r"\1", nth=0)),
+    PtxMutation("softmax_budget_off", _SM100, "softmax warpgroups ask setmaxnreg.inc 192 where the plan gives 200",
+                ("SETMAXNREG",), _sub(r"setmaxnreg\.inc\.sync\.aligned\.u32 200;", "setmaxnreg.inc.sync.aligned.u32 192;")),
     PtxMutation("sm90_release_k_early", _SM90, "the consumers release K (k_empty) before their QK wgmma reads it",
                 ("RACE", "mismatch"), _release_k_early),
 )

@@ -771,6 +771,10 @@ def compile_setmaxnreg(ctx, ins, parts):
         v = int(np.broadcast_to(n(w), (WARP,))[0])
         if v % 8 or not 24 <= v <= 256:
             raise Fault("SETMAXNREG", f"setmaxnreg {v}: must be a multiple of 8 in 24..256", line=ins.line, warp=w.wid)
+        want = cta.emu.options.get("role_regs", {}).get(w.wid)
+        if want is not None and v != want[1]:
+            raise Fault("SETMAXNREG", f"setmaxnreg.{parts[1]} {v}, but the manifest gives role {want[0]} a budget of "
+                                      f"{want[1]} registers per thread", line=ins.line, warp=w.wid, text=ins.text)
         cur = w.regbudget if w.regbudget is not None else cta.emu.entry_regs
         if cur is None:
             cur = v
