@@ -212,5 +212,40 @@ def emulate(ptx_file, manifest, shapes, seeds, seed0, ctas, step_limit, mutation
     sys.exit(0 if ok else 1)
 
 
+@main.command(help="Read a PTX file back, as it is on disk, against the verified IR of the config in its "
+                   "manifest: per role the ordered protocol events (barrier, slot, parity state, arrivals, "
+                   "expect_tx bytes, TMA copies, tcgen05/wgmma commit and wait points, TMEM columns of every "
+                   "tcgen05 op, named-barrier ids and thread counts), mbarrier init counts, the TMEM "
+                   "allocation and lane field. sm_90a is read back at the level its IR describes (op order, "
+                   "counts, wait_group depths; not slots or parities). Exit 0 identical, 1 listing every "
+                   "difference (PTX line and the IR op it should be), 2 bad usage.")
+@click.argument("ptx_file", type=click.Path(dir_okay=False))
+@click.option("--manifest", type=click.Path(dir_okay=False), default=None,
+              help="The build manifest (default: the .json beside the .ptx).")
+@click.option("--mutation", default=None, help="Apply a PTX corpus mutation first (fa4gen emulate --list-mutations).")
+def check(ptx_file, manifest, mutation):
+    from .check import CheckUsageError, check_ptx
+    from .ptxemu import harness
+    from .ptxemu.mutations import MutationMiss, by_name
+
+    path = Path(ptx_file)
+    try:
+        if not path.exists():
+            raise harness.UsageError(f"{path}: no such file")
+        man = harness.load_manifest(path, Path(manifest) if manifest else None)
+        text = path.read_text()
+        if mutation:
+            try:
+                text = by_name(mutation).apply(text, man)
+            except (KeyError, MutationMiss) as e:
+                raise harness.UsageError(str(e.args[0] if isinstance(e, KeyError) else e)) from None
+        rep = check_ptx(text, man)
+    except (harness.UsageError, CheckUsageError) as e:
+        click.echo(f"fa4gen check: error: {e}", err=True)
+        sys.exit(2)
+    click.echo(rep.summary())
+    sys.exit(0 if rep.ok else 1)
+
+
 if __name__ == "__main__":
     main()

@@ -356,3 +356,48 @@ def test_emulate_cli_exit_codes(tmp_path):
     assert r.exit_code == 2
     r = runner.invoke(cli_main, ["emulate", str(bad)])  # no manifest beside it
     assert r.exit_code == 2 and "manifest" in r.output
+
+
+# ---- fa4gen check ---------------------------------------------------------------------------------
+from fa4gen.check import check_ptx  # noqa: E402
+
+SM90_PROTOCOL_VARIANTS = [c for c in SM90_VARIANTS if c["emu_pairs"] is None]  # the exp2 split is data path
+
+
+@pytest.mark.parametrize("name", SM100_GOLDEN)
+def test_check_passes_on_the_golden_sm100_ptx(name):
+    rep = check_ptx((GEN / f"{name}.ptx").read_text(), json.loads((GEN / f"{name}.json").read_text()))
+    assert rep.ok, rep.summary()
+    assert sum(rep.events.values()) > 100
+
+
+@pytest.mark.parametrize("cfg", SM90_PROTOCOL_VARIANTS, ids=lambda c: KernelConfig(**c).name)
+def test_check_passes_on_the_sm90_variants(cfg):
+    ptx, man = emitted(**cfg)
+    rep = check_ptx(ptx, man)
+    assert rep.ok, rep.summary()
+
+
+@pytest.mark.parametrize("mut", [m for m in PTX_MUTATIONS if m.protocol], ids=lambda m: m.name)
+def test_check_flags_every_protocol_mutation(mut):
+    ptx, man = emitted(**mut.config)
+    rep = check_ptx(mut.apply(ptx, man), man)
+    assert not rep.ok, f"{mut.name}: fa4gen check saw no difference"
+    assert all(d.line is not None or "missing" in str(d) or "nothing" in d.got or d.role == "prologue"
+               for d in rep.differences)
+
+
+def test_check_cli_exit_codes(tmp_path):
+    runner = CliRunner()
+    good = GEN / "fa4_sm100a_d64_bf16_causal_gqa4.ptx"
+    r = runner.invoke(cli_main, ["check", str(good)])
+    assert r.exit_code == 0 and "PTX protocol == IR" in r.output, r.output
+    bad = tmp_path / good.name
+    text = good.read_text()
+    bad.write_text(text.replace("tcgen05.wait::st.sync.aligned;\n", "", 1))
+    r = runner.invoke(cli_main, ["check", str(bad), "--manifest", str(good.with_suffix(".json"))])
+    assert r.exit_code == 1 and "WaitSt" in r.output, r.output
+    r = runner.invoke(cli_main, ["check", str(tmp_path / "nope.ptx")])
+    assert r.exit_code == 2
+    r = runner.invoke(cli_main, ["check", str(bad)])
+    assert r.exit_code == 2 and "manifest" in r.output

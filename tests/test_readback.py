@@ -1,12 +1,13 @@
-"""Read the emitted sm_100a PTX back into per-role protocol sequences and compare with the IR.
+"""Read the emitted sm_100a PTX back into per-role protocol sequences and compare with the IR
+(fa4gen.check, the code behind `fa4gen check`).
 
-The parser below knows nothing of the lowering: it reads instructions (mbarrier, cp.async.bulk,
+The parser knows nothing of the lowering: it reads instructions (mbarrier, cp.async.bulk,
 tcgen05, bar, fence), resolves barrier/region identities from address offsets through the manifest's
 SMEM layout and the IR's TMEM regions, follows the few address registers back to the State register
 they came from (a small dataflow over the role's instructions), and notes whether an instruction
-sits in an elected-lane region. Comments are used only to cut the text into roles (`// role X` ...
-`// end role X`); the `// op N` markers are ignored. The expected sequence comes from the IR
-programs through the op -> PTX table (fa4gen.lower.sm100.OP_PTX), inverted here.
+sits in an elected-lane region. Roles are cut at their labels ($L_role_X ... $L_X_end); comments
+are ignored. The expected sequence comes from the IR programs through the op -> PTX table
+(fa4gen.lower.sm100.OP_PTX), inverted in fa4gen.check.
 
 Mutated templates (a dropped wait, arrive, commit or wait::st; a wait::st moved after its arrive)
 must make the comparison fail.
@@ -21,12 +22,10 @@ import jinja2
 import pytest
 
 from fa4gen import render as render_mod
+from fa4gen.check import _INSTR, check_ptx
 from fa4gen.config import KernelConfig
-from fa4gen.encodings import Major, TcgenInstrDesc
 from fa4gen.ir import build_pipeline
-from fa4gen.ir.core import (Arrive, BarrierKind, BlockRef, Commit, ExpectTx, FenceProxyAsync, Mma, NamedArrive,
-                            NamedSync, Scope, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt, Wait,
-                            WaitLd, WaitSt, walk_ops)
+from fa4gen.ir.core import Mma, Wait, walk_ops
 from fa4gen.lower.sm100 import OP_PTX, build_sm100, legalize
 
 MATRIX = [KernelConfig(head_dim=d, causal=c, gqa_ratio=g) for d in (64, 128) for c in (False, True) for g in (1, 4)]
@@ -41,371 +40,9 @@ def emitted(cfg: KernelConfig):
     return pipe, ptx, manifest
 
 
-# ---------------------------------------------------------------------------------------------------
-# PTX -> events
-
-
-def role_sections(ptx: str) -> dict[str, list[str]]:
-    out, cur = {}, None
-    for line in ptx.splitlines():
-        m = re.match(r"^// role (\w+)$", line)
-        if m:
-            cur = m.group(1)
-            out[cur] = []
-            continue
-        if re.match(r"^// end role (\w+)$", line):
-            cur = None
-            continue
-        if cur is not None:
-            out[cur].append(line)
-    return out
-
-
-_INSTR = re.compile(r"^\s*(@!?%\w+\s+)?([a-z][\w.:]*)\s*(.*?);\s*$")
-_LABEL = re.compile(r"^\s*(\$\w+):\s*$")
-
-
-def _operands(text: str) -> list[str]:
-    """Top-level comma-separated operands (braces and brackets kept whole)."""
-    ops, depth, cur = [], 0, ""
-    for ch in text:
-        if ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            ops.append(cur.strip())
-            cur = ""
-        else:
-            cur += ch
-    if cur.strip():
-        ops.append(cur.strip())
-    return ops
-
-
-class Layout:
-    """Offsets -> names, from the manifest (SMEM) and the pipeline (TMEM, named barriers)."""
-
-    def __init__(self, pipe, manifest):
-        lay = manifest["smem_layout"]
-        self.bars = []  # (offset of slot 0, slots, name)
-        for b in pipe.barriers:
-            if b.kind is not BarrierKind.NAMED:
-                self.bars.append((lay["barriers"][b.name], b.slots, b.name))
-        self.regions = [(v["offset"], v["bytes_per_slot"], v["slots"], k) for k, v in lay["regions"].items()]
-        self.named = {}
-        for b in pipe.barriers:
-            if b.kind is BarrierKind.NAMED:
-                per_warp = b.slots > 2 and b.count == 64
-                for s in range(b.slots):
-                    self.named[b.named_id + s] = (b.name, s // 4 if per_warp else s, b.count)
-
-    def barrier(self, off: int) -> tuple[str, int]:
-        for base, slots, name in self.bars:
-            if base <= off < base + 8 * slots and (off - base) % 8 == 0:
-                return name, (off - base) // 8
-        raise AssertionError(f"offset {off} is no mbarrier slot")
-
-    def region(self, off: int) -> tuple[str, int, int]:
-        """(region, slot, byte offset inside the slot)."""
-        for base, size, slots, name in self.regions:
-            if base <= off < base + size * slots:
-                return name, (off - base) // size, (off - base) % size
-        raise AssertionError(f"offset {off} is in no SMEM region")
-
-
-def parse(ptx: str, pipe, manifest) -> dict[str, list[tuple]]:
-    """Per role, the protocol events in textual order."""
-    lay = Layout(pipe, manifest)
-    tmaps = {"%tmq": "q", "%tmk": "k", "%tmv": "v", "%tmo": "o"}
-    result = {}
-    for role, lines in role_sections(ptx).items():
-        prov: dict[str, frozenset] = {}  # register -> States (q registers) it was computed from
-        consts: dict[str, int] = {}  # named-barrier id registers
-        guard = None  # label that ends the current elected-lane region
-        events: list[tuple] = []
-        pending_before = False
-        last_was_sync = False
-
-        def src_states(ops):
-            s = set()
-            for o in ops:
-                for reg in re.findall(r"%\w+", o):
-                    m = re.match(rf"%q_{role}_(\w+)$", reg)
-                    if m:
-                        s.add(m.group(1))
-                    elif reg in prov:
-                        s |= prov[reg]
-            return frozenset(s)
-
-        def addr(op: str):
-            m = re.match(r"\[(%\w+)\+(\d+)\]$", op)
-            assert m, f"{role}: unexpected address {op}"
-            base, off = m.group(1), int(m.group(2))
-            if base in ("%bar", "%smem"):
-                return None, off
-            st = prov.get(base, frozenset())
-            assert len(st) == 1, f"{role}: address register {base} not derived from exactly one State ({st})"
-            return next(iter(st)), off
-
-        def bar_slot(op: str):
-            state, off = addr(op)
-            name, k = lay.barrier(off)
-            return name, (k if state is None else (state, k))
-
-        for line in lines:
-            lm = _LABEL.match(line)
-            if lm:
-                if guard == lm.group(1):
-                    guard = None
-                continue
-            line = line.split("//")[0]
-            m = _INSTR.match(line)
-            if not m:
-                continue
-            pred, opc, rest = (m.group(1) or "").strip(), m.group(2), m.group(3)
-            ops = _operands(rest)
-            elected = guard is not None or pred == "@%p_el"
-            ev = None
-            if opc == "bra" and pred == "@!%p_el":
-                guard = ops[0]
-            elif opc.startswith("mbarrier.try_wait.parity"):
-                name, slot = bar_slot(ops[1])
-                par = ops[2]
-                pm = re.match(rf"%q_{role}_(\w+)$", par)
-                parity = pm.group(1) if pm else next(iter(prov[par]))
-                ev = ("wait", name, slot, parity)
-            elif opc.startswith("mbarrier.arrive.expect_tx"):
-                name, slot = bar_slot(ops[1])
-                ev = ("expect_tx", name, slot, int(ops[2]), elected)
-            elif opc.startswith("mbarrier.arrive"):
-                name, slot = bar_slot(ops[1])
-                ev = ("arrive", name, slot, elected, pending_before)
-            elif opc.startswith("cp.async.bulk.tensor") and ".global.shared::cta" in opc:
-                ev = ("tma_store", tmaps[ops[0][1:].split(",")[0].strip()], elected)
-            elif opc.startswith("cp.async.bulk.tensor"):
-                st, off = addr(ops[0])
-                region, slot, inner = lay.region(off)
-                bname, bslot = bar_slot(ops[2])
-                ev = ("tma_load", tmaps[ops[1][1:].split(",")[0].strip()], region,
-                      slot if st is None else (st, slot), bname, bslot, elected)
-            elif opc == "cp.async.bulk.commit_group":
-                ev = ("bulk_commit", elected)
-            elif opc.startswith("cp.async.bulk.wait_group.read"):
-                ev = ("store_wait", elected)
-            elif opc.startswith("tcgen05.mma"):
-                d = re.match(r"\[%tmem\+(\d+)\]$", ops[0])
-                idesc = TcgenInstrDesc.decode(int(ops[3], 16))
-                if ops[1].startswith("["):
-                    a = ("tmem", int(re.match(r"\[%tmem\+(\d+)\]$", ops[1]).group(1)))
-                else:
-                    a = ("smem", tuple(sorted(src_states([ops[1]]))))
-                ev = ("mma", int(d.group(1)), a, tuple(sorted(src_states([ops[2]]))), idesc.n,
-                      idesc.b_major.name, ops[4], pred == "@%p_el")
-            elif opc.startswith("tcgen05.commit"):
-                name, slot = bar_slot(ops[0])
-                ev = ("commit", name, slot, pred == "@%p_el")
-            elif opc.startswith("tcgen05.ld"):
-                n = int(re.search(r"\.x(\d+)\.", opc).group(1))
-                col = int(re.match(r"\[%tml\+(\d+)\]$", ops[1]).group(1))
-                ev = ("tmem_ld", col, col + n)
-            elif opc.startswith("tcgen05.st"):
-                n = int(re.search(r"\.x(\d+)\.", opc).group(1))
-                col = int(re.match(r"\[%tml\+(\d+)\]$", ops[0]).group(1))
-                ev = ("tmem_st", col, col + n)
-            elif opc.startswith("tcgen05.wait::ld"):
-                ev = ("wait_ld",)
-            elif opc.startswith("tcgen05.wait::st"):
-                ev = ("wait_st",)
-            elif opc in ("bar.arrive", "bar.sync") and ops[0] != "0":
-                bid = consts[ops[0]] if ops[0].startswith("%") else int(ops[0])
-                name, slot, count = lay.named[bid]
-                assert int(ops[1]) == count, f"{role}: {opc} {ops[0]} with {ops[1]} threads, barrier counts {count}"
-                ev = (opc.replace(".", "_"), name, slot, pending_before if opc == "bar.arrive" else None)
-            elif opc == "fence.proxy.async.shared::cta":
-                ev = ("fence_proxy_async",)
-            elif opc == "tcgen05.fence::before_thread_sync":
-                pending_before = True
-                continue
-            elif opc == "tcgen05.fence::after_thread_sync":
-                if last_was_sync:
-                    events[-1] = events[-1] + ("fence_after",)
-                    last_was_sync = False
-                    continue
-                ev = ("fence_after without a wait",)
-            elif opc.startswith(("tcgen05.", "mbarrier.", "cp.async.", "bar.", "fence.")) and opc != "bar.warp.sync":
-                raise AssertionError(f"{role}: protocol instruction the read-back does not know: {line.strip()}")
-            else:
-                # plain instruction: dataflow of address registers and named-barrier ids
-                if ops and re.match(r"%\w+$", ops[0]) and not opc.startswith(("st.", "setp", "bra")):
-                    dst = ops[0]
-                    s = src_states(ops[1:])
-                    if s:
-                        prov[dst] = s
-                    else:
-                        prov.pop(dst, None)
-                    if opc == "add.u32" and ops[1] == "%warp4":
-                        consts[dst] = int(ops[2])
-                if opc.startswith("setp") and len(ops) >= 3:
-                    s = src_states(ops[1:])
-                    if s:
-                        prov[ops[0]] = s
-                if opc.startswith("selp") and len(ops) >= 4:
-                    prov[ops[0]] = src_states(ops[1:])
-            if ev is not None:
-                if ev[0] in ("arrive", "bar_arrive"):
-                    pending_before = False
-                events.append(ev)
-                last_was_sync = ev[0] in ("wait", "bar_sync")
-        result[role] = _collapse(events)
-    return result
-
-
-def _collapse(events: list[tuple]) -> list[tuple]:
-    """Fold the repeated instructions of one op (TMA boxes, MMA k steps, store + commit_group)."""
-    out = []
-    for ev in events:
-        if ev[0] == "tma_load" and out and out[-1][0] == "tma_load_n" and out[-1][1] == ev[1:]:
-            out[-1] = ("tma_load_n", ev[1:], out[-1][2] + 1)
-            continue
-        if ev[0] == "tma_load":
-            out.append(("tma_load_n", ev[1:], 1))
-            continue
-        if ev[0] == "tma_store" and out and out[-1][0] == "tma_store_n" and out[-1][1] == ev[1:]:
-            out[-1] = ("tma_store_n", ev[1:], out[-1][2] + 1)
-            continue
-        if ev[0] == "tma_store":
-            out.append(("tma_store_n", ev[1:], 1))
-            continue
-        if ev[0] == "bulk_commit":
-            assert out and out[-1][0] == "tma_store_n", "commit_group without a preceding TMA store"
-            out[-1] = out[-1] + ("committed",)
-            continue
-        if ev[0] == "mma" and out and out[-1][0] == "mma_n" and out[-1][1] == ev[1] and ev[6] == "1" \
-                and out[-1][3] == ev[3] and out[-1][-1] < 64:
-            last = out[-1]
-            a = last[2] + ((ev[2][1],) if ev[2][0] == "tmem" else ())
-            out[-1] = ("mma_n", last[1], a, last[3], last[4], last[5], last[6], last[7], last[8] + 1)
-            continue
-        if ev[0] == "mma":
-            a = (ev[2][1],) if ev[2][0] == "tmem" else ev[2][1]
-            out.append(("mma_n", ev[1], ("tmem",) + a if ev[2][0] == "tmem" else ("smem",) + a, ev[3], ev[4],
-                        ev[5], ev[6], ev[7], 1))
-            continue
-        out.append(ev)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------
-# IR -> expected events (the table OP_PTX, inverted by hand below)
-
-
-def expected(pipe, manifest) -> dict[str, list[tuple]]:
-    cfg = pipe.config
-    boxes = cfg.head_dim // 64
-    out = {}
-    for role in pipe.roles:
-        tc_any = any(isinstance(op, (Mma, TmemLd, TmemSt)) for op in walk_ops(role.program))
-        tc_ldst = any(isinstance(op, (TmemLd, TmemSt)) for op in walk_ops(role.program))
-
-        def slot(s):
-            if isinstance(s, int):
-                return s
-            st = role.state(s)
-            return st.slot_base if st.depth == 1 else (s, st.slot_base)
-
-        def region_slot(s):
-            if isinstance(s, int):
-                return s
-            st = role.state(s)
-            return st.slot_base if st.depth == 1 else (s, st.slot_base)
-
-        def phys(rname, lo, hi):
-            r = pipe.region(rname)
-            return (r.col + lo // 2, r.col + hi // 2) if r.dtype == "f16" else (r.col + lo, r.col + hi)
-
-        evs = []
-        for op in walk_ops(role.program):
-            assert type(op) in OP_PTX, f"{type(op).__name__} has no row in the op -> PTX table"
-            if isinstance(op, Wait):
-                ev = ("wait", op.barrier, slot(op.state), op.state)
-                if tc_any and pipe.barrier(op.barrier).kind is not BarrierKind.TMA:
-                    ev += ("fence_after",)
-            elif isinstance(op, Arrive):
-                ev = ("arrive", op.barrier, slot(op.slot), op.scope is Scope.ELECTED, tc_ldst)
-            elif isinstance(op, ExpectTx):
-                ev = ("expect_tx", op.barrier, slot(op.slot), op.bytes, True)
-            elif isinstance(op, TmaLoad):
-                ev = ("tma_load_n", (op.tensor, op.dst, region_slot(op.dst_slot), op.barrier, slot(op.bar_slot), True),
-                      boxes)
-            elif isinstance(op, TmaStore):
-                ev = ("tma_store_n", ("o", True), boxes, "committed")
-            elif isinstance(op, TmaStoreWait):
-                ev = ("store_wait", True)
-            elif isinstance(op, Mma):
-                d = pipe.region(op.d)
-                steps = (op.k_hi - op.k_lo) // 16
-                if op.accumulate == "false" or (op.accumulate == "not_first" and op.block is BlockRef.FIRST):
-                    acc = "0"
-                elif op.accumulate == "true":
-                    acc = "1"
-                else:
-                    acc = "%p_acc"
-                b_states = tuple(sorted({op.b_slot} if isinstance(op.b_slot, str) else set()))
-                if op.kind == "qk":
-                    a = ("smem",) + tuple(sorted({op.a_slot} if isinstance(op.a_slot, str) else set()))
-                    n, major = pipe.region(op.d).cols, Major.K.name
-                else:
-                    p = pipe.region(op.a)
-                    a = ("tmem",) + tuple(p.col + k // 2 for k in range(op.k_lo, op.k_hi, 16))
-                    n, major = cfg.head_dim, Major.MN.name
-                ev = ("mma_n", d.col, a, b_states, n, major, acc, True, steps)
-            elif isinstance(op, Commit):
-                ev = ("commit", op.barrier, slot(op.slot), True)
-            elif isinstance(op, TmemLd):
-                ev = ("tmem_ld", *phys(op.region, op.col_lo, op.col_hi))
-            elif isinstance(op, TmemSt):
-                ev = ("tmem_st", *phys(op.region, op.col_lo, op.col_hi))
-            elif isinstance(op, WaitLd):
-                ev = ("wait_ld",)
-            elif isinstance(op, WaitSt):
-                ev = ("wait_st",)
-            elif isinstance(op, NamedArrive):
-                ev = ("bar_arrive", op.barrier, op.slot, tc_ldst)
-            elif isinstance(op, NamedSync):
-                ev = ("bar_sync", op.barrier, op.slot, None) + (("fence_after",) if tc_any else ())
-            elif isinstance(op, FenceProxyAsync):
-                ev = ("fence_proxy_async",)
-            else:
-                assert OP_PTX[type(op)] == (), f"{type(op).__name__} lowers to {OP_PTX[type(op)]} but is not checked"
-                continue
-            evs.append(ev)
-        out[role.name] = evs
-    return out
-
-
-def _diff(got: list, want: list) -> str:
-    for i, (g, w) in enumerate(zip(got, want)):
-        if g != w:
-            return f"first difference at event {i}: got {g}, IR says {w}"
-    return f"lengths differ: got {len(got)} events, IR has {len(want)}"
-
-
 def check(ptx, pipe, manifest) -> list[str]:
-    """Differences between the PTX's protocol and the IR's ([] when they agree). A PTX the parser
-    cannot read as a protocol (e.g. a fence with no wait before it) is a difference too."""
-    want = expected(pipe, manifest)
-    try:
-        got = parse(ptx, pipe, manifest)
-    except AssertionError as e:
-        return [f"unreadable protocol: {e}"]
-    problems = []
-    for role in pipe.roles:
-        if role.name not in got:
-            problems.append(f"role {role.name}: no section in the PTX")
-        elif got[role.name] != want[role.name]:
-            problems.append(f"role {role.name}: {_diff(got[role.name], want[role.name])}")
-    return problems
+    """Differences between the PTX's protocol and the IR's, as `fa4gen check` reports them."""
+    return [str(d) for d in check_ptx(ptx, manifest).differences]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -415,12 +52,12 @@ def check(ptx, pipe, manifest) -> list[str]:
 @pytest.mark.parametrize("cfg", MATRIX, ids=lambda c: c.name)
 def test_ptx_reads_back_to_the_ir_programs(cfg):
     pipe, ptx, manifest = emitted(cfg)
-    assert check(ptx, pipe, manifest) == []
+    rep = check_ptx(ptx, manifest)
+    assert rep.ok, rep.summary()
     # the comparison covered real work: every role with a program produced protocol events
-    got = parse(ptx, pipe, manifest)
     for role in pipe.roles:
         if role.program:
-            assert got[role.name], role.name
+            assert rep.events[role.name], role.name
 
 
 def test_op_table_covers_every_op_kind_in_the_ir():

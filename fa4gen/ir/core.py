@@ -99,6 +99,9 @@ class Barrier:
     count: int  # mbarrier: arrivals per phase; named: threads per instance
     tx_bytes: int = 0  # TMA: bytes expected per phase (documentation + checked against the loads)
     named_id: int = 0  # NAMED: first hardware id; slot s uses named_id + s
+    # NAMED only: one instance per (slot, warp % 4) pairing a producer warp with its consumer warp,
+    # `count` threads each (2 warps); instance id named_id + 4 * slot + warp % 4. Declared, never inferred.
+    per_warp: bool = False
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ def barriers(cfg: KernelConfig) -> tuple[Barrier, ...]:
         # GQA_RATIO == 1: four 64-thread barriers per Q stage pair warp k of the softmax WG with
         # warp k of WG2 (slot = stage * 4 + warp); otherwise one 256-thread barrier per stage.
         Barrier("stats", BarrierKind.NAMED, 8 if per_warp else 2, 64 if per_warp else 256,
-                named_id=STATS_BAR_ID),
+                named_id=STATS_BAR_ID, per_warp=per_warp),
         Barrier("softmax_corr_empty", BarrierKind.MBAR, 2, 128),
         Barrier("corr_epi_full", BarrierKind.MBAR, 2, 128),
         Barrier("corr_epi_empty", BarrierKind.MBAR, 2, 32),

@@ -730,7 +730,7 @@ class _RoleEmitter:
         kind, v = self.slot(op.slot)
         if kind != "const":
             raise Sm100LoweringError("named barriers take constant slots")
-        if b.slots > 2 and b.count == 64:  # per-warp pairing: instance slot*4 + warp % 4 (engine model)
+        if b.per_warp:  # instance slot*4 + warp % 4 (engine model)
             return self.r("b32", f"nbid_{self.p}_{v}"), 64, True
         return str(b.named_id + v), b.count, False
 

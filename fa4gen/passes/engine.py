@@ -683,7 +683,7 @@ class Engine:
     def _named_instances(self, op, role):
         b = self.pipe.barrier(op.barrier)
         slot = self.slot(role, op.slot)
-        if b.slots > 2 and b.count == 64:  # per-warp pairing: instance stage*4 + warp, 32 threads each
+        if b.per_warp:  # instance stage*4 + warp, 32 threads each
             return [(op.barrier, slot * 4 + w) for w in range(4)], 32
         return [(op.barrier, slot)], role.threads
 

@@ -170,6 +170,11 @@ def static_findings(pipe: Pipeline) -> list[Finding]:
                                         "the CTA-wide __syncthreads barrier)")
             if b.count % 32:
                 add("NAMED_COUNT", b.name, f"thread count {b.count} is not a multiple of 32 (warp granularity)")
+            if b.per_warp and (b.slots % 4 or b.count != 64):
+                add("NAMED_COUNT", b.name, f"per_warp pairs warp k of two warpgroups: needs slots in fours and "
+                                           f"64 threads per instance, got {b.slots} slots of {b.count}")
+        elif b.per_warp:
+            add("BARRIER_KIND", b.name, f"per_warp applies to named barriers only, not {b.kind.value}")
             for (bname, slot), part in sorted(named_part.items(), key=str):
                 if bname == b.name and sum(part.values()) != b.count:
                     add("NAMED_COUNT", b.name, f"slot {slot}: declared {b.count} threads per instance, but its "

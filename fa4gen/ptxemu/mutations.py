@@ -25,6 +25,7 @@ class PtxMutation:
     what: str  # the bug class, in words
     expect: tuple  # acceptable findings: Fault kinds and/or "mismatch"
     edit: object  # fn(text, manifest) -> text
+    protocol: bool = True  # `fa4gen check` must flag it too (False: data path, the emulator's alone)
 
     def kernel_config(self) -> KernelConfig:
         return KernelConfig(**self.config)
@@ -149,11 +150,11 @@ PTX_MUTATIONS: tuple[PtxMutation, ...] = (
     PtxMutation("idesc_m_field", _SM100, "QK instruction descriptor: M = 64 instead of 128",
                 ("UNIT", "mismatch"), _idesc_m(64)),
     PtxMutation("v_desc_lbo", _SM100, "V SMEM descriptor: leading byte offset halved (panel stride)",
-                ("mismatch", "RACE"), _v_desc_lbo),
+                ("mismatch", "RACE"), _v_desc_lbo, protocol=False),
     PtxMutation("qk_kstep_panel_jump", _SM100, "QK k-steps 4-7 do not jump to the second 64-column panel",
                 ("mismatch",), _sub(r"add\.s64 (%dak|%dbk), (%da|%db), 10(2[468]|24);",
                                     lambda m: f"add.s64 {m.group(1)}, {m.group(2)}, {int(m.group(0).split(', ')[-1][:-1]) - 1024};",
-                                    count=0)),
+                                    count=0), protocol=False),
     PtxMutation("expect_tx_bytes", _SM100, "K/V expect_tx announces half the bytes the TMA delivers",
                 ("RACE", "TX_COUNT", "mismatch", "DEADLOCK"),
                 _sub(r"(mbarrier\.arrive\.expect_tx\.shared::cta\.b64 _, \[%qb\+\d+\]), 32768;", r"\1, 16384;", nth=0)),
@@ -170,11 +171,11 @@ PTX_MUTATIONS: tuple[PtxMutation, ...] = (
     PtxMutation("wait_on_wrong_barrier", _SM100, "the MMA warp waits q_full where kv_full is due",
                 ("RACE", "mismatch", "DEADLOCK"), _wait_on_other_barrier("kv_full", "q_full")),
     PtxMutation("duplicated_scale", _SM100, "one output column normalised twice (O / row_sum^2)",
-                ("mismatch",), _duplicate_line(r"mul\.f32 %o5, %o5, %inv;", nth=0)),
+                ("mismatch",), _duplicate_line(r"mul\.f32 %o5, %o5, %inv;", nth=0), protocol=False),
     PtxMutation("dropped_normalisation", _SM100, "O tile 0's first 32 columns never divided by row_sum",
-                ("mismatch",), _sub(r"^\s*mul\.f32 %o(\d+), %o\1, %inv;\n", "", count=32)),
+                ("mismatch",), _sub(r"^\s*mul\.f32 %o(\d+), %o\1, %inv;\n", "", count=32), protocol=False),
     PtxMutation("duplicated_rescale", _SM100C, "the correction rescales one O column twice per rescale",
-                ("mismatch",), _duplicate_line(r"mul\.f32 %o3, %o3, %acc;", nth=0)),
+                ("mismatch",), _duplicate_line(r"mul\.f32 %o3, %o3, %acc;", nth=0), protocol=False),
     PtxMutation("sm90_swap_kv_full_barriers", _SM90, "steady state: the K wait polls v_full and the V wait k_full",
                 ("RACE", "mismatch", "DEADLOCK"),
                 _sub(r"(mad\.lo\.u32 %baddr, %kst, 8, %bar;\n\s*add\.u32 %baddr, %baddr, )32(;[\s\S]*?"
@@ -183,7 +184,7 @@ PTX_MUTATIONS: tuple[PtxMutation, ...] = (
     PtxMutation("sm90_wait_group_shallow", _SM90, "steady state waits wgmma.wait_group 1 where 0 is due (S read early)",
                 ("REG_RACE",), _sub(r"wgmma\.wait_group\.sync\.aligned 0;", "wgmma.wait_group.sync.aligned 1;", nth=0)),
     PtxMutation("sm90_dropped_wgmma_fence", _SM90, "the first wgmma.fence dropped", ("WGMMA_FENCE",),
-                _drop_line(r"wgmma\.fence\.sync\.aligned;", nth=0)),
+                _drop_line(r"wgmma\.fence\.sync\.aligned;", nth=0), protocol=False),
     PtxMutation("sm90_named_count", _SM90, "ping-pong named barrier counts 128 threads instead of 256",
                 ("NAMED_BARRIER", "DEADLOCK"), _sub(r"bar\.sync %sched_own, 256;", "bar.sync %sched_own, 128;", nth=0)),
     PtxMutation("sm90_expect_tx", _SM90, "Q expect_tx announces half the bytes", ("RACE", "mismatch", "DEADLOCK"),

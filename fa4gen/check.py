@@ -1,0 +1,807 @@
+"""`fa4gen check`: read a PTX file back (as it is on disk) against the verified IR of its manifest's
+config, and list every difference with its PTX line and the IR op it should be.
+
+sm_100a (lowered from the IR's role programs): per role, the ordered protocol events (mbarrier
+waits with barrier, slot and parity state; arrives, expect_tx bytes; TMA loads/stores with tensor,
+region, slot and barrier; tcgen05.mma with D/A TMEM columns, B state, N, B major, accumulate flag,
+k steps; commits; tcgen05.ld/st columns; wait::ld/st; named barriers with id and thread count;
+fences), the prologue (every mbarrier slot initialised once with the IR's arrival count, the TMEM
+allocation's columns) and each role's TMEM lane field. The parser knows nothing of the lowering: it
+reads instructions, resolves offsets through the manifest's SMEM layout and the IR's TMEM regions,
+and follows address registers back to the State register they came from.
+
+sm_90a: its PTX is not yet lowered from the IR (a hand-kept template beside it): the check reads
+back the ordered protocol instructions (waits, arrives, expect_tx, named barriers, wgmma commits and
+wait_group depths, TMA copies, proxy fences) of the consumer and producer paths, the mbarrier init
+counts, expect_tx bytes and named-barrier ids / thread counts against the IR, not barrier slots or
+parities (issue: one IR for both targets).
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+
+from .config import KernelConfig
+from .encodings import EncodingError, Major, TcgenInstrDesc
+from .ir.core import (Arrive, BarrierKind, BlockRef, Commit, ExpectTx, FenceProxyAsync, If, Loop, LoopKind, Mma,
+                      MmaWait, NamedArrive, NamedSync, Scope, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt, Wait,
+                      WaitLd, WaitSt, walk_ops)
+
+
+class CheckUsageError(Exception):
+    """The manifest does not describe a buildable config (exit 2)."""
+
+
+@dataclass(frozen=True)
+class Difference:
+    role: str
+    line: int | None  # PTX line (None: something the PTX lacks)
+    got: str
+    want: str
+
+    def __str__(self):
+        where = f"PTX line {self.line}" if self.line else "missing from the PTX"
+        return f"[{self.role}] {where}: {self.got} -- the IR says: {self.want}"
+
+
+@dataclass
+class CheckReport:
+    name: str
+    arch: str
+    differences: list = field(default_factory=list)
+    events: dict = field(default_factory=dict)  # role -> number of events compared
+
+    @property
+    def ok(self) -> bool:
+        return not self.differences
+
+    def summary(self) -> str:
+        head = (f"{self.name} ({self.arch}): " + ("PTX protocol == IR" if self.ok else
+                                                   f"{len(self.differences)} difference(s)"))
+        roles = ", ".join(f"{r} {n}" for r, n in self.events.items())
+        lines = [head, f"  events compared per role: {roles}"]
+        lines += [f"  {d}" for d in self.differences]
+        return "\n".join(lines)
+
+
+# ---- shared PTX reading ---------------------------------------------------------------------------
+_INSTR = re.compile(r"^\s*(@!?%\w+\s+)?([a-z][\w.:]*)\s*(.*?);\s*$")
+_LABEL = re.compile(r"^\s*(\$\w+):\s*$")
+
+
+def _operands(text: str) -> list[str]:
+    ops, depth, cur = [], 0, ""
+    for ch in text:
+        if ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            ops.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        ops.append(cur.strip())
+    return ops
+
+
+def _numbered(ptx: str) -> list[tuple[int, str]]:
+    return [(i + 1, ln.split("//")[0].rstrip()) for i, ln in enumerate(ptx.splitlines())]
+
+
+def config_of(manifest: dict) -> KernelConfig:
+    try:
+        return KernelConfig(**manifest["config"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckUsageError(f"the manifest's config does not build a KernelConfig: {e}") from None
+
+
+def check_ptx(ptx: str, manifest: dict) -> CheckReport:
+    cfg = config_of(manifest)
+    if cfg.arch == "sm_100a":
+        return _check_sm100(ptx, manifest, cfg)
+    return _check_sm90(ptx, manifest, cfg)
+
+
+def _verified(cfg: KernelConfig):
+    from .codegen import _pipeline, verify_cached
+    pipe, _ = _pipeline(cfg)
+    report, _ = verify_cached(pipe)
+    return pipe, report
+
+
+# ---- sm_100a --------------------------------------------------------------------------------------
+class _Layout:
+    """Offsets -> names, from the manifest (SMEM) and the pipeline (TMEM, named barriers)."""
+
+    def __init__(self, pipe, manifest):
+        lay = manifest["smem_layout"]
+        self.lay = lay
+        self.bars = [(lay["barriers"][b.name], b.slots, b.name) for b in pipe.barriers
+                     if b.kind is not BarrierKind.NAMED]
+        self.regions = [(v["offset"], v["bytes_per_slot"], v["slots"], k) for k, v in lay["regions"].items()]
+        self.named = {}
+        for b in pipe.barriers:
+            if b.kind is BarrierKind.NAMED:
+                per_warp = b.per_warp
+                for s in range(b.slots):
+                    self.named[b.named_id + s] = (b.name, s // 4 if per_warp else s, b.count)
+
+    def barrier(self, off: int):
+        for base, slots, name in self.bars:
+            if base <= off < base + 8 * slots and (off - base) % 8 == 0:
+                return name, (off - base) // 8
+        return None
+
+    def region(self, off: int):
+        for base, size, slots, name in self.regions:
+            if base <= off < base + size * slots:
+                return name, (off - base) // size, (off - base) % size
+        return None
+
+
+class _Unreadable(Exception):
+    def __init__(self, line, msg):
+        super().__init__(msg)
+        self.line = line
+
+
+def _role_sections(numbered, roles) -> dict:
+    """Role name -> its (line, text) list: from label $L_role_<name> to $L_<name>_end."""
+    out = {}
+    idx = {text.strip(): i for i, (_, text) in enumerate(numbered) if _LABEL.match(text)}
+    for r in roles:
+        a, b = idx.get(f"$L_role_{r}:"), idx.get(f"$L_{r}_end:")
+        if a is not None and b is not None and a < b:
+            out[r] = numbered[a + 1:b]
+    return out
+
+
+def _parse_sm100(numbered, pipe, manifest) -> dict:
+    lay = _Layout(pipe, manifest)
+    tmaps = {"%tmq": "q", "%tmk": "k", "%tmv": "v", "%tmo": "o"}
+    result = {}
+    for role, lines in _role_sections(numbered, [r.name for r in pipe.roles]).items():
+        prov: dict = {}
+        consts: dict = {}
+        guard = None
+        events: list = []
+        pending_before = False
+        last_was_sync = False
+        selp: dict = {}  # register -> (a, b, predicate) of its last selp
+        setp_ge: dict = {}  # predicate -> (state, bound) of its last setp.ge.u32 on a state register
+        depths = {st.name: st.depth for st in pipe.role(role).states}
+
+        def src_states(ops, role=role, prov=prov):
+            s = set()
+            for o in ops:
+                for reg in re.findall(r"%\w+", o):
+                    m = re.match(rf"%q_{role}_(\w+)$", reg)
+                    if m:
+                        s.add(m.group(1))
+                    elif reg in prov:
+                        s |= prov[reg]
+            return frozenset(s)
+
+        for ln, line in lines:
+            def addr(op, ln=ln):
+                m = re.match(r"\[(%\w+)\+(\d+)\]$", op)
+                if not m:
+                    raise _Unreadable(ln, f"unexpected address {op}")
+                base, off = m.group(1), int(m.group(2))
+                if base in ("%bar", "%smem"):
+                    return None, off
+                st = prov.get(base, frozenset())
+                if len(st) != 1:
+                    raise _Unreadable(ln, f"address register {base} not derived from exactly one State ({set(st)})")
+                return next(iter(st)), off
+
+            def bar_slot(op, ln=ln):
+                state, off = addr(op)
+                hit = lay.barrier(off)
+                if hit is None:
+                    raise _Unreadable(ln, f"offset {off} is no mbarrier slot of the layout")
+                name, k = hit
+                return name, (k if state is None else (state, k))
+
+            lm = _LABEL.match(line)
+            if lm:
+                if guard == lm.group(1):
+                    guard = None
+                continue
+            m = _INSTR.match(line)
+            if not m:
+                continue
+            pred, opc, rest = (m.group(1) or "").strip(), m.group(2), m.group(3)
+            ops = _operands(rest)
+            elected = guard is not None or pred == "@%p_el"
+            ev = None
+            if opc == "bra" and pred == "@!%p_el":
+                guard = ops[0]
+            elif opc.startswith("mbarrier.try_wait.parity"):
+                name, slot = bar_slot(ops[1])
+                par = ops[2]
+                pm = re.match(rf"%q_{role}_(\w+)$", par)
+                if pm:  # a one-slot ring: q in [0, 2) is the parity itself
+                    st = pm.group(1)
+                    parity = st if depths.get(st) == 1 else f"{st} used directly as parity (depth {depths.get(st)})"
+                elif par in selp and selp[par][2] in setp_ge:
+                    a_, b_, p_ = selp[par]
+                    st, d_ = setp_ge[p_]
+                    parity = st if (a_, b_, d_) == ("1", "0", str(depths.get(st))) else \
+                        f"{st} with parity selp {a_}, {b_} on q >= {d_} (depth {depths.get(st)})"
+                else:
+                    parity = f"? ({par})"
+                ev = ("wait", name, slot, parity)
+            elif opc.startswith("mbarrier.arrive.expect_tx"):
+                name, slot = bar_slot(ops[1])
+                ev = ("expect_tx", name, slot, int(ops[2], 0), elected)
+            elif opc.startswith("mbarrier.arrive"):
+                name, slot = bar_slot(ops[1])
+                ev = ("arrive", name, slot, elected, pending_before)
+            elif opc.startswith("cp.async.bulk.tensor") and ".global.shared::cta" in opc:
+                ev = ("tma_store", tmaps.get(ops[0][1:].split(",")[0].strip(), "?"), elected)
+            elif opc.startswith("cp.async.bulk.tensor"):
+                st, off = addr(ops[0])
+                reg = lay.region(off)
+                if reg is None:
+                    raise _Unreadable(ln, f"TMA destination offset {off} is in no SMEM region")
+                region, slot, _ = reg
+                bname, bslot = bar_slot(ops[2])
+                ev = ("tma_load", tmaps.get(ops[1][1:].split(",")[0].strip(), "?"), region,
+                      slot if st is None else (st, slot), bname, bslot, elected)
+            elif opc == "cp.async.bulk.commit_group":
+                ev = ("bulk_commit", elected)
+            elif opc.startswith("cp.async.bulk.wait_group.read"):
+                ev = ("store_wait", elected)
+            elif opc.startswith("tcgen05.mma"):
+                d = re.match(r"\[%tmem\+(\d+)\]$", ops[0])
+                try:
+                    idesc = TcgenInstrDesc.decode(int(ops[3], 0))
+                except (EncodingError, ValueError) as e:
+                    raise _Unreadable(ln, f"instruction descriptor {ops[3]}: {e}") from None
+                if ops[1].startswith("["):
+                    am = re.match(r"\[%tmem\+(\d+)\]$", ops[1])
+                    a = ("tmem", int(am.group(1)) if am else ops[1])
+                else:
+                    a = ("smem", tuple(sorted(src_states([ops[1]]))))
+                ev = ("mma", int(d.group(1)) if d else ops[0], a, tuple(sorted(src_states([ops[2]]))), idesc.n,
+                      idesc.b_major.name, ops[4], pred == "@%p_el", idesc.m, idesc.a_major.name, idesc.a_type.name)
+            elif opc.startswith("tcgen05.commit"):
+                name, slot = bar_slot(ops[0])
+                ev = ("commit", name, slot, pred == "@%p_el")
+            elif opc.startswith(("tcgen05.ld", "tcgen05.st")):
+                n = int(re.search(r"\.x(\d+)\.", opc).group(1))
+                cm = re.match(r"\[%tml\+(\d+)\]$", ops[1] if opc.startswith("tcgen05.ld") else ops[0])
+                col = int(cm.group(1)) if cm else -1
+                ev = ("tmem_ld" if opc.startswith("tcgen05.ld") else "tmem_st", col, col + n)
+            elif opc.startswith("tcgen05.wait::ld"):
+                ev = ("wait_ld",)
+            elif opc.startswith("tcgen05.wait::st"):
+                ev = ("wait_st",)
+            elif opc in ("bar.arrive", "bar.sync") and ops[0] != "0":
+                bid = consts.get(ops[0]) if ops[0].startswith("%") else int(ops[0])
+                if bid not in lay.named:
+                    raise _Unreadable(ln, f"{opc} {ops[0]}: id {bid} is no named barrier of the IR")
+                name, slot, _count = lay.named[bid]
+                threads = int(ops[1]) if len(ops) > 1 else None
+                ev = (opc.replace(".", "_"), name, slot, pending_before if opc == "bar.arrive" else None, threads)
+            elif opc == "fence.proxy.async.shared::cta":
+                ev = ("fence_proxy_async",)
+            elif opc == "tcgen05.fence::before_thread_sync":
+                pending_before = True
+                continue
+            elif opc == "tcgen05.fence::after_thread_sync":
+                if last_was_sync:
+                    events[-1] = (events[-1][0], events[-1][1] + ("fence_after",))
+                    last_was_sync = False
+                    continue
+                ev = ("fence_after without a wait",)
+            elif opc.startswith(("tcgen05.", "mbarrier.", "cp.async.", "bar.", "fence.")) and opc != "bar.warp.sync":
+                ev = ("unknown protocol instruction", opc)
+            else:
+                if ops and re.match(r"%\w+$", ops[0]) and not opc.startswith(("st.", "setp", "bra")):
+                    dst = ops[0]
+                    s = src_states(ops[1:])
+                    if s:
+                        prov[dst] = s
+                    else:
+                        prov.pop(dst, None)
+                    if opc == "add.u32" and len(ops) > 2 and ops[1] == "%warp4":
+                        consts[dst] = int(ops[2], 0)
+                if opc.startswith("setp") and len(ops) >= 3:
+                    s = src_states(ops[1:])
+                    if s:
+                        prov[ops[0]] = s
+                if opc.startswith("selp") and len(ops) >= 4:
+                    prov[ops[0]] = src_states(ops[1:])
+                    selp[ops[0]] = (ops[1], ops[2], ops[3])
+                if opc == "setp.ge.u32" and len(ops) == 3:
+                    qm = re.match(rf"%q_{role}_(\w+)$", ops[1])
+                    if qm:
+                        setp_ge[ops[0]] = (qm.group(1), ops[2])
+            if ev is not None:
+                if ev[0] in ("arrive", "bar_arrive"):
+                    pending_before = False
+                events.append((ln, ev))
+                last_was_sync = ev[0] in ("wait", "bar_sync")
+        result[role] = _collapse(events)
+    return result
+
+
+def _collapse(events):
+    """Fold the repeated instructions of one op (TMA boxes, MMA k steps, store + commit_group);
+    each folded event keeps the line of its first instruction."""
+    out = []
+    for ln, ev in events:
+        if ev[0] == "tma_load":
+            if out and out[-1][1][0] == "tma_load_n" and out[-1][1][1] == ev[1:]:
+                out[-1] = (out[-1][0], ("tma_load_n", ev[1:], out[-1][1][2] + 1))
+            else:
+                out.append((ln, ("tma_load_n", ev[1:], 1)))
+            continue
+        if ev[0] == "tma_store":
+            if out and out[-1][1][0] == "tma_store_n" and out[-1][1][1] == ev[1:]:
+                out[-1] = (out[-1][0], ("tma_store_n", ev[1:], out[-1][1][2] + 1))
+            else:
+                out.append((ln, ("tma_store_n", ev[1:], 1)))
+            continue
+        if ev[0] == "bulk_commit":
+            if out and out[-1][1][0] == "tma_store_n":
+                out[-1] = (out[-1][0], out[-1][1] + ("committed",))
+            else:
+                out.append((ln, ("commit_group without a TMA store",)))
+            continue
+        if ev[0] == "mma":
+            last = out[-1][1] if out else None
+            if (last is not None and last[0] == "mma_n" and last[1] == ev[1] and ev[6] == "1" and last[3] == ev[3]
+                    and last[8] < 64 and last[9:] == ev[8:]):
+                a = last[2] + ((ev[2][1],) if ev[2][0] == "tmem" else ())
+                out[-1] = (out[-1][0], ("mma_n", last[1], a, last[3], last[4], last[5], last[6], last[7], last[8] + 1)
+                           + last[9:])
+                continue
+            a = ("tmem", ev[2][1]) if ev[2][0] == "tmem" else ("smem",) + ev[2][1]
+            out.append((ln, ("mma_n", ev[1], a, ev[3], ev[4], ev[5], ev[6], ev[7], 1) + ev[8:]))
+            continue
+        out.append((ln, ev))
+    return out
+
+
+def _expected_sm100(pipe) -> dict:
+    cfg = pipe.config
+    boxes = cfg.head_dim // 64
+    out = {}
+    mtype = {"bf16": "BF16", "fp16": "F16"}[cfg.dtype]
+    for role in pipe.roles:
+        tc_any = any(isinstance(op, (Mma, TmemLd, TmemSt)) for op in walk_ops(role.program))
+        tc_ldst = any(isinstance(op, (TmemLd, TmemSt)) for op in walk_ops(role.program))
+
+        def slot(s, role=role):
+            if isinstance(s, int):
+                return s
+            st = role.state(s)
+            return st.slot_base if st.depth == 1 else (s, st.slot_base)
+
+        def phys(rname, lo, hi):
+            r = pipe.region(rname)
+            return (r.col + lo // 2, r.col + hi // 2) if r.dtype == "f16" else (r.col + lo, r.col + hi)
+
+        evs = []
+        for k, op in enumerate(walk_ops(role.program)):
+            if isinstance(op, Wait):
+                ev = ("wait", op.barrier, slot(op.state), op.state)
+                if tc_any and pipe.barrier(op.barrier).kind is not BarrierKind.TMA:
+                    ev = (ev, ("fence_after",))
+            elif isinstance(op, Arrive):
+                ev = ("arrive", op.barrier, slot(op.slot), op.scope is Scope.ELECTED, tc_ldst)
+            elif isinstance(op, ExpectTx):
+                ev = ("expect_tx", op.barrier, slot(op.slot), op.bytes, True)
+            elif isinstance(op, TmaLoad):
+                ev = ("tma_load_n", (op.tensor, op.dst, slot(op.dst_slot), op.barrier, slot(op.bar_slot), True), boxes)
+            elif isinstance(op, TmaStore):
+                ev = ("tma_store_n", ("o", True), boxes, "committed")
+            elif isinstance(op, TmaStoreWait):
+                ev = ("store_wait", True)
+            elif isinstance(op, Mma):
+                d = pipe.region(op.d)
+                steps = (op.k_hi - op.k_lo) // 16
+                if op.accumulate == "false" or (op.accumulate == "not_first" and op.block is BlockRef.FIRST):
+                    acc = "0"
+                elif op.accumulate == "true":
+                    acc = "1"
+                else:
+                    acc = "%p_acc"
+                b_states = tuple(sorted({op.b_slot} if isinstance(op.b_slot, str) else set()))
+                if op.kind == "qk":
+                    a = ("smem",) + tuple(sorted({op.a_slot} if isinstance(op.a_slot, str) else set()))
+                    n, major = pipe.region(op.d).cols, Major.K.name
+                else:
+                    p = pipe.region(op.a)
+                    a = ("tmem",) + tuple(p.col + kk // 2 for kk in range(op.k_lo, op.k_hi, 16))
+                    n, major = cfg.head_dim, Major.MN.name
+                ev = ("mma_n", d.col, a, b_states, n, major, acc, True, steps, 128, Major.K.name, mtype)
+            elif isinstance(op, Commit):
+                ev = ("commit", op.barrier, slot(op.slot), True)
+            elif isinstance(op, TmemLd):
+                ev = ("tmem_ld", *phys(op.region, op.col_lo, op.col_hi))
+            elif isinstance(op, TmemSt):
+                ev = ("tmem_st", *phys(op.region, op.col_lo, op.col_hi))
+            elif isinstance(op, WaitLd):
+                ev = ("wait_ld",)
+            elif isinstance(op, WaitSt):
+                ev = ("wait_st",)
+            elif isinstance(op, NamedArrive):
+                ev = ("bar_arrive", op.barrier, op.slot, tc_ldst, pipe.barrier(op.barrier).count)
+            elif isinstance(op, NamedSync):
+                ev = ("bar_sync", op.barrier, op.slot, None, pipe.barrier(op.barrier).count)
+                if tc_any:
+                    ev = (ev, ("fence_after",))
+            elif isinstance(op, FenceProxyAsync):
+                ev = ("fence_proxy_async",)
+            else:
+                continue
+            if isinstance(ev[0], tuple):  # (event, extras) from a wait followed by its fence
+                ev = (ev[0][0], ev[0][1:] + ev[1])
+            else:
+                ev = (ev[0], ev[1:])
+            evs.append((k, op, ev))
+        out[role.name] = evs
+    return out
+
+
+def _norm(ev):
+    """A parsed event as (kind, fields), the form _expected_* produce."""
+    return (ev[0], ev[1:])
+
+
+def _fmt(ev) -> str:
+    kind, fields = ev
+    return f"{kind}({', '.join(map(str, fields))})" if fields else kind
+
+
+def _align(role: str, got: list, want: list) -> list:
+    """Every difference between two event lists (got: (line, event); want: (op index, op, event))."""
+    g = [_norm(ev) for _, ev in got]
+    w = [ev for _, _, ev in want]
+    diffs = []
+    sm = difflib.SequenceMatcher(a=g, b=w, autojunk=False)
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        if tag == "equal":
+            continue
+        n = max(i2 - i1, j2 - j1)
+        for t in range(n):
+            gi, wj = i1 + t, j1 + t
+            line = got[gi][0] if gi < i2 else (got[i2][0] if i2 < len(got) else None)
+            gtxt = _fmt(g[gi]) if gi < i2 else "nothing"
+            if wj < j2:
+                k, op, _ = want[wj]
+                wtxt = f"op {k} {type(op).__name__}: {_fmt(w[wj])}"
+            else:
+                wtxt = "no op here"
+            if gi >= i2:
+                gtxt = "nothing" + (f" (before PTX line {line})" if line else " (at the end of the role)")
+            diffs.append(Difference(role, line if gi < i2 else None, gtxt, wtxt))
+    return diffs
+
+
+def _prologue_sm100(numbered, pipe, manifest) -> list:
+    lay = _Layout(pipe, manifest)
+    diffs = []
+    seen = {}
+    for ln, text in numbered:
+        m = re.match(r"^\s*mbarrier\.init\.shared::cta\.b64 \[%bar\+(\d+)\], (\w+);$", text)
+        if not m:
+            continue
+        off, count = int(m.group(1)), int(m.group(2), 0)
+        hit = lay.barrier(off)
+        if hit is None:
+            diffs.append(Difference("prologue", ln, f"mbarrier.init at offset {off}", "no mbarrier of the IR there"))
+            continue
+        name, slot = hit
+        want = pipe.barrier(name).count
+        if (name, slot) in seen:
+            diffs.append(Difference("prologue", ln, f"{name}[{slot}] initialised again", f"once (line {seen[(name, slot)]})"))
+        seen[(name, slot)] = ln
+        if count != want:
+            diffs.append(Difference("prologue", ln, f"mbarrier.init {name}[{slot}] count {count}",
+                                    f"{name} expects {want} arrivals per phase"))
+    for b in pipe.barriers:
+        if b.kind is BarrierKind.NAMED:
+            continue
+        for s in range(b.slots):
+            if (b.name, s) not in seen:
+                diffs.append(Difference("prologue", None, f"no mbarrier.init of {b.name}[{s}]",
+                                        f"{b.name}: {b.count} arrivals per phase"))
+    slot_off = manifest["smem_layout"]["tmem_addr_slot"]
+    allocs = [(ln, t) for ln, t in numbered if "tcgen05.alloc" in t]
+    if len(allocs) != 1:
+        diffs.append(Difference("prologue", allocs[1][0] if len(allocs) > 1 else None,
+                                f"{len(allocs)} tcgen05.alloc", "one allocation"))
+    for ln, t in allocs:
+        m = re.search(r"\[%smem\+(\d+)\], (\d+);", t)
+        if not m or int(m.group(1)) != slot_off or int(m.group(2)) != pipe.tmem_alloc_cols:
+            diffs.append(Difference("prologue", ln, t.strip(),
+                                    f"tcgen05.alloc of {pipe.tmem_alloc_cols} columns into the slot at {slot_off}"))
+    deallocs = [(ln, t) for ln, t in numbered if "tcgen05.dealloc" in t]
+    for ln, t in deallocs:
+        if not t.strip().endswith(f", {pipe.tmem_alloc_cols};"):
+            diffs.append(Difference("epilogue", ln, t.strip(), f"dealloc of {pipe.tmem_alloc_cols} columns"))
+    return diffs
+
+
+def _tmem_lanes_sm100(sections, pipe) -> list:
+    """Each role that does tcgen05.ld/st: %tml = %tmem + ((warp % 4) << 21), i.e. lane 32*(warp%4)
+    in the address's lane field (bits 16-31)."""
+    diffs = []
+    for role in pipe.roles:
+        if not any(isinstance(op, (TmemLd, TmemSt)) for op in walk_ops(role.program)):
+            continue
+        lines = sections.get(role.name, [])
+        text = "\n".join(t for _, t in lines)
+        ok_and = re.search(r"and\.b32 %warp4, %warp, 3;", text)
+        m = re.search(r"shl\.b32 (%\w+), %warp4, (\d+);\s*\n\s*add\.u32 %tml, %tmem, \1;", text)
+        if not ok_and or not m or int(m.group(2)) != 21:
+            ln = next((l for l, t in lines if "%warp4" in t or "%tml, %tmem" in t), None)
+            got = f"lane field from shift {m.group(2)}" if m else "no %tml = %tmem + (warp4 << k)"
+            diffs.append(Difference(role.name, ln, got, "TMEM lane = 32 * (warp % 4) in bits 16-31: "
+                                                        "and.b32 %warp4, %warp, 3; shl.b32 .., %warp4, 21"))
+    return diffs
+
+
+def _states_sm100(sections, pipe) -> list:
+    """Each ring State's register: its initial value and every advance (q += stride mod 2*depth)."""
+    diffs = []
+    for role in pipe.roles:
+        lines = sections.get(role.name, [])
+        for st in role.states:
+            q = f"%q_{role.name}_{st.name}"
+            want0 = (st.start + st.depth * st.start_phase) % (2 * st.depth)
+            inits = [(ln, t) for ln, t in lines if re.match(rf"^\s*mov\.u32 {re.escape(q)}, ", t)]
+            if len(inits) != 1 or inits[0][1].strip() != f"mov.u32 {q}, {want0};":
+                diffs.append(Difference(role.name, inits[0][0] if inits else None,
+                                        inits[0][1].strip() if inits else f"no initial value for {q}",
+                                        f"State {st.name} starts at q = {want0} (slot {st.start}, phase {st.start_phase})"))
+            for i, (ln, t) in enumerate(lines):
+                m = re.match(rf"^\s*add\.u32 {re.escape(q)}, {re.escape(q)}, (\w+);$", t)
+                if not m:
+                    continue
+                nxt = [x.strip() for _, x in lines[i + 1:i + 3]]
+                wrap = [f"setp.ge.u32 %p_q, {q}, {2 * st.depth};", f"@%p_q sub.u32 {q}, {q}, {2 * st.depth};"]
+                if int(m.group(1), 0) != st.stride or nxt != wrap:
+                    diffs.append(Difference(role.name, ln, f"{t.strip()} then {nxt}",
+                                            f"Advance({st.name}): q += {st.stride} mod {2 * st.depth}"))
+    return diffs
+
+
+def _setup_sm100(numbered, pipe) -> list:
+    """The CTA-wide sync between the prologue (mbarrier.init, tcgen05.alloc) and the roles, and each
+    warpgroup budget spelled as the IR's setmaxnreg."""
+    diffs = []
+    lines = [(ln, t.strip()) for ln, t in numbered]
+    last_setup = max((ln for ln, t in lines if t.startswith(("mbarrier.init", "tcgen05.alloc"))), default=None)
+    first_role = min((ln for ln, t in lines if t.startswith("setmaxnreg")), default=None)
+    if last_setup and first_role and not any(last_setup < ln < first_role and t == "bar.sync 0;" for ln, t in lines):
+        diffs.append(Difference("prologue", first_role, "no bar.sync 0 between mbarrier.init / tcgen05.alloc and the roles",
+                                "every warp synchronises on the initialised barriers and the TMEM address"))
+    got = sorted(int(m.group(1)) for _, t in lines for m in [re.match(r"setmaxnreg\.\w+\.sync\.aligned\.u32 (\d+);", t)] if m)
+    want = sorted({r.regs for r in pipe.roles})
+    if got != want:
+        ln = next((ln for ln, t in lines if t.startswith("setmaxnreg")), None)
+        diffs.append(Difference("dispatch", ln, f"setmaxnreg budgets {got}", f"the roles' budgets {want}"))
+    return diffs
+
+
+def _check_sm100(ptx: str, manifest: dict, cfg: KernelConfig) -> CheckReport:
+    pipe, report = _verified(cfg)
+    rep = CheckReport(manifest.get("name", cfg.name), cfg.arch)
+    if not report.ok:
+        rep.differences.append(Difference("ir", None, "the IR of this config does not verify",
+                                          "; ".join(f"[{f.code}] {f.subject}" for f in report.findings)))
+        return rep
+    numbered = _numbered(ptx)
+    rep.differences += _prologue_sm100(numbered, pipe, manifest)
+    sections = _role_sections(numbered, [r.name for r in pipe.roles])
+    rep.differences += _tmem_lanes_sm100(sections, pipe)
+    rep.differences += _states_sm100(sections, pipe)
+    rep.differences += _setup_sm100(numbered, pipe)
+    try:
+        got = _parse_sm100(numbered, pipe, manifest)
+    except _Unreadable as e:
+        rep.differences.append(Difference("parse", e.line, f"unreadable protocol: {e}", "a readable role program"))
+        return rep
+    want = _expected_sm100(pipe)
+    for role in pipe.roles:
+        if role.name not in got:
+            rep.differences.append(Difference(role.name, None, "no $L_role_ .. _end section", "the role's program"))
+            continue
+        rep.events[role.name] = len(want[role.name])
+        rep.differences += _align(role.name, got[role.name], want[role.name])
+    return rep
+
+
+# ---- sm_90a ---------------------------------------------------------------------------------------
+_SM90_TOKENS = [
+    (re.compile(r"mbarrier\.try_wait\S*\s+%\w+, \[(%\w+)\], (%\w+)"), "wait"),
+    (re.compile(r"mbarrier\.arrive\.expect_tx\S*\s+_, \[(%\w+)\], (\w+)"), "expect_tx"),
+    (re.compile(r"mbarrier\.arrive\S*\s+_, \[(%\w+)\]"), "arrive"),
+    (re.compile(r"\bbar\.sync\s+([%\w]+)(?:,\s*(\w+))?"), "bar.sync"),
+    (re.compile(r"\bbar\.arrive\s+([%\w]+),\s*(\w+)"), "bar.arrive"),
+    (re.compile(r"wgmma\.commit_group"), "mma"),
+    (re.compile(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)"), "wait_group"),
+    (re.compile(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global\S*\s+\[[^\]]+\], \[(%\w+),[^\]]*\], \[(%\w+)\]"),
+     "tma_load"),
+    (re.compile(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared"), "tma_store"),
+    (re.compile(r"cp\.async\.bulk\.wait_group\.read"), "tma_store_wait"),
+    (re.compile(r"fence\.proxy\.async"), "fence"),
+]
+_SM90_TMAPS = {"%tmq": "q", "%tmk": "k", "%tmv": "v", "%tmo": "o"}
+
+
+def _sm90_tokens(lines, families: dict) -> list:
+    """Protocol tokens with barrier identity: address registers are followed through
+    `shl %t, %Xst, 3` / `mad.lo %r, %Xst, 8, %bar` / `add %r, %bar, %t` / `add %r, %r2, OFF` to
+    (ring state X, offset), the offset naming the barrier family (the SMEM plan's layout); the parity
+    operand is %Xph, or `xor %t, %Xph, 1` for a wait that starts on the opposite phase."""
+    out, addr, par = [], {}, {}
+    fam = {off: name for name, off in families.items()}
+
+    def bar(reg):
+        st, off = addr.get(reg, (None, None))
+        return f"{fam.get(off, f'offset {off}')}[{st}]" if st else f"? ({reg})"
+
+    for ln, line in lines:
+        text = line.strip()
+        m = re.match(r"^(?:@!?%\w+\s+)?(shl\.b32|mad\.lo\.u32|add\.u32|xor\.b32)\s+(%\w+),\s*(%?\w+),\s*(%?\w+)(?:,\s*(%?\w+))?;$", text)
+        if m:
+            opc, dst, a1, a2, a3 = m.groups()
+            sm = re.match(r"%(\w)st$", a1)
+            pm = re.match(r"%(\w)ph$", a1)
+            if opc == "shl.b32" and sm and a2 == "3":
+                addr[dst] = ("slot8", sm.group(1))
+            elif opc == "mad.lo.u32" and sm and a2 == "8" and a3 == "%bar":
+                addr[dst] = (sm.group(1), 0)
+            elif opc == "add.u32" and a1 == "%bar" and addr.get(a2, ("",))[0] == "slot8":
+                addr[dst] = (addr[a2][1], 0)
+            elif opc == "add.u32" and a1 in addr and addr[a1][0] != "slot8" and re.match(r"\d+$", a2):
+                addr[dst] = (addr[a1][0], addr[a1][1] + int(a2))
+            elif opc == "xor.b32" and pm and a2 == "1":
+                par[dst] = f"{pm.group(1)}^1"
+            else:
+                addr.pop(dst, None)
+                par.pop(dst, None)
+        for rx, kind in _SM90_TOKENS:
+            m = rx.search(line)
+            if not m:
+                continue
+            g = m.groups()
+            if kind == "wait":
+                pm = re.match(r"%(\w)ph$", g[1])
+                tok = f"wait {bar(g[0])} parity {pm.group(1) if pm else par.get(g[1], '?')}"
+            elif kind == "expect_tx":
+                tok = f"expect_tx {bar(g[0])} {int(g[1], 0)}"
+            elif kind == "arrive":
+                tok = f"arrive {bar(g[0])}"
+            elif kind in ("bar.sync", "bar.arrive"):
+                tok = f"{kind} {g[1]}"
+            elif kind == "wait_group":
+                tok = f"wait_group {g[0]}"
+            elif kind == "tma_load":
+                tok = f"tma_load {_SM90_TMAPS.get(g[0], g[0])} {bar(g[1])}"
+            else:
+                tok = kind
+            if not (kind in ("tma_load", "tma_store") and out and out[-1][1] == tok):
+                out.append((ln, tok))
+            break
+    return out
+
+
+def _sm90_ir_tokens(stmts, pipe, role) -> list:
+    out = []
+
+    def slot(x):
+        return x if isinstance(x, str) else f"{x}"
+
+    for st in stmts:
+        if isinstance(st, Loop):
+            out += _sm90_ir_tokens(st.body, pipe, role)
+        elif isinstance(st, If):
+            out += _sm90_ir_tokens(st.then, pipe, role)
+        else:
+            tok = None
+            if isinstance(st, Wait):
+                phase = role.state(st.state).start_phase
+                tok = f"wait {st.barrier}[{st.state}] parity {st.state}{'^1' if phase else ''}"
+            elif isinstance(st, ExpectTx):
+                tok = f"expect_tx {st.barrier}[{slot(st.slot)}] {st.bytes}"
+            elif isinstance(st, Arrive):
+                tok = f"arrive {st.barrier}[{slot(st.slot)}]"
+            elif isinstance(st, NamedSync):
+                tok = f"bar.sync {pipe.barrier(st.barrier).count}"
+            elif isinstance(st, NamedArrive):
+                tok = f"bar.arrive {pipe.barrier(st.barrier).count}"
+            elif isinstance(st, Mma):
+                tok = "mma"
+            elif isinstance(st, MmaWait):
+                tok = f"wait_group {st.pending}"
+            elif isinstance(st, TmaLoad):
+                tok = f"tma_load {st.tensor} {st.barrier}[{slot(st.bar_slot)}]"
+            elif isinstance(st, TmaStore):
+                tok = "tma_store"
+            elif isinstance(st, TmaStoreWait):
+                tok = "tma_store_wait"
+            elif isinstance(st, FenceProxyAsync):
+                tok = "fence"
+            if tok:
+                out.append((None, st, (tok, ())))
+    return out
+
+
+def _section_lines(numbered, start: str, end: str):
+    labels = [i for i, (_, t) in enumerate(numbered) if t.strip() == f"{start}:"]
+    if not labels:
+        return None
+    a = labels[0]
+    b = next((i for i in range(a + 1, len(numbered)) if numbered[i][1].strip() == f"{end}:"), None)
+    return numbered[a + 1:b] if b is not None else None
+
+
+def _check_sm90(ptx: str, manifest: dict, cfg: KernelConfig) -> CheckReport:
+    from .lower.sm90 import smem_plan
+
+    pipe, report = _verified(cfg)
+    rep = CheckReport(manifest.get("name", cfg.name), cfg.arch)
+    if not report.ok:
+        rep.differences.append(Difference("ir", None, "the IR of this config does not verify",
+                                          "; ".join(f"[{f.code}] {f.subject}" for f in report.findings)))
+        return rep
+    numbered = _numbered(ptx)
+    task_body = lambda role: next(st for st in pipe.role(role).program  # noqa: E731
+                                  if isinstance(st, Loop) and st.kind is LoopKind.TASKS).body
+    for role, (a, b) in (("consumer0", ("$L_c_task", "$L_c_done")), ("producer", ("$L_p_task", "$L_exit"))):
+        lines = _section_lines(numbered, a, b)
+        if lines is None:
+            rep.differences.append(Difference(role, None, f"no {a} .. {b} section", "the role's task loop"))
+            continue
+        got = [(ln, (tok,)) for ln, tok in _sm90_tokens(lines, smem_plan(cfg).barriers)]
+        want = _sm90_ir_tokens(task_body(role), pipe, pipe.role(role))
+        rep.events[role] = len(want)
+        rep.differences += _align(role, got, [(i, op, ev) for i, (_, op, ev) in enumerate(want)])
+    # mbarrier init counts, through the kernel's SMEM plan (the manifest has no barrier layout yet)
+    plan = smem_plan(cfg)
+    offs = plan.barriers
+    seen = {}
+    for ln, text in numbered:
+        m = re.match(r"^\s*mbarrier\.init\.shared::cta\.b64 \[%bar\+(\d+)\], (\w+);$", text)
+        if not m:
+            continue
+        off, count = int(m.group(1)), int(m.group(2), 0)
+        hit = None
+        for b in pipe.barriers:
+            if b.name in offs and offs[b.name] <= off < offs[b.name] + 8 * b.slots and (off - offs[b.name]) % 8 == 0:
+                hit = (b, (off - offs[b.name]) // 8)
+        if hit is None:
+            rep.differences.append(Difference("prologue", ln, f"mbarrier.init at offset {off}", "no mbarrier there"))
+            continue
+        b, s = hit
+        seen[(b.name, s)] = ln
+        if count != b.count:
+            rep.differences.append(Difference("prologue", ln, f"mbarrier.init {b.name}[{s}] count {count}",
+                                              f"{b.name} expects {b.count} arrivals per phase"))
+    for b in pipe.barriers:
+        if b.kind is not BarrierKind.NAMED:
+            for s in range(b.slots):
+                if (b.name, s) not in seen:
+                    rep.differences.append(Difference("prologue", None, f"no mbarrier.init of {b.name}[{s}]",
+                                                      f"{b.name}: {b.count} arrivals per phase"))
+    # named barrier ids used with a literal id must be the IR's
+    ids = {b.named_id + s: b for b in pipe.barriers if b.kind is BarrierKind.NAMED for s in range(b.slots)}
+    for ln, text in numbered:
+        m = re.search(r"\bbar\.(sync|arrive)\s+(\d+),\s*(\d+)", text)
+        if m and int(m.group(2)) != 0:
+            b = ids.get(int(m.group(2)))
+            if b is None or b.count != int(m.group(3)):
+                rep.differences.append(Difference("named", ln, text.strip(),
+                                                  f"named barriers {sorted(ids)} with their IR thread counts"))
+    return rep
