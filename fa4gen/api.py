@@ -60,13 +60,12 @@ def config_for(problem: Problem) -> KernelConfig:
 
 
 def build(cfg: KernelConfig) -> tuple[bytes, dict]:
-    """Generate and assemble one sm_90a kernel: (cubin, manifest)."""
-    from .assemble import assemble
-    from .lower.sm90 import build_sm90
+    """Generate and assemble one kernel through the one chain (codegen.build: pipeline -> verify,
+    cached -> lower -> render -> assemble): (cubin, manifest). A pipeline with findings raises."""
+    from . import codegen
 
-    ptx, manifest = build_sm90(cfg)
-    result = assemble(ptx, cfg.arch, name=cfg.name, backend="auto")
-    return result.cubin, manifest
+    res = codegen.build(cfg, emit=("cubin",))
+    return res.cubin, res.manifest
 
 
 def get_kernel(cfg: KernelConfig, device=None, cache: CubinCache | None = None):
