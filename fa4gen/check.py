@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 
 from .config import KernelConfig
+from .plan import smem_plan
 from .encodings import EncodingError, Major, TcgenInstrDesc
 from .ir.core import (Arrive, BarrierKind, BlockRef, Commit, ExpectTx, FenceProxyAsync, If, Loop, LoopKind, Mma,
                       MmaWait, NamedArrive, NamedSync, Scope, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt, Wait,
@@ -748,8 +749,6 @@ def _section_lines(numbered, start: str, end: str):
 
 
 def _check_sm90(ptx: str, manifest: dict, cfg: KernelConfig) -> CheckReport:
-    from .lower.sm90 import smem_plan
-
     pipe, report = _verified(cfg)
     rep = CheckReport(manifest.get("name", cfg.name), cfg.arch)
     if not report.ok:

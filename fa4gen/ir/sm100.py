@@ -9,12 +9,12 @@ so the K walk and the V walk are two States over the same ring with stride 2.
 from __future__ import annotations
 
 from ..config import KernelConfig
+from ..plan import SM100_SMEM_LIMIT
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
                    FenceProxyAsync, If, Loop, LoopKind, Mma, NamedArrive, NamedSync, Pipeline, Region,
                    Role, Scope, SmemLd, SmemSt, Space, State, TmaLoad, TmaStore, TmaStoreWait, TmemLd,
                    TmemSt, Wait, WaitLd, WaitSt)
 
-SM100_SMEM_LIMIT = 232448  # 227 KiB of dynamic shared memory per CTA (sm_100, as sm_90)
 TMEM_COLS = 512
 LD_CHUNK = 32  # softmax reads S and writes P in 32-column tcgen05.ld/st chunks
 RESCALE_CHUNK = 16  # correction rescales O 16 columns at a time (seed: RESCALE_TILE)

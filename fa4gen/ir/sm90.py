@@ -13,11 +13,11 @@ consumer 0 goes first, and consumer 0 takes the last hand-off after its final ta
 from __future__ import annotations
 
 from ..config import KernelConfig
+from ..plan import SM90_SMEM_LIMIT, smem_plan
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync,
                    If, Loop, LoopKind, Mma, MmaWait, NamedArrive, NamedSync, Pipeline, Region, Role, Scope,
                    SmemSt, Space, State, TmaLoad, TmaStore, TmaStoreWait, Wait)
 
-SM90_SMEM_LIMIT = 232448
 SCHED_BAR_ID = 1  # ids 1, 2: ping-pong; 3, 4: per-consumer epilogue (0 is __syncthreads)
 EPI_BAR_ID = 3
 PRODUCER_REGS, CONSUMER_REGS = 24, 240
@@ -26,8 +26,6 @@ PRODUCER_REGS, CONSUMER_REGS = 24, 240
 def _stages(cfg: KernelConfig) -> tuple[int, int]:
     """(Q slots, K/V ring depth): the kernel's SMEM plan decides them (capped by what fits), and
     the verified pipeline must have exactly the rings the emitted PTX has."""
-    from ..lower.sm90 import smem_plan
-
     plan = smem_plan(cfg)
     return plan.q_stages, plan.kv_stages
 

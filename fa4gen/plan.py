@@ -1,0 +1,73 @@
+"""The plan below the IR and the lowering: facts both read (SMEM layouts, limits, tile geometry).
+
+Imports run down the chain only: config -> plan -> ir -> passes -> lower. Nothing here imports
+ir/ or lower/ (tests/test_imports.py holds that).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .config import KernelConfig
+
+ROWS = 128  # Q tile rows == K/V block keys (both targets)
+SM90_SMEM_LIMIT = 232448  # bytes of dynamic SMEM a CTA may opt into on sm_90 (227 KiB)
+SM100_SMEM_LIMIT = 232448  # the same 227 KiB per CTA on sm_100
+SM90_SMEM_ALIGN = 1024  # 128B-swizzle atoms (8 rows x 128 B) must start 1024-aligned for base_offset = 0
+
+
+class PlanError(ValueError):
+    """A configuration whose plan cannot exist (e.g. no room for the pipeline in SMEM)."""
+
+
+@dataclass(frozen=True)
+class SmemPlan:
+    q: int
+    k: int
+    v: int
+    o: int
+    bar: int
+    tile_bytes: int  # one 128-row x D tile (Q slot, K or V stage, O staging)
+    q_stages: int
+    kv_stages: int
+    total: int  # bytes requested at launch, including the slack for aligning the base to 1024
+
+    @property
+    def barriers(self) -> dict[str, int]:
+        q, s = self.q_stages, self.kv_stages
+        return {"q_full": 0, "q_empty": 8 * q, "k_full": 16 * q, "k_empty": 16 * q + 8 * s,
+                "v_full": 16 * q + 16 * s, "v_empty": 16 * q + 24 * s}
+
+    @property
+    def barrier_bytes(self) -> int:
+        return 16 * self.q_stages + 32 * self.kv_stages
+
+
+def smem_plan(cfg: KernelConfig) -> SmemPlan:
+    """SMEM layout. Stages are the config's, capped by what fits (the manifest records the result).
+
+    Q slots (cfg.q_stages, 2) hold consecutive tasks' tiles of a persistent CTA, so the next tile's
+    Q loads while this one finishes; K/V keep at least 2 stages, and Q drops to 1 slot before
+    K/V would (D = 128: 2 Q + 2x2 K/V + O = 224 KiB fits; 3 K/V stages would not).
+    """
+    tile = ROWS * cfg.head_dim * cfg.elem_bytes
+
+    def stages_for(q_stages):
+        fixed = (q_stages + 1) * tile + 16 * q_stages + 32 * 4  # Q slots + O staging + barriers (<= 4 stages)
+        return min(cfg.kv_stages, (SM90_SMEM_LIMIT - SM90_SMEM_ALIGN - fixed) // (2 * tile))
+
+    q_stages = cfg.q_stages
+    while q_stages > 1 and stages_for(q_stages) < 2:
+        q_stages -= 1
+    stages = stages_for(q_stages)
+    if stages < 2:
+        raise PlanError(f"head_dim {cfg.head_dim}: fewer than 2 K/V stages fit in SMEM")
+    q = 0
+    k = q + q_stages * tile
+    v = k + stages * tile
+    o = v + stages * tile
+    bar = o + tile
+    plan = SmemPlan(q=q, k=k, v=v, o=o, bar=bar, tile_bytes=tile, q_stages=q_stages, kv_stages=stages, total=0)
+    return dataclasses.replace(plan, total=bar + plan.barrier_bytes + SM90_SMEM_ALIGN)
+
+
