@@ -52,6 +52,7 @@ class CheckReport:
     arch: str
     differences: list = field(default_factory=list)
     events: dict = field(default_factory=dict)  # role -> number of events compared
+    notes: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -63,6 +64,7 @@ class CheckReport:
         roles = ", ".join(f"{r} {n}" for r, n in self.events.items())
         lines = [head, f"  events compared per role: {roles}"]
         lines += [f"  {d}" for d in self.differences]
+        lines += [f"  {n}" for n in self.notes]
         return "\n".join(lines)
 
 
@@ -100,10 +102,32 @@ def config_of(manifest: dict) -> KernelConfig:
 
 
 def check_ptx(ptx: str, manifest: dict) -> CheckReport:
+    from .ptxemu.parse import PtxSyntaxError, parse
     cfg = config_of(manifest)
+    try:
+        mod = parse(ptx)
+    except PtxSyntaxError as e:
+        rep = CheckReport(manifest.get("name", cfg.name), cfg.arch)
+        rep.differences.append(Difference("parse", None, f"not readable as a kernel's PTX: {e}", "the emitted PTX"))
+        return rep
+    if mod.target != cfg.arch:
+        rep = CheckReport(manifest.get("name", cfg.name), cfg.arch)
+        rep.differences.append(Difference("header", None, f".target {mod.target}", f"the manifest's arch {cfg.arch}"))
+        return rep
     if cfg.arch == "sm_100a":
-        return _check_sm100(ptx, manifest, cfg)
-    return _check_sm90(ptx, manifest, cfg)
+        rep = _check_sm100(ptx, manifest, cfg)
+    else:
+        rep = _check_sm90(ptx, manifest, cfg)
+    named = name_in_header(ptx)
+    if named and named != manifest.get("name"):
+        rep.notes.append(f"note: the PTX header names {named}, the manifest {manifest.get('name')}")
+    return rep
+
+
+def name_in_header(ptx: str) -> str | None:
+    """The kernel name the generator writes in the PTX's first comment line (None if absent)."""
+    m = re.match(r"^//\s*\n//\s*(fa4_\w+):", ptx)
+    return m.group(1) if m else None
 
 
 def _verified(cfg: KernelConfig):

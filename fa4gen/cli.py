@@ -186,6 +186,10 @@ def emulate(ptx_file, manifest, shapes, seeds, seed0, ctas, step_limit, mutation
         return cb
 
     shp = shp or harness.default_shapes(man)
+    from .check import name_in_header
+    named = name_in_header(text)
+    if named and named != man.get("name"):
+        click.echo(f"note: the PTX header names {named}, the manifest {man.get('name')}: runs use the manifest", err=True)
     ok = True
     total_steps, total_s = 0, 0.0
     try:
