@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-# The `.version` every generated kernel declares.
+# The `.version` the sm_100a kernel declares (the sm_90a kernel declares 8.5: fa4gen/lower/sm90.py).
 # 8.8 (CUDA 12.9, driver r575) is the oldest ISA that is still current for everything the kernels
 # use (tcgen05.* and setmaxnreg on sm_100a: 8.6; wgmma, setmaxnreg on sm_90a: 8.0) and that is
 # accepted by both toolchains in play: ptxas/nvJitLink 13.0 here, and on the H200 machines the

@@ -38,7 +38,8 @@ def _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshol
     if rescale_threshold is not None:
         kw["rescale_threshold"] = rescale_threshold
     try:
-        return KernelConfig(**kw)
+        from .plan import refuse_ignored
+        return refuse_ignored(KernelConfig(**kw))
     except ConfigError as e:
         click.echo(f"fa4gen: error: {e}", err=True)
         sys.exit(2)

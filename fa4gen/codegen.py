@@ -185,15 +185,10 @@ def _lower(cfg: KernelConfig, pipe):
 
 
 def _pipeline(cfg: KernelConfig):
-    """(pipeline the PTX is lowered from, legalization notes); (None, []) when the arch has no IR."""
+    """(the verified pipeline of the config, legalization notes)."""
     from .ir import build_pipeline
 
-    try:
-        pipe = build_pipeline(cfg)
-    except ModuleNotFoundError:
-        if cfg.arch == "sm_100a":
-            raise
-        return None, []  # sm_90a: lowered directly from the config (fa4gen.lower.sm90)
+    pipe = build_pipeline(cfg)
     if cfg.arch == "sm_100a":
         from .lower.sm100 import legalize
 
@@ -211,6 +206,8 @@ def build(cfg: KernelConfig, out_dir=None, emit=("ptx", "cubin"), *, backend: st
 
     if not isinstance(cfg, KernelConfig):
         raise TypeError(f"cfg must be a KernelConfig, got {type(cfg).__name__}")
+    from .plan import refuse_ignored
+    refuse_ignored(cfg)
     emit = tuple(emit)
     unknown = [e for e in emit if e not in EMITS]
     if unknown:

@@ -19,8 +19,8 @@ GENERATOR_VERSION = "0.1.0"
 
 # Sources whose text decides the emitted PTX or cubin: a change to any of them is a new generator,
 # so cached cubins keyed by content_hash can never outlive the code that made them.
-_FINGERPRINT_SOURCES = ("config.py", "exp2.py", "encodings.py", "assemble.py", "codegen.py", "render.py",
-                        "ir", "lower")
+_FINGERPRINT_SOURCES = ("config.py", "plan.py", "exp2.py", "encodings.py", "assemble.py", "codegen.py",
+                        "render.py", "ir", "lower")
 
 
 @functools.lru_cache(maxsize=1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .config import KernelConfig
+from .config import K_SPLIT_DEFAULT, ConfigError, KernelConfig
 
 ROWS = 128  # Q tile rows == K/V block keys (both targets)
 SM90_SMEM_LIMIT = 232448  # bytes of dynamic SMEM a CTA may opt into on sm_90 (227 KiB)
@@ -71,3 +71,19 @@ def smem_plan(cfg: KernelConfig) -> SmemPlan:
     return dataclasses.replace(plan, total=bar + plan.barrier_bytes + SM90_SMEM_ALIGN)
 
 
+
+
+def refuse_ignored(cfg: KernelConfig) -> KernelConfig:
+    """Options the config's arch would ignore are refused, not silently folded into a new name for
+    the same kernel: sm_90a has no TMEM P split (k_split), and its K/V ring takes kv_stages only as
+    far as SMEM allows (the default, 3, is capped to what fits; an explicit other value must fit)."""
+    if cfg.arch != "sm_90a":
+        return cfg
+    if cfg.k_split != K_SPLIT_DEFAULT[cfg.causal]:
+        raise ConfigError("k_split", cfg.k_split, "sm_100a only (the TMEM P split); sm_90a keeps P in registers")
+    default_stages = KernelConfig.__dataclass_fields__["kv_stages"].default
+    fit = smem_plan(cfg.replace(kv_stages=4)).kv_stages
+    if cfg.kv_stages != default_stages and cfg.kv_stages > fit:
+        raise ConfigError("kv_stages", cfg.kv_stages, f"at most {fit} K/V stages fit in sm_90a SMEM beside "
+                                                       f"{smem_plan(cfg).q_stages} Q slots at head_dim {cfg.head_dim}")
+    return cfg

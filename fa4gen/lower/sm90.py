@@ -8,8 +8,8 @@ structure:
   WG1 and WG2 are consumers (setmaxnreg.inc), each owning 64 rows of the 128-row Q tile.
 * S = Q K^T: wgmma m64n128k16, A and B from 128B-swizzled K-major SMEM.
   O += P V: wgmma m64n{D}k16 with P from registers (RS form) and V MN-major (imm-trans-b = 1).
-* mbarrier rings: Q (1 slot), K and V (kv stages each), full = TMA expect_tx, empty = one arrival
-  per consumer warp (8).
+* mbarrier rings: Q (q_stages slots: consecutive tasks' tiles), K and V (kv stages each, capped by
+  SMEM: fa4gen.plan.smem_plan), full = TMA expect_tx, empty = one arrival per consumer warp (8).
 * Ping-pong: named barriers hand the tensor core from one consumer WG to the other, so one WG's
   softmax overlaps the other's GEMMs; inside a WG the next block's QK^T is issued before the
   previous block's PV and both run under this block's softmax.
@@ -29,10 +29,7 @@ from ..config import GENERATOR_VERSION, KernelConfig
 from ..plan import ROWS, SM90_SMEM_ALIGN as SMEM_ALIGN, SM90_SMEM_LIMIT as SMEM_LIMIT, SmemPlan, smem_plan
 from ..render import render
 
-try:  # the fitted coefficients live in fa4gen.exp2 (shared with the reference and the sm_100a kernel)
-    from ..exp2 import EXP2_POLY as _EXP2_POLY
-except ImportError:  # pragma: no cover - only while fa4gen/exp2.py is absent
-    _EXP2_POLY = (1.0, 0.69515, 0.22756, 0.07712)  # PLACEHOLDER: published FA4 values
+from ..exp2 import EXP2_POLY as _EXP2_POLY  # fitted coefficients, shared with the reference and sm_100a
 
 __all__ = ["Sm90Options", "Probe", "NamedBarrier", "build_sm90", "lower_sm90", "manifest_sm90",
            "smem_plan", "Sm90LoweringError", "SMEM_LIMIT"]
