@@ -132,7 +132,7 @@ def name_in_header(ptx: str) -> str | None:
 
 def _verified(cfg: KernelConfig):
     from .codegen import _pipeline, verify_cached
-    pipe, _ = _pipeline(cfg)
+    pipe = _pipeline(cfg)
     report, _ = verify_cached(pipe)
     return pipe, report
 

@@ -3,7 +3,6 @@
 `build(cfg, out_dir=None, emit=("ptx", "cubin")) -> BuildResult` runs every stage for one variant:
 
     build_pipeline(cfg)            the role programs (fa4gen/ir)
-    legalize (sm_100a)             fit register tiles to each role's setmaxnreg budget
     check_or_raise(verify(...))    the programs the PTX is lowered from, proven (or VerificationError)
     lower + render                 sm_100a: fa4gen.lower.sm100; sm_90a: fa4gen.lower.sm90.build_sm90
     assemble                       ptxas / nvJitLink under the zero-warning, no-spill policy
@@ -185,16 +184,10 @@ def _lower(cfg: KernelConfig, pipe):
 
 
 def _pipeline(cfg: KernelConfig):
-    """(the verified pipeline of the config, legalization notes)."""
+    """The pipeline of the config: what the verifier proves and the sm_100a PTX is lowered from."""
     from .ir import build_pipeline
 
-    pipe = build_pipeline(cfg)
-    if cfg.arch == "sm_100a":
-        from .lower.sm100 import legalize
-
-        pipe, notes = legalize(pipe)
-        return pipe, list(notes)
-    return pipe, []
+    return build_pipeline(cfg)
 
 
 def build(cfg: KernelConfig, out_dir=None, emit=("ptx", "cubin"), *, backend: str = "auto",
@@ -214,7 +207,7 @@ def build(cfg: KernelConfig, out_dir=None, emit=("ptx", "cubin"), *, backend: st
         raise ValueError(f"emit {unknown}: choose from {', '.join(EMITS)}")
     timings: dict[str, float] = {}
     t0 = t = time.perf_counter()
-    pipe, notes = _pipeline(cfg)
+    pipe = _pipeline(cfg)
     timings["pipeline"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -249,7 +242,6 @@ def build(cfg: KernelConfig, out_dir=None, emit=("ptx", "cubin"), *, backend: st
     else:
         full = dict(manifest)
         full["verify"] = _verify_summary(None)
-    full["legalized"] = notes
     if asm is not None:
         full["assembler"] = _assembler_summary(asm)
 

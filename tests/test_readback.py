@@ -26,7 +26,7 @@ from fa4gen.check import _INSTR, check_ptx
 from fa4gen.config import KernelConfig
 from fa4gen.ir import build_pipeline
 from fa4gen.ir.core import Mma, Wait, walk_ops
-from fa4gen.lower.sm100 import OP_PTX, build_sm100, legalize
+from fa4gen.lower.sm100 import OP_PTX, build_sm100
 
 MATRIX = [KernelConfig(head_dim=d, causal=c, gqa_ratio=g) for d in (64, 128) for c in (False, True) for g in (1, 4)]
 MATRIX += [KernelConfig(dtype="fp16", causal=True, gqa_ratio=4), KernelConfig(gqa_ratio=128, causal=True),
@@ -35,7 +35,7 @@ MATRIX += [KernelConfig(dtype="fp16", causal=True, gqa_ratio=4), KernelConfig(gq
 
 @functools.lru_cache(maxsize=None)
 def emitted(cfg: KernelConfig):
-    pipe, _ = legalize(build_pipeline(cfg))
+    pipe = build_pipeline(cfg)
     ptx, manifest = build_sm100(pipe)
     return pipe, ptx, manifest
 
@@ -120,7 +120,7 @@ def test_mutated_template_fails_the_read_back(monkeypatch, name):
                   "\n{% endif %}")]
     _mutated_env(monkeypatch, old, new, extra)
     cfg = KernelConfig(causal=True, gqa_ratio=4)
-    pipe, _ = legalize(build_pipeline(cfg))
+    pipe = build_pipeline(cfg)
     ptx, manifest = build_sm100(pipe)
     good = emitted(cfg)[1]
     assert ptx != good

@@ -23,7 +23,7 @@ from fa4gen.config import KernelConfig
 from fa4gen.encodings import MmaType, TcgenInstrDesc
 from fa4gen.exp2 import emulated_mask
 from fa4gen.ir import build_pipeline
-from fa4gen.lower.sm100 import Sm100LoweringError, legalize, lower_sm100, smem_layout
+from fa4gen.lower.sm100 import Sm100LoweringError, lower_sm100, smem_layout
 from fa4gen.passes.verify import VerificationError
 from fa4gen.reference import fa4_forward, round_to_dtype
 from fa4gen.simulate import simulate
@@ -119,24 +119,14 @@ def test_manifest_follows_the_abi(cfg):
 
 def test_noncausal_epilogue_is_chunked_and_the_simulator_agrees():
     """WG2 (64 registers) cannot hold a 128-column fp32 O row: the IR gives it a load/normalize/store
-    epilogue per 32-column chunk, so `legalize` has nothing left to do; it still splits a batched
-    epilogue whose role lacks the registers. The CPU simulator runs the chunked pipeline against the
-    reference (Skv tail, Sq not a multiple of the tile, GQA, LSE)."""
-    import dataclasses
+    epilogue per 32-column chunk. The CPU simulator runs it against the reference (Skv tail, Sq not
+    a multiple of the tile, GQA, LSE)."""
     from fa4gen.ir.core import walk_ops, TmemLd, SmemSt
     cfg = KernelConfig(head_dim=64, gqa_ratio=2)
-    pipe, notes = legalize(build_pipeline(cfg))
-    assert notes == ()
+    pipe = build_pipeline(cfg)
     kinds = [type(op).__name__ for op in walk_ops(pipe.role("correction").program)
              if isinstance(op, (TmemLd, SmemSt)) and getattr(op, "region", "").startswith("O")]
     assert kinds[-4:] == ["TmemLd", "SmemSt", "TmemLd", "SmemSt"]  # chunk by chunk
-    causal = build_pipeline(cfg.replace(causal=True))
-    assert legalize(causal)[1] == ()  # the 200-register softmax warpgroups hold the whole row
-    squeezed = dataclasses.replace(causal, roles=tuple(dataclasses.replace(r, regs=64) if r.name.startswith("softmax")
-                                                       else r for r in causal.roles))
-    split, split_notes = legalize(squeezed)
-    assert len(split_notes) == 2 and all("split into 2" in n for n in split_notes)
-    assert split != squeezed
     rng = np.random.default_rng(7)
     q = round_to_dtype(rng.standard_normal((1, 150, 2, 64)), "bf16")
     k = round_to_dtype(rng.standard_normal((1, 300, 1, 64)), "bf16")
@@ -332,7 +322,7 @@ def test_generated_assembler_report_is_current(cfg):
 
 def test_verify_cache_reuses_only_passing_reports_of_the_same_pipeline(tmp_path, monkeypatch):
     monkeypatch.setenv("FA4GEN_CACHE_DIR", str(tmp_path))
-    pipe, _ = legalize(build_pipeline(KernelConfig(head_dim=64)))
+    pipe = build_pipeline(KernelConfig(head_dim=64))
     rep1, hit1 = codegen.verify_cached(pipe)
     rep2, hit2 = codegen.verify_cached(pipe)
     assert rep1.ok and (hit1, hit2) == (False, True) and rep2 == rep1

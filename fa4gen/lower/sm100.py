@@ -23,7 +23,6 @@ import enum
 import math
 import struct
 from dataclasses import dataclass, field
-from dataclasses import replace as dc_replace
 
 from ..assemble import PTX_VERSION
 from ..config import GENERATOR_VERSION, KernelConfig
@@ -35,7 +34,7 @@ from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, 
                        WaitLd, WaitSt, walk_ops)
 from ..render import render
 
-__all__ = ["ENTRY", "OP_PTX", "Ptx", "Sm100LoweringError", "SmemLayout", "build_sm100", "legalize",
+__all__ = ["ENTRY", "OP_PTX", "Ptx", "Sm100LoweringError", "SmemLayout", "build_sm100",
            "lower_sm100", "manifest_sm100", "smem_layout"]
 
 ENTRY = "fa4_fwd"
@@ -50,9 +49,6 @@ NEG_INF = "0fFF800000"
 ONE = "0f3F800000"
 ZERO = "0f00000000"
 LN2 = math.log(2.0)
-# A role whose tile loads (fp32, one register per column) exceed its budget minus this headroom
-# (addresses, loop state, row statistics) is legalized to load-normalize-store one chunk at a time.
-REG_HEADROOM = 32
 
 
 class Sm100LoweringError(ValueError):
@@ -200,68 +196,6 @@ def smem_layout(pipe: Pipeline) -> SmemLayout:
         raise Sm100LoweringError(f"SMEM: {off} bytes + {SMEM_ALIGN} alignment slack = {total} exceed the "
                                  f"{pipe.smem_limit}-byte limit of {pipe.arch} (fewer kv_stages?)")
     return SmemLayout(regions, bars, tmem_slot, off, total)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Legalization: fit the IR's register tiles into each role's setmaxnreg budget
-
-
-def _split_epilogue(role: Role, stmts: tuple) -> tuple[tuple, list[str]]:
-    """Rewrite `TmemLd(c0) .. TmemLd(ck), WaitLd, Compute(normalize), SmemSt` into one
-    `TmemLd, WaitLd, Compute(normalize), SmemSt` group per load when the loads' fp32 columns do not
-    fit the role's budget. Same data, same order of TMEM reads before the SMEM hand-off."""
-    out, notes, i = [], [], 0
-    while i < len(stmts):
-        st = stmts[i]
-        if isinstance(st, Loop):
-            body, n = _split_epilogue(role, st.body)
-            out.append(dc_replace(st, body=body))
-            notes += n
-            i += 1
-            continue
-        if isinstance(st, If):
-            then, n1 = _split_epilogue(role, st.then)
-            orelse, n2 = _split_epilogue(role, st.orelse)
-            out.append(dc_replace(st, then=then, orelse=orelse))
-            notes += n1 + n2
-            i += 1
-            continue
-        j = i
-        while j < len(stmts) and isinstance(stmts[j], TmemLd):
-            j += 1
-        lds = stmts[i:j]
-        if (len(lds) > 1 and j + 2 < len(stmts) and isinstance(stmts[j], WaitLd)
-                and isinstance(stmts[j + 1], Compute) and stmts[j + 1].fn == "normalize"
-                and isinstance(stmts[j + 2], SmemSt)):
-            cols = sum(ld.col_hi - ld.col_lo for ld in lds)
-            if cols > role.regs - REG_HEADROOM:
-                for ld in lds:
-                    out += [ld, stmts[j], stmts[j + 1], stmts[j + 2]]
-                notes.append(f"{role.name}: epilogue of {lds[0].region} ({cols} fp32 columns) split into "
-                             f"{len(lds)} load/normalize/store chunks to fit setmaxnreg {role.regs}")
-                i = j + 3
-                continue
-        if j > i:
-            out += lds
-            i = j
-            continue
-        out.append(st)
-        i += 1
-    return tuple(out), notes
-
-
-def legalize(pipe: Pipeline) -> tuple[Pipeline, tuple[str, ...]]:
-    """The pipeline the PTX is emitted from (and the verifier proves): roles whose register tiles
-    exceed their budget get their epilogue chunked. Returns (pipeline, notes); a no-op when the
-    IR already fits."""
-    roles, notes = [], []
-    for role in pipe.roles:
-        prog, n = _split_epilogue(role, role.program)
-        roles.append(dc_replace(role, program=prog) if n else role)
-        notes += n
-    if not notes:
-        return pipe, ()
-    return dc_replace(pipe, roles=tuple(roles), notes=pipe.notes + tuple(notes)), tuple(notes)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -849,7 +783,7 @@ def _dispatch(pipe: Pipeline, roles: list[dict]) -> list[dict]:
 
 
 def lower_sm100(pipe: Pipeline) -> dict:
-    """Template context for templates/sm100/fa4_fwd.ptx.j2 from a (legalized) sm_100a pipeline."""
+    """Template context for templates/sm100/fa4_fwd.ptx.j2 from an sm_100a pipeline."""
     cfg = pipe.config
     if pipe.arch != TARGET or cfg.arch != TARGET:
         raise Sm100LoweringError(f"arch {cfg.arch!r}: this lowering emits {TARGET} only")
@@ -964,12 +898,12 @@ def manifest_sm100(pipe: Pipeline) -> dict:
 
 
 def build_sm100(pipe_or_cfg) -> tuple[str, dict]:
-    """(PTX text, ABI manifest) of the sm_100a kernel. Takes a KernelConfig (builds and legalizes
-    its pipeline, unverified: fa4gen.codegen.build is the verified chain) or a legalized Pipeline."""
+    """(PTX text, ABI manifest) of the sm_100a kernel. Takes a KernelConfig (builds its pipeline,
+    unverified: fa4gen.codegen.build is the verified chain) or a Pipeline."""
     if isinstance(pipe_or_cfg, KernelConfig):
         from ..ir import build_pipeline
 
-        pipe, _ = legalize(build_pipeline(pipe_or_cfg))
+        pipe = build_pipeline(pipe_or_cfg)
     else:
         pipe = pipe_or_cfg
     return _tidy(render("sm100/fa4_fwd.ptx.j2", lower_sm100(pipe))), manifest_sm100(pipe)
