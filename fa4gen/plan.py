@@ -10,10 +10,42 @@ from dataclasses import dataclass
 
 from .config import K_SPLIT_DEFAULT, ConfigError, KernelConfig
 
-ROWS = 128  # Q tile rows == K/V block keys (both targets)
+ROWS = 128  # Q tile rows == K/V block keys == TMEM lanes (both targets)
+HALF_COLS = 64  # 16-bit elements per 128-byte swizzled row: one TMA box's inner extent, one SMEM panel
+SMEM_ALIGN = 1024  # 128B-swizzle patterns (8 rows x 128 B) start 1024-aligned (descriptor base_offset 0)
 SM90_SMEM_LIMIT = 232448  # bytes of dynamic SMEM a CTA may opt into on sm_90 (227 KiB)
 SM100_SMEM_LIMIT = 232448  # the same 227 KiB per CTA on sm_100
-SM90_SMEM_ALIGN = 1024  # 128B-swizzle atoms (8 rows x 128 B) must start 1024-aligned for base_offset = 0
+SM90_SMEM_ALIGN = SMEM_ALIGN
+
+
+# The kernel ABI (docs/ABI.md): every entry's parameters, in signature order, with their PTX
+# declarations. The manifest's "params", the runtime's argument packing and both templates read this.
+ABI_PARAMS: tuple[tuple[str, str], ...] = (
+    ("tmap_q", ".param .align 64 .b8 tmap_q[128]"),
+    ("tmap_k", ".param .align 64 .b8 tmap_k[128]"),
+    ("tmap_v", ".param .align 64 .b8 tmap_v[128]"),
+    ("tmap_o", ".param .align 64 .b8 tmap_o[128]"),
+    ("lse_ptr", ".param .u64 lse_ptr"),
+    ("batch", ".param .u32 batch"),
+    ("seqlen_q", ".param .u32 seqlen_q"),
+    ("seqlen_k", ".param .u32 seqlen_k"),
+    ("num_heads_kv", ".param .u32 num_heads_kv"),
+    ("scale_log2", ".param .f32 scale_log2"),
+    ("num_m_blocks", ".param .u32 num_m_blocks"),
+    ("num_tasks", ".param .u32 num_tasks"),
+    ("l2_group", ".param .u32 l2_group"),
+)
+ABI_PARAM_NAMES: tuple[str, ...] = tuple(n for n, _ in ABI_PARAMS)
+
+
+def tile_bytes(cfg: KernelConfig) -> int:
+    """One 128-row x head_dim tile of 16-bit elements: a Q slot, a K or V stage, the TMA tx count."""
+    return ROWS * cfg.head_dim * cfg.elem_bytes
+
+
+def panel_bytes(cfg: KernelConfig) -> int:
+    """One 128-row x 64-column swizzled panel (16 KiB): the step between a tile's 64-column halves."""
+    return ROWS * HALF_COLS * cfg.elem_bytes
 
 
 class PlanError(ValueError):
@@ -50,7 +82,7 @@ def smem_plan(cfg: KernelConfig) -> SmemPlan:
     Q loads while this one finishes; K/V keep at least 2 stages, and Q drops to 1 slot before
     K/V would (D = 128: 2 Q + 2x2 K/V + O = 224 KiB fits; 3 K/V stages would not).
     """
-    tile = ROWS * cfg.head_dim * cfg.elem_bytes
+    tile = tile_bytes(cfg)
 
     def stages_for(q_stages):
         fixed = (q_stages + 1) * tile + 16 * q_stages + 32 * 4  # Q slots + O staging + barriers (<= 4 stages)

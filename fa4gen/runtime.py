@@ -21,9 +21,8 @@ from .schedule import L2Choice, choose_l2_group
 __all__ = ["CudaError", "Kernel", "RuntimeSetupError", "tensor_map_geometry"]
 
 _BOX_INNER_BYTES_128B = 128
-# docs/ABI.md's parameters; the manifest's "params" gives their order in the entry's signature.
-_PARAM_NAMES = ("tmap_q", "tmap_k", "tmap_v", "tmap_o", "lse_ptr", "batch", "seqlen_q", "seqlen_k", "num_heads_kv",
-                "scale_log2", "num_m_blocks", "num_tasks", "l2_group")
+# docs/ABI.md's parameters (fa4gen.plan.ABI_PARAMS); the manifest's "params" gives their order.
+from .plan import ABI_PARAM_NAMES as _PARAM_NAMES  # noqa: E402
 
 
 class CudaError(RuntimeError):

@@ -9,7 +9,7 @@ so the K walk and the V walk are two States over the same ring with stride 2.
 from __future__ import annotations
 
 from ..config import KernelConfig
-from ..plan import SM100_SMEM_LIMIT
+from ..plan import SM100_SMEM_LIMIT, tile_bytes as plan_tile_bytes
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
                    FenceProxyAsync, If, Loop, LoopKind, Mma, NamedArrive, NamedSync, Pipeline, Region,
                    Role, Scope, SmemLd, SmemSt, Space, State, TmaLoad, TmaStore, TmaStoreWait, TmemLd,
@@ -23,7 +23,7 @@ SOFTMAX_REGS, CORRECTION_REGS, WG3_REGS = 200, 64, 48  # 128 x (200 + 200 + 64 +
 
 
 def regions(cfg: KernelConfig) -> tuple[Region, ...]:
-    d, tile_bytes = cfg.head_dim, 128 * cfg.head_dim * 2
+    d, tile_bytes = cfg.head_dim, plan_tile_bytes(cfg)
     return (
         Region("Q", Space.SMEM, cfg.dtype, 128, slots=cfg.q_stages, bytes_per_slot=tile_bytes),
         Region("KV", Space.SMEM, cfg.dtype, 128, slots=cfg.kv_stages, bytes_per_slot=tile_bytes),
@@ -39,7 +39,7 @@ def regions(cfg: KernelConfig) -> tuple[Region, ...]:
 
 
 def barriers(cfg: KernelConfig) -> tuple[Barrier, ...]:
-    tile_bytes = 128 * cfg.head_dim * 2  # CTA_GROUP (1) * rows * D * 2 bytes
+    tile_bytes = plan_tile_bytes(cfg)  # CTA_GROUP (1) * rows * D * 2 bytes
     per_warp = cfg.gqa_ratio == 1
     return (
         Barrier("q_full", BarrierKind.TMA, 2, 1, tx_bytes=tile_bytes),
@@ -61,7 +61,7 @@ def barriers(cfg: KernelConfig) -> tuple[Barrier, ...]:
 
 
 def _load_role(cfg: KernelConfig) -> Role:
-    tb = 128 * cfg.head_dim * 2
+    tb = plan_tile_bytes(cfg)
     kv = cfg.kv_stages
 
     def load_kv(state: str, tensor: str, block: BlockRef):

@@ -13,7 +13,7 @@ consumer 0 goes first, and consumer 0 takes the last hand-off after its final ta
 from __future__ import annotations
 
 from ..config import KernelConfig
-from ..plan import SM90_SMEM_LIMIT, smem_plan
+from ..plan import SM90_SMEM_LIMIT, smem_plan, tile_bytes
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync,
                    If, Loop, LoopKind, Mma, MmaWait, NamedArrive, NamedSync, Pipeline, Region, Role, Scope,
                    SmemSt, Space, State, TmaLoad, TmaStore, TmaStoreWait, Wait)
@@ -33,7 +33,7 @@ def _stages(cfg: KernelConfig) -> tuple[int, int]:
 def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
     if cfg.arch != "sm_90a":
         raise ValueError(f"build_sm90_pipeline needs arch sm_90a, got {cfg.arch}")
-    d, tile = cfg.head_dim, 128 * cfg.head_dim * 2
+    d, tile = cfg.head_dim, tile_bytes(cfg)
     nq, kv = _stages(cfg)
     regions = (
         Region("Q", Space.SMEM, cfg.dtype, 128, slots=nq, bytes_per_slot=tile),

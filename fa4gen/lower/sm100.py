@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from ..assemble import PTX_VERSION
 from ..config import GENERATOR_VERSION, KernelConfig
+from ..plan import ABI_PARAMS, ABI_PARAM_NAMES, HALF_COLS, ROWS, SMEM_ALIGN, panel_bytes
 from ..encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, check_tmem_alloc
 from ..exp2 import EXP2_POLY, FRAG_COLS, emulated_mask
 from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
@@ -41,9 +42,6 @@ ENTRY = "fa4_fwd"
 TARGET = "sm_100a"
 THREADS_PER_WARP = 32
 REGS_PER_SM_PARTITION = 65536
-SMEM_ALIGN = 1024  # 128B-swizzle patterns (8 rows x 128 B) must start 1024-aligned (base_offset 0)
-HALF_COLS = 64  # 16-bit elements per 128-byte swizzled row: the TMA box's inner extent
-ROWS = 128  # TMEM lanes = rows of a Q tile = keys of a K/V block
 MMA_K = 16  # tcgen05.mma kind::f16 reduction positions per instruction
 NEG_INF = "0fFF800000"
 ONE = "0f3F800000"
@@ -455,7 +453,7 @@ class _RoleEmitter:
     def op_TmaLoad(self, op: TmaLoad) -> None:
         cfg = self.cfg
         pre, base, off = self.smem_addr(op.dst, op.dst_slot, "%rdst")
-        half_bytes = ROWS * HALF_COLS * cfg.elem_bytes
+        half_bytes = panel_bytes(cfg)
         if op.tensor == "q":
             pre = pre + [("mad.lo.u32", "%c3", "%mpair", str(2 * cfg.seq_q_per_tile),
                           str(op.qtile * cfg.seq_q_per_tile)), ("mov.u32", "%c1", "0")]
@@ -484,7 +482,7 @@ class _RoleEmitter:
             raise Sm100LoweringError(f"{self.p}: TmaStore needs a depth-2, stride-1 state over O_smem "
                                      "(slot k holds Q tile k)")
         pre, base, off = self.smem_addr(op.src, op.src_slot, "%rsrc")
-        half_bytes = ROWS * HALF_COLS * cfg.elem_bytes
+        half_bytes = panel_bytes(cfg)
         pre = pre + [("mad.lo.u32", "%c3", "%mpair", str(2 * cfg.seq_q_per_tile),
                       str(qtile * cfg.seq_q_per_tile)), ("mov.u32", "%c1", "0")]
         boxes = [{"src": f"{base}+{off + h * half_bytes}", "c0": h * HALF_COLS}
@@ -500,7 +498,7 @@ class _RoleEmitter:
         d = pipe.region(op.d)
         if (op.k_hi - op.k_lo) % MMA_K or op.k_lo % MMA_K:
             raise Sm100LoweringError(f"{self.p}: MMA k range [{op.k_lo}, {op.k_hi}) is not in steps of {MMA_K}")
-        half_bytes = ROWS * HALF_COLS * cfg.elem_bytes
+        half_bytes = panel_bytes(cfg)
         pre = []
         steps = []
         acc0 = self.accumulate(op, pre)
@@ -629,7 +627,7 @@ class _RoleEmitter:
         if not cols or len(cols) % 8:
             raise Sm100LoweringError(f"{self.p}: O_smem store without a preceding normalize of whole 8-column groups")
         cfg = self.cfg
-        half_bytes = ROWS * HALF_COLS * cfg.elem_bytes
+        half_bytes = panel_bytes(cfg)
         kind, v = self.slot(op.slot)
         if kind == "const":
             base, pre = "%orow", []
@@ -817,6 +815,7 @@ def lower_sm100(pipe: Pipeline) -> dict:
         "ptx_version": PTX_VERSION,
         "target": TARGET,
         "entry": ENTRY,
+        "param_decls": [decl for _, decl in ABI_PARAMS],
         "threads": pipe.threads,
         "maxnreg": REGS_PER_SM_PARTITION // pipe.threads,
         "causal": cfg.causal,
@@ -886,8 +885,7 @@ def manifest_sm100(pipe: Pipeline) -> dict:
                     "a grid sized in single Q tiles only adds idle CTAs",
         },
         "tensor_maps": tensor_maps(cfg),
-        "params": ["tmap_q", "tmap_k", "tmap_v", "tmap_o", "lse_ptr", "batch", "seqlen_q", "seqlen_k",
-                   "num_heads_kv", "scale_log2", "num_m_blocks", "num_tasks", "l2_group"],
+        "params": list(ABI_PARAM_NAMES),
         "smem_layout": {
             "regions": {k: {"offset": v[0], "bytes_per_slot": v[1], "slots": v[2]} for k, v in layout.regions.items()},
             "barriers": dict(layout.barriers),

@@ -26,7 +26,8 @@ import math
 from dataclasses import dataclass
 
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import ROWS, SM90_SMEM_ALIGN as SMEM_ALIGN, SM90_SMEM_LIMIT as SMEM_LIMIT, SmemPlan, smem_plan
+from ..plan import (ABI_PARAMS, ABI_PARAM_NAMES, HALF_COLS, ROWS, SM90_SMEM_ALIGN as SMEM_ALIGN,
+                    SM90_SMEM_LIMIT as SMEM_LIMIT, SmemPlan, panel_bytes, smem_plan, tile_bytes)
 from ..render import render
 
 from ..exp2 import EXP2_POLY as _EXP2_POLY  # fitted coefficients, shared with the reference and sm_100a
@@ -38,7 +39,6 @@ ENTRY = "fa4_fwd"
 PTX_VERSION = "8.5"  # wgmma, setmaxnreg, elect.sync, 5-D TMA: PTX 8.0+; the H200 driver (580) takes 9.0
 THREADS = 384
 ENTRY_REGS = (65536 // THREADS) // 8 * 8  # 168: ptxas caps a .maxntid 384 / .minnctapersm 1 kernel here
-HALF_COLS = 64  # 16-bit columns per 128-byte swizzle row: the TMA box's inner extent
 WG_ROWS = 64  # rows per consumer warpgroup (wgmma M)
 N_CONSUMERS = 2
 EMPTY_ARRIVALS = 4 * N_CONSUMERS  # one lane per consumer warp releases a slot
@@ -151,7 +151,7 @@ def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
     sqt = cfg.seq_q_per_tile
     plan = smem_plan(cfg)
     halves = D // HALF_COLS
-    half_bytes = ROWS * HALF_COLS * cfg.elem_bytes  # 16 KiB: one 128-row x 128-byte swizzled slab
+    half_bytes = panel_bytes(cfg)  # 16 KiB: one 128-row x 128-byte swizzled slab
     dt = {"bf16": "bf16", "fp16": "f16"}[cfg.dtype]
 
     s_regs = [f"%s{i}" for i in range(ROWS // 2)]  # m64n128 f32 accumulator: 64 per thread
@@ -206,6 +206,7 @@ def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
         "ptx_version": PTX_VERSION,
         "target": "sm_90a",
         "entry": ENTRY,
+        "param_decls": [decl for _, decl in ABI_PARAMS],
         "threads": THREADS,
         "producer_regs": opt.producer_regs,
         "consumer_regs": opt.consumer_regs,
@@ -225,8 +226,8 @@ def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
         "smem": plan,
         "bars": bars,
         "empty_arrivals": EMPTY_ARRIVALS,
-        "q_tx": ROWS * D * cfg.elem_bytes,
-        "kv_tx": ROWS * D * cfg.elem_bytes,
+        "q_tx": tile_bytes(cfg),
+        "kv_tx": tile_bytes(cfg),
         "nb": {b.name.lower(): int(b) for b in NamedBarrier},
         "wgmma_qk": f"wgmma.mma_async.sync.aligned.m64n128k16.f32.{dt}.{dt}",
         "wgmma_pv": f"wgmma.mma_async.sync.aligned.m64n{D}k16.f32.{dt}.{dt}",
@@ -292,8 +293,7 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
             "o": {"dims": qo_dims, "box": [HALF_COLS, min(G, WG_ROWS), 1, max(WG_ROWS // G, 1), 1],
                   "swizzle": "128B", "dtype": dtype},
         },
-        "params": ["tmap_q", "tmap_k", "tmap_v", "tmap_o", "lse_ptr", "batch", "seqlen_q", "seqlen_k",
-                   "num_heads_kv", "scale_log2", "num_m_blocks", "num_tasks", "l2_group"],
+        "params": list(ABI_PARAM_NAMES),
         "sm90": {"kv_stages": plan.kv_stages, "q_stages": plan.q_stages, "pingpong": opt.pingpong, "probe": opt.probe.value,
                  "producer_regs": opt.producer_regs, "consumer_regs": opt.consumer_regs},
     }
