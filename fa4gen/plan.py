@@ -48,6 +48,16 @@ def panel_bytes(cfg: KernelConfig) -> int:
     return ROWS * HALF_COLS * cfg.elem_bytes
 
 
+REGS_PER_SM = 65536  # 32-bit registers per SM partition set a CTA's warps share (both targets)
+
+# Named barriers (bar.sync / bar.arrive ids; 0 is the CTA-wide barrier after mbarrier init).
+SM100_STATS_BAR_ID = 1  # softmax -> correction statistics hand-off (ids 1..8 when paired per warp)
+SM90_SCHED_BAR_ID = 1  # ids 1, 2: ping-pong turn on the tensor core for consumer 0 / consumer 1
+SM90_EPI_BAR_ID = 3  # ids 3, 4: each consumer warpgroup's 128 threads around the O staging
+# sm_90a setmaxnreg budgets: the producer warpgroup gives registers to the two consumers
+SM90_PRODUCER_REGS, SM90_CONSUMER_REGS = 24, 240
+
+
 class PlanError(ValueError):
     """A configuration whose plan cannot exist (e.g. no room for the pipeline in SMEM)."""
 

@@ -9,7 +9,7 @@ so the K walk and the V walk are two States over the same ring with stride 2.
 from __future__ import annotations
 
 from ..config import KernelConfig
-from ..plan import SM100_SMEM_LIMIT, tile_bytes as plan_tile_bytes
+from ..plan import SM100_SMEM_LIMIT, SM100_STATS_BAR_ID, tile_bytes as plan_tile_bytes
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
                    FenceProxyAsync, If, Loop, LoopKind, Mma, NamedArrive, NamedSync, Pipeline, Region,
                    Role, Scope, SmemLd, SmemSt, Space, State, TmaLoad, TmaStore, TmaStoreWait, TmemLd,
@@ -18,7 +18,7 @@ from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Commit, Comp
 TMEM_COLS = 512
 LD_CHUNK = 32  # softmax reads S and writes P in 32-column tcgen05.ld/st chunks
 RESCALE_CHUNK = 16  # correction rescales O 16 columns at a time (seed: RESCALE_TILE)
-STATS_BAR_ID = 1  # named barrier ids start at 1: id 0 is __syncthreads / bar.sync 0
+STATS_BAR_ID = SM100_STATS_BAR_ID
 SOFTMAX_REGS, CORRECTION_REGS, WG3_REGS = 200, 64, 48  # 128 x (200 + 200 + 64 + 48) = 65,536
 
 

@@ -13,14 +13,14 @@ consumer 0 goes first, and consumer 0 takes the last hand-off after its final ta
 from __future__ import annotations
 
 from ..config import KernelConfig
-from ..plan import SM90_SMEM_LIMIT, smem_plan, tile_bytes
+from ..plan import (SM90_CONSUMER_REGS, SM90_EPI_BAR_ID, SM90_PRODUCER_REGS, SM90_SCHED_BAR_ID, SM90_SMEM_LIMIT,
+                    smem_plan, tile_bytes)
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync,
                    If, Loop, LoopKind, Mma, MmaWait, NamedArrive, NamedSync, Pipeline, Region, Role, Scope,
                    SmemSt, Space, State, TmaLoad, TmaStore, TmaStoreWait, Wait)
 
-SCHED_BAR_ID = 1  # ids 1, 2: ping-pong; 3, 4: per-consumer epilogue (0 is __syncthreads)
-EPI_BAR_ID = 3
-PRODUCER_REGS, CONSUMER_REGS = 24, 240
+SCHED_BAR_ID, EPI_BAR_ID = SM90_SCHED_BAR_ID, SM90_EPI_BAR_ID
+PRODUCER_REGS, CONSUMER_REGS = SM90_PRODUCER_REGS, SM90_CONSUMER_REGS
 
 
 def _stages(cfg: KernelConfig) -> tuple[int, int]:

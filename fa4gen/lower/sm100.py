@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from ..assemble import PTX_VERSION
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import ABI_PARAMS, ABI_PARAM_NAMES, HALF_COLS, ROWS, SMEM_ALIGN, panel_bytes
+from ..plan import ABI_PARAMS, ABI_PARAM_NAMES, HALF_COLS, REGS_PER_SM, ROWS, SMEM_ALIGN, panel_bytes
 from ..encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, check_tmem_alloc
 from ..exp2 import EXP2_POLY, FRAG_COLS, emulated_mask
 from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
@@ -41,7 +41,7 @@ __all__ = ["ENTRY", "OP_PTX", "Ptx", "Sm100LoweringError", "SmemLayout", "build_
 ENTRY = "fa4_fwd"
 TARGET = "sm_100a"
 THREADS_PER_WARP = 32
-REGS_PER_SM_PARTITION = 65536
+REGS_PER_SM_PARTITION = REGS_PER_SM
 MMA_K = 16  # tcgen05.mma kind::f16 reduction positions per instruction
 NEG_INF = "0fFF800000"
 ONE = "0f3F800000"

@@ -26,7 +26,8 @@ import math
 from dataclasses import dataclass
 
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import (ABI_PARAMS, ABI_PARAM_NAMES, HALF_COLS, ROWS, SM90_SMEM_ALIGN as SMEM_ALIGN,
+from ..plan import (ABI_PARAMS, ABI_PARAM_NAMES, HALF_COLS, REGS_PER_SM, ROWS, SM90_CONSUMER_REGS,
+                    SM90_EPI_BAR_ID, SM90_PRODUCER_REGS, SM90_SCHED_BAR_ID, SM90_SMEM_ALIGN as SMEM_ALIGN,
                     SM90_SMEM_LIMIT as SMEM_LIMIT, SmemPlan, panel_bytes, smem_plan, tile_bytes)
 from ..render import render
 
@@ -38,7 +39,7 @@ __all__ = ["Sm90Options", "Probe", "NamedBarrier", "build_sm90", "lower_sm90", "
 ENTRY = "fa4_fwd"
 PTX_VERSION = "8.5"  # wgmma, setmaxnreg, elect.sync, 5-D TMA: PTX 8.0+; the H200 driver (580) takes 9.0
 THREADS = 384
-ENTRY_REGS = (65536 // THREADS) // 8 * 8  # 168: ptxas caps a .maxntid 384 / .minnctapersm 1 kernel here
+ENTRY_REGS = (REGS_PER_SM // THREADS) // 8 * 8  # 168: ptxas caps a .maxntid 384 / .minnctapersm 1 kernel here
 WG_ROWS = 64  # rows per consumer warpgroup (wgmma M)
 N_CONSUMERS = 2
 EMPTY_ARRIVALS = 4 * N_CONSUMERS  # one lane per consumer warp releases a slot
@@ -70,12 +71,12 @@ class Probe(enum.Enum):
 
 
 class NamedBarrier(enum.IntEnum):
-    """bar.sync/bar.arrive ids (0 is the CTA-wide barrier used once after mbarrier init)."""
+    """bar.sync/bar.arrive ids (fa4gen.plan; 0 is the CTA-wide barrier used once after mbarrier init)."""
 
-    SCHED_WG1 = 1  # consumer 0 waits here for its turn on the tensor core
-    SCHED_WG2 = 2
-    EPI_WG1 = 3  # consumer 0's 128 threads around the O SMEM staging
-    EPI_WG2 = 4
+    SCHED_WG1 = SM90_SCHED_BAR_ID  # consumer 0 waits here for its turn on the tensor core
+    SCHED_WG2 = SM90_SCHED_BAR_ID + 1
+    EPI_WG1 = SM90_EPI_BAR_ID  # consumer 0's 128 threads around the O SMEM staging
+    EPI_WG2 = SM90_EPI_BAR_ID + 1
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,8 @@ class Sm90Options:
 
     pingpong: bool = True
     persistent: bool = True  # False: one CTA per task (the same kernel runs a single round)
-    producer_regs: int = 24
-    consumer_regs: int = 240
+    producer_regs: int = SM90_PRODUCER_REGS
+    consumer_regs: int = SM90_CONSUMER_REGS
     probe: Probe = Probe.NONE
 
     def __post_init__(self):

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 
 from ..ir.core import (Arrive, BarrierKind, Commit, ExpectTx, Mma, NamedArrive, NamedSync, Pipeline,
                        Space, TmaLoad, TmemLd, TmemSt, Wait, walk_ops)
+from ..plan import REGS_PER_SM
 from .engine import Engine, Finding, Scenario
 
-REGS_PER_CTA = 65536
+REGS_PER_CTA = REGS_PER_SM
 DEFAULT_SCENARIOS = ((1,), (2,), (3,), (2, 1, 3))
 
 
