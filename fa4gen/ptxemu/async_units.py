@@ -162,7 +162,7 @@ def compile_tma(ctx, ins, parts):
                 for u in np.unique(src_w):
                     via = emu.writers[u] if u >= 0 else None
                     ids[src_w == u] = emu.writer_id(("TMA store", wid, ins.line, via))
-                emu.mark_gmem(gname, buf.size, dst, ids[:, None])
+                emu.mark_gmem(gname, buf.size, dst, ids[:, None], cta.ctaid)
                 op["done"] = True
             cta.at(cta.now + cta.delay(lo, hi), land)
     return fn

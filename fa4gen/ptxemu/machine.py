@@ -518,6 +518,8 @@ class Emulator:
         self.writers: list = []  # (kind, warp, line[, via]) for reports: who wrote an output byte
         self._writer_idx: dict = {}
         self.gwriter: dict = {}  # allocation name -> int32 writer id per byte
+        self.gwrites: dict = {}  # allocation name -> writes per byte (an output is written once)
+        self.gcta: dict = {}
         if mod.maxntid is not None and nthreads > mod.maxntid:
             raise Fault("LAUNCH", f"{nthreads} threads per CTA exceed .maxntid {mod.maxntid}")
 
@@ -528,11 +530,23 @@ class Emulator:
             self.writers.append(entry)
         return i
 
-    def mark_gmem(self, name: str, buf_size: int, byte_idx: np.ndarray, wid: np.ndarray | int) -> None:
+    def mark_gmem(self, name: str, buf_size: int, byte_idx: np.ndarray, wid: np.ndarray | int, cta: int = -1) -> None:
         arr = self.gwriter.get(name)
         if arr is None:
             arr = self.gwriter[name] = np.full(buf_size, -1, np.int32)
+            self.gwrites[name] = np.zeros(buf_size, np.uint8)
+            self.gcta[name] = np.full(buf_size, -1, np.int32)
         arr[byte_idx] = wid
+        idx = np.asarray(byte_idx).reshape(-1)
+        cnt = self.gwrites[name]
+        again = idx[cnt[idx] > 0]
+        if again.size and len(self.findings) < 8:
+            b = int(again[0])
+            self.findings.append(Fault("WRITTEN_TWICE", f"output {name} byte {b} written again (first by CTA "
+                                                        f"{int(self.gcta[name][b])}, now CTA {cta}): two tasks "
+                                                        "computed the same tile, a write race on a GPU"))
+        cnt[idx] = np.minimum(cnt[idx].astype(np.int32) + 1, 255).astype(np.uint8)
+        self.gcta[name][idx] = cta
 
     def barrier_name(self, addr: int) -> str:
         return self._bar_names.get(addr, f"mbarrier@{addr:#x}")

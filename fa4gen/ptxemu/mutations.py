@@ -247,6 +247,9 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
                                             r"\1", nth=0)),
     PtxMutation("softmax_budget_off", _SM100, "softmax warpgroups ask setmaxnreg.inc 192 where the plan gives 200",
                 ("SETMAXNREG",), _sub(r"setmaxnreg\.inc\.sync\.aligned\.u32 200;", "setmaxnreg.inc.sync.aligned.u32 192;")),
+    PtxMutation("scheduler_stride_one", _SM100, "every role steps its persistent task loop by 1, not by the grid "
+                "size: CTAs compute the same tiles twice", ("WRITTEN_TWICE",),
+                _sub(r"add\.u32 %task, %task, %nctas;", "add.u32 %task, %task, 1;", count=0), protocol=False),
     PtxMutation("sm90_release_k_early", _SM90, "the consumers release K (k_empty) before their QK wgmma reads it",
                 ("RACE", "mismatch"), _release_k_early),
 )

@@ -527,7 +527,7 @@ def compile_ld_st(ctx, ins, parts):
                 base, buf, gname = hit
                 buf[a - base: a - base + nb] = vals[j].copy().view(np.uint8)
                 w.cta.emu.mark_gmem(gname, buf.size, np.arange(a - base, a - base + nb),
-                                    w.cta.emu.writer_id(("st.global", w.wid, ins.line)))
+                                    w.cta.emu.writer_id(("st.global", w.wid, ins.line)), w.cta.ctaid)
         return fn
     raise unsupported(ins, f"stores to .{space}")
 
