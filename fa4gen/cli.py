@@ -152,10 +152,13 @@ def verify(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, mut
                    "exercises the persistent task loop.")
 @click.option("--step-limit", type=click.IntRange(1000), default=30_000_000, show_default=True,
               help="Warp-instructions per CTA before the run is called a livelock.")
+@click.option("--persistent", is_flag=True,
+              help="Launch a persistent grid of --ctas CTAs even where the manifest says one CTA per task "
+                   "(causal kernels): every CTA then runs several tasks through the kernel's task loop.")
 @click.option("--mutation", default=None, help="Apply a PTX corpus mutation to the file first (see --list-mutations).")
 @click.option("--list-mutations", is_flag=True, help="List the PTX mutation corpus and exit.")
 @click.option("--quiet", is_flag=True, help="Only the verdict line and reports.")
-def emulate(ptx_file, manifest, shapes, seeds, seed0, ctas, step_limit, mutation, list_mutations, quiet):
+def emulate(ptx_file, manifest, shapes, seeds, seed0, ctas, step_limit, persistent, mutation, list_mutations, quiet):
     from .ptxemu import harness
     from .ptxemu.mutations import PTX_MUTATIONS, MutationMiss, by_name
     from .ptxemu.parse import PtxSyntaxError
@@ -176,6 +179,8 @@ def emulate(ptx_file, manifest, shapes, seeds, seed0, ctas, step_limit, mutation
                 text = by_name(mutation).apply(text, man)
             except (KeyError, MutationMiss) as e:
                 raise harness.UsageError(str(e.args[0] if isinstance(e, KeyError) else e)) from None
+        if persistent:
+            man = dict(man, grid=dict(man["grid"], policy="persistent"))
     except harness.UsageError as e:
         click.echo(f"fa4gen emulate: error: {e}", err=True)
         sys.exit(2)

@@ -17,7 +17,7 @@ from fa4gen.cli import main as cli_main
 from fa4gen.config import KernelConfig
 from fa4gen.encodings import DescArch, SmemMatrixDesc, Swizzle, TcgenInstrDesc, TmaDtype
 from fa4gen.ptxemu import fp, units
-from fa4gen.ptxemu.harness import Shape, default_shapes, emulate_file, run_raw
+from fa4gen.ptxemu.harness import Shape, default_shapes, emulate_file, run_once, run_raw
 from fa4gen.ptxemu.machine import Fault
 from fa4gen.ptxemu.mutations import PTX_MUTATIONS
 from fa4gen.ptxemu.parse import UnsupportedInstruction, parse
@@ -89,7 +89,11 @@ def test_corpus_covers_the_bug_classes():
 def test_ptx_mutation_is_caught(mut):
     ptx, man = emitted(**mut.config)
     broken = mut.apply(ptx, man)
-    rep = emulate_file(Path(man["name"] + ".ptx"), ptx_text=broken, manifest=man, seeds=1)
+    ctas = 2
+    if mut.persistent:
+        man = json.loads(json.dumps(man))
+        man["grid"]["policy"], ctas = "persistent", 1
+    rep = emulate_file(Path(man["name"] + ".ptx"), ptx_text=broken, manifest=man, seeds=1, ctas=ctas)
     assert not rep.ok, f"{mut.name} passed the emulator"
     found = {r.finding for r in rep.runs if not r.ok}
     assert found & set(mut.expect), f"{mut.name}: findings {found}, expected one of {mut.expect}\n{rep.summary()}"
@@ -401,3 +405,20 @@ def test_check_cli_exit_codes(tmp_path):
     assert r.exit_code == 2
     r = runner.invoke(cli_main, ["check", str(bad)])
     assert r.exit_code == 2 and "manifest" in r.output
+
+
+# ---- found by the emulator ------------------------------------------------------------------------
+@pytest.mark.parametrize("causal", [True, False])
+def test_one_cta_runs_several_tasks(causal):
+    """Causal sm_100a grids are one CTA per task today, but the kernel has a persistent task loop
+    and the IR was verified with several tasks per CTA. The emulator found the correction warps'
+    per-task early p_o_rescale arrival landing in the previous task's last phase (the four
+    correction warps drift apart; p_o_rescale counts arrivals, not who sends them), so the next
+    PV MMA read O mid-rescale. Fixed in the IR: the causal correction waits the task's o_ready."""
+    cfg = dict(arch="sm_100a", head_dim=128, causal=causal, gqa_ratio=1, dtype="bf16")
+    ptx, man = emitted(**cfg)
+    man = json.loads(json.dumps(man))
+    man["grid"]["policy"] = "persistent"
+    for seed in (0, 1):
+        r = run_once(ptx, man, Shape.parse("1,323,393,2,2"), seed, ctas=1)
+        assert r.ok, r.report

@@ -188,13 +188,21 @@ def _correction_role(cfg: KernelConfig) -> Role:
     # Before a task's first PV MMA there is no old O: release both O slots at once.
     body = [Arrive("p_o_rescale", 0, Scope.ALL), Arrive("p_o_rescale", 1, Scope.ALL),
             Loop(LoopKind.KV, tuple(per_block))]
-    states = []
+    states = [State("or0", 1, 0, slot_base=0), State("or1", 1, 0, slot_base=1)]
     if not cfg.causal:
         for i in (0, 1):
             body += [NamedSync("stats", i), SmemLd("sScale", i, "row_sum"),
                      Arrive("softmax_corr_empty", 1 - i, Scope.ALL),
                      *_epilogue_ops(cfg, i, f"or{i}", "e", "row_sum", CORRECTION_REGS)]
-        states = [State("or0", 1, 0, slot_base=0), State("or1", 1, 0, slot_base=1), State("e", 2, 1)]
+        states.append(State("e", 2, 1))
+    else:
+        # p_o_rescale counts arrivals, not who sends them, and the four correction warps are not
+        # synchronised with each other: without this wait a fast warp's next-task early arrival
+        # (above) could complete the previous task's last phase for a warp still rescaling O, and
+        # the last PV MMA would read O mid-rescale (found by fa4gen emulate with several tasks per
+        # CTA; the engine runs a role's warps as one process, so the verifier cannot see warp skew).
+        # Waiting for the task's o_ready (its last PV MMA done) closes every p_o_rescale phase first.
+        body += [Wait("o_ready", "or0"), Wait("o_ready", "or1"), Advance("or0"), Advance("or1")]
     return Role("correction", (8, 9, 10, 11), CORRECTION_REGS, tuple(states), (Loop(LoopKind.TASKS, tuple(body)),))
 
 

@@ -26,6 +26,7 @@ class PtxMutation:
     expect: tuple  # acceptable findings: Fault kinds and/or "mismatch"
     edit: object  # fn(text, manifest) -> text
     protocol: bool = True  # `fa4gen check` must flag it too (False: data path, the emulator's alone)
+    persistent: bool = False  # launch as a persistent grid of one CTA (several tasks per CTA)
 
     def kernel_config(self) -> KernelConfig:
         return KernelConfig(**self.config)
@@ -250,6 +251,12 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
     PtxMutation("scheduler_stride_one", _SM100, "every role steps its persistent task loop by 1, not by the grid "
                 "size: CTAs compute the same tiles twice", ("WRITTEN_TWICE",),
                 _sub(r"add\.u32 %task, %task, %nctas;", "add.u32 %task, %task, 1;", count=0), protocol=False),
+    PtxMutation("causal_correction_no_task_wait", _SM100C, "the causal correction does not wait for the task's "
+                "o_ready before its next-task early p_o_rescale arrivals (the bug the emulator found)",
+                ("RACE", "mismatch"),
+                _sub(r"\$Lwait\d+:\n\s*mbarrier\.try_wait\.parity\.shared::cta\.b64 %p_w, \[%bar\+\d+\], "
+                     r"%q_correction_or(\d);\n\s*@!%p_w bra \$Lwait\d+;\n\s*tcgen05\.fence::after_thread_sync;\n", "",
+                     count=2), persistent=True),
     PtxMutation("sm90_release_k_early", _SM90, "the consumers release K (k_empty) before their QK wgmma reads it",
                 ("RACE", "mismatch"), _release_k_early),
 )
