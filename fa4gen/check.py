@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from .config import KernelConfig
 from .plan import smem_plan
+from .ptxemu.parse import _split_top as _operands
 from .encodings import EncodingError, Major, TcgenInstrDesc
 from .ir.core import (Arrive, BarrierKind, BlockRef, Commit, ExpectTx, FenceProxyAsync, If, Loop, LoopKind, Mma,
                       MmaWait, NamedArrive, NamedSync, Scope, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt, Wait,
@@ -71,23 +72,6 @@ class CheckReport:
 # ---- shared PTX reading ---------------------------------------------------------------------------
 _INSTR = re.compile(r"^\s*(@!?%\w+\s+)?([a-z][\w.:]*)\s*(.*?);\s*$")
 _LABEL = re.compile(r"^\s*(\$\w+):\s*$")
-
-
-def _operands(text: str) -> list[str]:
-    ops, depth, cur = [], 0, ""
-    for ch in text:
-        if ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            ops.append(cur.strip())
-            cur = ""
-        else:
-            cur += ch
-    if cur.strip():
-        ops.append(cur.strip())
-    return ops
 
 
 def _numbered(ptx: str) -> list[tuple[int, str]]:
@@ -511,16 +495,16 @@ def _align(role: str, got: list, want: list) -> list:
     return diffs
 
 
-def _prologue_sm100(numbered, pipe, manifest) -> list:
-    lay = _Layout(pipe, manifest)
-    diffs = []
-    seen = {}
+def _init_counts(numbered, pipe, locate) -> list:
+    """Every mbarrier slot of the IR initialised exactly once, with its arrival count; `locate(off)`
+    names the (barrier, slot) at a %bar offset (None: no barrier of the IR there)."""
+    diffs, seen = [], {}
     for ln, text in numbered:
         m = re.match(r"^\s*mbarrier\.init\.shared::cta\.b64 \[%bar\+(\d+)\], (\w+);$", text)
         if not m:
             continue
         off, count = int(m.group(1)), int(m.group(2), 0)
-        hit = lay.barrier(off)
+        hit = locate(off)
         if hit is None:
             diffs.append(Difference("prologue", ln, f"mbarrier.init at offset {off}", "no mbarrier of the IR there"))
             continue
@@ -539,6 +523,11 @@ def _prologue_sm100(numbered, pipe, manifest) -> list:
             if (b.name, s) not in seen:
                 diffs.append(Difference("prologue", None, f"no mbarrier.init of {b.name}[{s}]",
                                         f"{b.name}: {b.count} arrivals per phase"))
+    return diffs
+
+
+def _prologue_sm100(numbered, pipe, manifest) -> list:
+    diffs = _init_counts(numbered, pipe, _Layout(pipe, manifest).barrier)
     slot_off = manifest["smem_layout"]["tmem_addr_slot"]
     allocs = [(ln, t) for ln, t in numbered if "tcgen05.alloc" in t]
     if len(allocs) != 1:
@@ -792,32 +781,15 @@ def _check_sm90(ptx: str, manifest: dict, cfg: KernelConfig) -> CheckReport:
         rep.events[role] = len(want)
         rep.differences += _align(role, got, [(i, op, ev) for i, (_, op, ev) in enumerate(want)])
     # mbarrier init counts, through the kernel's SMEM plan (the manifest has no barrier layout yet)
-    plan = smem_plan(cfg)
-    offs = plan.barriers
-    seen = {}
-    for ln, text in numbered:
-        m = re.match(r"^\s*mbarrier\.init\.shared::cta\.b64 \[%bar\+(\d+)\], (\w+);$", text)
-        if not m:
-            continue
-        off, count = int(m.group(1)), int(m.group(2), 0)
-        hit = None
+    offs = smem_plan(cfg).barriers
+
+    def locate(off):
         for b in pipe.barriers:
-            if b.name in offs and offs[b.name] <= off < offs[b.name] + 8 * b.slots and (off - offs[b.name]) % 8 == 0:
-                hit = (b, (off - offs[b.name]) // 8)
-        if hit is None:
-            rep.differences.append(Difference("prologue", ln, f"mbarrier.init at offset {off}", "no mbarrier there"))
-            continue
-        b, s = hit
-        seen[(b.name, s)] = ln
-        if count != b.count:
-            rep.differences.append(Difference("prologue", ln, f"mbarrier.init {b.name}[{s}] count {count}",
-                                              f"{b.name} expects {b.count} arrivals per phase"))
-    for b in pipe.barriers:
-        if b.kind is not BarrierKind.NAMED:
-            for s in range(b.slots):
-                if (b.name, s) not in seen:
-                    rep.differences.append(Difference("prologue", None, f"no mbarrier.init of {b.name}[{s}]",
-                                                      f"{b.name}: {b.count} arrivals per phase"))
+            base = offs.get(b.name)
+            if base is not None and base <= off < base + 8 * b.slots and (off - base) % 8 == 0:
+                return b.name, (off - base) // 8
+        return None
+    rep.differences += _init_counts(numbered, pipe, locate)
     # named barrier ids used with a literal id must be the IR's
     ids = {b.named_id + s: b for b in pipe.barriers if b.kind is BarrierKind.NAMED for s in range(b.slots)}
     for ln, text in numbered:

@@ -132,6 +132,23 @@ def verify(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, mut
     sys.exit(0 if rep.ok else 1)
 
 
+def _load_ptx(path: Path, manifest: str | None, mutation: str | None) -> tuple[str, dict]:
+    """(PTX text as on disk, its manifest), a corpus mutation applied if asked; UsageError otherwise."""
+    from .ptxemu import harness
+    from .ptxemu.mutations import MutationMiss, by_name
+
+    if not path.exists():
+        raise harness.UsageError(f"{path}: no such file")
+    man = harness.load_manifest(path, Path(manifest) if manifest else None)
+    text = path.read_text()
+    if mutation:
+        try:
+            text = by_name(mutation).apply(text, man)
+        except (KeyError, MutationMiss) as e:
+            raise harness.UsageError(str(e.args[0] if isinstance(e, KeyError) else e)) from None
+    return text, man
+
+
 @main.command(help="Execute a PTX file exactly as it is on disk in the CPU emulator (fa4gen/ptxemu): every "
                    "warp in SIMT lock-step, TMA / tcgen05 / wgmma as asynchronous agents with seeded random "
                    "completion orders, reads checked against what the protocol made visible. Random inputs "
@@ -160,7 +177,7 @@ def verify(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, mut
 @click.option("--quiet", is_flag=True, help="Only the verdict line and reports.")
 def emulate(ptx_file, manifest, shapes, seeds, seed0, ctas, step_limit, persistent, mutation, list_mutations, quiet):
     from .ptxemu import harness
-    from .ptxemu.mutations import PTX_MUTATIONS, MutationMiss, by_name
+    from .ptxemu.mutations import PTX_MUTATIONS
     from .ptxemu.parse import PtxSyntaxError
 
     if list_mutations:
@@ -169,16 +186,8 @@ def emulate(ptx_file, manifest, shapes, seeds, seed0, ctas, step_limit, persiste
         return
     path = Path(ptx_file)
     try:
-        if not path.exists():
-            raise harness.UsageError(f"{path}: no such file")
-        man = harness.load_manifest(path, Path(manifest) if manifest else None)
+        text, man = _load_ptx(path, manifest, mutation)
         shp = [harness.Shape.parse(s) for s in shapes] or None
-        text = path.read_text()
-        if mutation:
-            try:
-                text = by_name(mutation).apply(text, man)
-            except (KeyError, MutationMiss) as e:
-                raise harness.UsageError(str(e.args[0] if isinstance(e, KeyError) else e)) from None
         if persistent:
             man = dict(man, grid=dict(man["grid"], policy="persistent"))
     except harness.UsageError as e:
@@ -236,19 +245,10 @@ def emulate(ptx_file, manifest, shapes, seeds, seed0, ctas, step_limit, persiste
 def check(ptx_file, manifest, mutation):
     from .check import CheckUsageError, check_ptx
     from .ptxemu import harness
-    from .ptxemu.mutations import MutationMiss, by_name
 
     path = Path(ptx_file)
     try:
-        if not path.exists():
-            raise harness.UsageError(f"{path}: no such file")
-        man = harness.load_manifest(path, Path(manifest) if manifest else None)
-        text = path.read_text()
-        if mutation:
-            try:
-                text = by_name(mutation).apply(text, man)
-            except (KeyError, MutationMiss) as e:
-                raise harness.UsageError(str(e.args[0] if isinstance(e, KeyError) else e)) from None
+        text, man = _load_ptx(path, manifest, mutation)
         rep = check_ptx(text, man)
     except (harness.UsageError, CheckUsageError) as e:
         click.echo(f"fa4gen check: error: {e}", err=True)

@@ -148,19 +148,27 @@ def _check_shapes(q, k, v) -> tuple[int, int, int, int, int, int]:
 
 # ---- exact attention ----------------------------------------------------------------------------
 
+def masked_scores(q, k, causal: bool, scale: float) -> np.ndarray:
+    """float64 logits q k^T * scale as [B, Hkv, G, Sq, Skv] (query head h = kv_head * G + g), -inf
+    where the bottom-right causal mask hides key j from query i (j > i + Skv - Sq)."""
+    b, sq, hq, d = q.shape
+    skv, hkv = k.shape[1], k.shape[2]
+    qg = q.astype(np.float64).reshape(b, sq, hkv, hq // hkv, d)
+    s = np.einsum("bihgd,bjhd->bhgij", qg, k.astype(np.float64)) * scale
+    if causal:
+        allowed = np.arange(skv)[None, :] <= np.arange(sq)[:, None] + (skv - sq)
+        s = np.where(allowed, s, -np.inf)
+    return s
+
+
 def attention_exact(q, k, v, causal: bool, softmax_scale=None):
     """float64 softmax(q k^T * scale) v with GQA (q head h reads kv head h // (Hq // Hkv)) and the
     bottom-right causal mask (query i sees keys j <= i + Skv - Sq). Rows without a valid key:
     O = 0, LSE = -inf. Returns (o [B, Sq, Hq, D] float64, lse [B, Hq, Sq] float64)."""
     q, k, v = (np.asarray(t) for t in (q, k, v))
     b, sq, hq, skv, hkv, d = _check_shapes(q, k, v)
-    g = hq // hkv
     scale = _default_scale(d, softmax_scale)
-    qg = q.astype(np.float64).reshape(b, sq, hkv, g, d)
-    s = np.einsum("bihgd,bjhd->bhgij", qg, k.astype(np.float64)) * scale
-    if causal:
-        allowed = np.arange(skv)[None, :] <= np.arange(sq)[:, None] + (skv - sq)
-        s = np.where(allowed, s, -np.inf)
+    s = masked_scores(q, k, causal, scale)
     m = s.max(axis=-1, initial=-np.inf)
     m_safe = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(s - m_safe[..., None])

@@ -57,6 +57,22 @@ def _tmem_cols_ok(cta, col: int, n: int, ins, w, what: str):
 
 
 # ---- TMA ------------------------------------------------------------------------------------------
+def _tma_box(cta, w, ins, rank, tmap_addr, coord_readers, smem_addr, lane, what):
+    """One TMA copy's geometry, checked: (map name, TensorMap, in-bounds mask, physical SMEM element
+    addresses, the GMEM buffer, byte offsets into it) for `lane`'s operands."""
+    name, tm = _tensor_map(cta, tmap_addr, ins, w)
+    if tm.rank != rank:
+        raise Fault("TMAP", f"{rank}d copy through the rank-{tm.rank} map {name}", line=ins.line, warp=w.wid)
+    coords = tuple(int(np.broadcast_to(c(w), (WARP,))[lane]) for c in coord_readers)
+    goff, valid, phys = _unit(lambda: units.tma_box_plan(tm, coords, smem_addr), ins, w)
+    cta.smem_check(phys, tm.esize, ins.line, w.wid, f"TMA {what} SMEM side")
+    base, buf, gname = _gmem_for(cta, tm, ins, w)
+    rel = tm.address - base + goff
+    if valid.any() and ((rel[valid] < 0).any() or (rel[valid] + tm.esize > buf.size).any()):
+        raise Fault("GMEM_OOB", f"TMA {what} through {name} touches memory outside {gname}", line=ins.line, warp=w.wid)
+    return name, tm, valid, phys, buf, gname, rel
+
+
 def compile_tma(ctx, ins, parts):
     ops_ = ins.operands
     m_rank = next((re.fullmatch(r"(\d)d", p) for p in parts if re.fullmatch(r"\dd", p)), None)
@@ -80,18 +96,10 @@ def compile_tma(ctx, ins, parts):
             cta = w.cta
             for lane in _lanes(m):
                 dst_a, bar_a = int(da(w)[lane]), int(ba(w)[lane])
-                name, tm = _tensor_map(cta, int(np.broadcast_to(ta(w), (WARP,))[lane]), ins, w)
-                if tm.rank != rank:
-                    raise Fault("TMAP", f"{rank}d copy through the rank-{tm.rank} map {name}", line=ins.line, warp=w.wid)
-                coords = tuple(int(np.broadcast_to(c(w), (WARP,))[lane]) for c in cs)
-                goff, valid, phys = _unit(lambda: units.tma_box_plan(tm, coords, dst_a), ins, w)
+                name, tm, valid, phys, buf, gname, rel = _tma_box(
+                    cta, w, ins, rank, int(np.broadcast_to(ta(w), (WARP,))[lane]), cs, dst_a, lane, "load")
                 es = tm.esize
-                cta.smem_check(phys, es, ins.line, w.wid, "TMA load destination")
                 b = cta.mbar_at(bar_a, ins.line, w.wid, w.know)
-                base, buf, gname = _gmem_for(cta, tm, ins, w)
-                rel = tm.address - base + goff
-                if valid.any() and ((rel[valid] < 0).any() or (rel[valid] + es > buf.size).any()):
-                    raise Fault("GMEM_OOB", f"TMA load through {name} reads outside {gname}", line=ins.line, warp=w.wid)
                 byt = np.zeros((valid.size, es), np.uint8)
                 vi = np.flatnonzero(valid)
                 byt[vi] = buf[rel[vi][:, None] + np.arange(es)[None, :]]
@@ -131,17 +139,9 @@ def compile_tma(ctx, ins, parts):
         cta = w.cta
         for lane in _lanes(m):
             src_a = int(sa(w)[lane])
-            name, tm = _tensor_map(cta, int(np.broadcast_to(ta(w), (WARP,))[lane]), ins, w)
-            if tm.rank != rank:
-                raise Fault("TMAP", f"{rank}d copy through the rank-{tm.rank} map {name}", line=ins.line, warp=w.wid)
-            coords = tuple(int(np.broadcast_to(c(w), (WARP,))[lane]) for c in cs)
-            goff, valid, phys = _unit(lambda: units.tma_box_plan(tm, coords, src_a), ins, w)
+            name, tm, valid, phys, buf, gname, rel = _tma_box(
+                cta, w, ins, rank, int(np.broadcast_to(ta(w), (WARP,))[lane]), cs, src_a, lane, "store")
             es = tm.esize
-            cta.smem_check(phys, es, ins.line, w.wid, "TMA store source")
-            base, buf, gname = _gmem_for(cta, tm, ins, w)
-            rel = tm.address - base + goff
-            if valid.any() and ((rel[valid] < 0).any() or (rel[valid] + es > buf.size).any()):
-                raise Fault("GMEM_OOB", f"TMA store through {name} writes outside {gname}", line=ins.line, warp=w.wid)
             know = dict(w.know)
             w.bulk_seq = getattr(w, "bulk_seq", 0) + 1
             op = {"done": False, "seq": w.bulk_seq}

@@ -146,14 +146,9 @@ def tolerance(o_ref, pv_abs, vsum, dtype):
 
 
 def _pv_abs(q, k, v, causal, scale):
+    """P |V| in float64 ([B, Sq, Hq, D]): the bound on what rounding P can move in O."""
     b, sq, hq, d = q.shape
-    skv, hkv = k.shape[1], k.shape[2]
-    g = hq // hkv
-    qg = q.astype(np.float64).reshape(b, sq, hkv, g, d)
-    s = np.einsum("bihgd,bjhd->bhgij", qg, k.astype(np.float64)) * scale
-    if causal:
-        allowed = np.arange(skv)[None, :] <= np.arange(sq)[:, None] + (skv - sq)
-        s = np.where(allowed, s, -np.inf)
+    s = reference.masked_scores(q, k, causal, scale)
     m = s.max(axis=-1, initial=-np.inf)
     e = np.exp(s - np.where(np.isfinite(m), m, 0)[..., None])
     den = e.sum(-1)
