@@ -98,10 +98,13 @@ def check_ptx(ptx: str, manifest: dict) -> CheckReport:
         rep = CheckReport(manifest.get("name", cfg.name), cfg.arch)
         rep.differences.append(Difference("header", None, f".target {mod.target}", f"the manifest's arch {cfg.arch}"))
         return rep
-    if cfg.arch == "sm_100a":
-        rep = _check_sm100(ptx, manifest, cfg)
-    else:
-        rep = _check_sm90(ptx, manifest, cfg)
+    pipe, report = _verified(cfg)
+    rep = CheckReport(manifest.get("name", cfg.name), cfg.arch)
+    if not report.ok:
+        rep.differences.append(Difference("ir", None, "the IR of this config does not verify",
+                                          "; ".join(f"[{f.code}] {f.subject}" for f in report.findings)))
+        return rep
+    rep = (_check_sm100 if cfg.arch == "sm_100a" else _check_sm90)(ptx, manifest, cfg, pipe, rep)
     named = name_in_header(ptx)
     if named and named != manifest.get("name"):
         rep.notes.append(f"note: the PTX header names {named}, the manifest {manifest.get('name')}")
@@ -607,13 +610,7 @@ def _setup_sm100(numbered, pipe) -> list:
     return diffs
 
 
-def _check_sm100(ptx: str, manifest: dict, cfg: KernelConfig) -> CheckReport:
-    pipe, report = _verified(cfg)
-    rep = CheckReport(manifest.get("name", cfg.name), cfg.arch)
-    if not report.ok:
-        rep.differences.append(Difference("ir", None, "the IR of this config does not verify",
-                                          "; ".join(f"[{f.code}] {f.subject}" for f in report.findings)))
-        return rep
+def _check_sm100(ptx: str, manifest: dict, cfg: KernelConfig, pipe, rep: CheckReport) -> CheckReport:
     numbered = _numbered(ptx)
     rep.differences += _prologue_sm100(numbered, pipe, manifest)
     sections = _role_sections(numbered, [r.name for r in pipe.roles])
@@ -761,13 +758,7 @@ def _section_lines(numbered, start: str, end: str):
     return numbered[a + 1:b] if b is not None else None
 
 
-def _check_sm90(ptx: str, manifest: dict, cfg: KernelConfig) -> CheckReport:
-    pipe, report = _verified(cfg)
-    rep = CheckReport(manifest.get("name", cfg.name), cfg.arch)
-    if not report.ok:
-        rep.differences.append(Difference("ir", None, "the IR of this config does not verify",
-                                          "; ".join(f"[{f.code}] {f.subject}" for f in report.findings)))
-        return rep
+def _check_sm90(ptx: str, manifest: dict, cfg: KernelConfig, pipe, rep: CheckReport) -> CheckReport:
     numbered = _numbered(ptx)
     task_body = lambda role: next(st for st in pipe.role(role).program  # noqa: E731
                                   if isinstance(st, Loop) and st.kind is LoopKind.TASKS).body
