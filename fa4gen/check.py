@@ -11,10 +11,11 @@ reads instructions, resolves offsets through the manifest's SMEM layout and the 
 and follows address registers back to the State register they came from.
 
 sm_90a: its PTX is not yet lowered from the IR (a hand-kept template beside it): the check reads
-back the ordered protocol instructions (waits, arrives, expect_tx, named barriers, wgmma commits and
-wait_group depths, TMA copies, proxy fences) of the consumer and producer paths, the mbarrier init
-counts, expect_tx bytes and named-barrier ids / thread counts against the IR, not barrier slots or
-parities (issue: one IR for both targets).
+back the ordered protocol instructions of the consumer and producer paths (waits with barrier, ring
+state and parity; arrives; expect_tx bytes; TMA copies with their barrier; named barriers; wgmma
+commits and wait_group depths; proxy fences), the mbarrier init counts and named-barrier ids /
+thread counts against the IR. What the sm_90a IR does not describe (descriptors, wgmma.fence,
+probes) is not read back.
 """
 from __future__ import annotations
 
@@ -348,17 +349,12 @@ def _collapse(events):
     each folded event keeps the line of its first instruction."""
     out = []
     for ln, ev in events:
-        if ev[0] == "tma_load":
-            if out and out[-1][1][0] == "tma_load_n" and out[-1][1][1] == ev[1:]:
-                out[-1] = (out[-1][0], ("tma_load_n", ev[1:], out[-1][1][2] + 1))
+        if ev[0] in ("tma_load", "tma_store"):  # one box per 64-column half: n instructions, one op
+            kind = ev[0] + "_n"
+            if out and out[-1][1][0] == kind and out[-1][1][1] == ev[1:]:
+                out[-1] = (out[-1][0], (kind, ev[1:], out[-1][1][2] + 1))
             else:
-                out.append((ln, ("tma_load_n", ev[1:], 1)))
-            continue
-        if ev[0] == "tma_store":
-            if out and out[-1][1][0] == "tma_store_n" and out[-1][1][1] == ev[1:]:
-                out[-1] = (out[-1][0], ("tma_store_n", ev[1:], out[-1][1][2] + 1))
-            else:
-                out.append((ln, ("tma_store_n", ev[1:], 1)))
+                out.append((ln, (kind, ev[1:], 1)))
             continue
         if ev[0] == "bulk_commit":
             if out and out[-1][1][0] == "tma_store_n":

@@ -235,8 +235,9 @@ def emulate(ptx_file, manifest, shapes, seeds, seed0, ctas, step_limit, persiste
                    "manifest: per role the ordered protocol events (barrier, slot, parity state, arrivals, "
                    "expect_tx bytes, TMA copies, tcgen05/wgmma commit and wait points, TMEM columns of every "
                    "tcgen05 op, named-barrier ids and thread counts), mbarrier init counts, the TMEM "
-                   "allocation and lane field. sm_90a is read back at the level its IR describes (op order, "
-                   "counts, wait_group depths; not slots or parities). Exit 0 identical, 1 listing every "
+                   "allocation and lane field. sm_90a is read back at the level its IR describes (op order with "
+                   "barrier, ring state and parity, counts, wait_group depths; not descriptors or "
+                   "wgmma.fence). Exit 0 identical, 1 listing every "
                    "difference (PTX line and the IR op it should be), 2 bad usage.")
 @click.argument("ptx_file", type=click.Path(dir_okay=False))
 @click.option("--manifest", type=click.Path(dir_okay=False), default=None,

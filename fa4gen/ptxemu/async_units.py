@@ -143,7 +143,7 @@ def compile_tma(ctx, ins, parts):
                 cta, w, ins, rank, int(np.broadcast_to(ta(w), (WARP,))[lane]), cs, src_a, lane, "store")
             es = tm.esize
             know = dict(w.know)
-            w.bulk_seq = getattr(w, "bulk_seq", 0) + 1
+            w.bulk_seq += 1
             op = {"done": False, "seq": w.bulk_seq}
             w.bulk_open.append(op)
             idx = phys[:, None] + np.arange(es)[None, :]
@@ -186,7 +186,7 @@ def compile_bulk_group(ctx, ins, parts):
 
             def release():
                 pend = [o["seq"] for g in w.bulk_groups + [w.bulk_open] for o in g if not o["done"]]
-                done_upto = (min(pend) - 1) if pend else getattr(w, "bulk_seq", 0)
+                done_upto = (min(pend) - 1) if pend else w.bulk_seq
                 if w.know.get(("bulkrd", w.wid), 0) < done_upto:
                     w.know[("bulkrd", w.wid)] = done_upto
             return Block(ready, f"cp.async.bulk.wait_group {k}: {len(w.bulk_groups)} groups in flight", release)
@@ -270,7 +270,7 @@ def compile_tcgen05(ctx, ins, parts):
                     for r in w.tc_ld_regs:
                         w.poison.pop(r, None)
                     w.tc_ld_regs = []
-                    n = getattr(w, "ld_seq", 0)
+                    n = w.ld_seq
                     w.own_tc[("ld", w.wid)] = n
                     w.tc_unpublished[("ld", w.wid)] = n
                 return Block(ready, f"tcgen05.wait::ld: {w.tc_pending} loads in flight", release)
@@ -320,7 +320,7 @@ def compile_tcgen05(ctx, ins, parts):
                     w.poison[r] = ("rw", "its tcgen05.ld", ins.line)
                 w.tc_ld_regs.extend(names)
                 w.tc_pending += 1
-                w.ld_seq = getattr(w, "ld_seq", 0) + 1
+                w.ld_seq += 1
                 rg = cta.guard_id(("ld", w.wid), w.ld_seq, f"tcgen05.ld of warp {w.wid} (PTX line {ins.line})")
 
                 def land():
@@ -344,7 +344,7 @@ def compile_tcgen05(ctx, ins, parts):
             cta.tguard[rows, cols] = 1
             w.st_seq += 1
             seq = w.st_seq
-            t = max(cta.now, getattr(w, "st_tail", 0)) + cta.delay(lo, hi)
+            t = max(cta.now, w.st_tail) + cta.delay(lo, hi)
             w.st_tail = t
 
             def land():
@@ -612,7 +612,7 @@ def compile_wgmma(ctx, ins, parts):
     def fn(w, m):
         cta = w.cta
         wg, wi = divmod(w.wid, 4)
-        fence = getattr(w, "wg_fence", {})
+        fence = w.wg_fence or {}
         for r in dnames + anames:
             if fence.get(r) != id(w.regs[r]):
                 raise Fault("WGMMA_FENCE", f"wgmma uses {r}, written after the last wgmma.fence of warp {w.wid}",
@@ -692,7 +692,7 @@ def compile_wgmma(ctx, ins, parts):
                 ww = c["warp"]
                 rows, cols = d_idx[wi_]
                 v32 = D[rows, cols]
-                fence_ = getattr(ww, "wg_fence", None)
+                fence_ = ww.wg_fence
                 for j, n in enumerate(dnames):
                     arr = v32[j].view(np.uint32).copy()
                     ww.regs[n] = arr

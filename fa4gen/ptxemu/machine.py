@@ -128,19 +128,20 @@ class Warp:
         self.own_tc: dict = {}
         self.tc_pending = 0  # tcgen05.ld in flight
         self.tc_ld_regs: list = []
-        self.st_seq = 0
+        self.st_seq = 0  # tcgen05.st issued / landed, in order
         self.st_landed = 0
+        self.st_tail = 0  # time this warp's stores are busy until
+        self.ld_seq = 0  # tcgen05.ld issued
         self.mma_seq = 0
-        self.mma_done = 0
         self.mma_tail = 0  # time the pipe is busy until
-        self.bulk_groups: list = []  # list of [pending count]
+        self.bulk_groups: list = []  # committed bulk-store groups
         self.bulk_open: list = []
+        self.bulk_seq = 0
         self.wg_groups: list = []
         self.wg_open: list = []
         self.wg_seq = 0
-        self.wg_fenced: set = set()
+        self.wg_fence: dict | None = None  # reg -> array id at the last wgmma.fence (None: none yet)
         self.regbudget = None
-        self.last_line = None
         lane = np.arange(WARP, dtype=np.uint32)
         self.sregs = {
             "%tid.x": (lane + np.uint32(wid * WARP)).astype(_U32), "%tid.y": np.zeros(WARP, _U32),
@@ -417,7 +418,6 @@ class CTA:
             raise Fault("PC", "execution ran past the last instruction", warp=w.wid)
         op = prog[pc]
         ins = op.ins
-        w.last_line = ins.line
         if op.aligned and not (act_full or act.all()):
             raise Fault("ALIGNED", f"{ins.opcode} is .sync.aligned but only {int(act.sum())} of 32 lanes execute it",
                         line=ins.line, warp=w.wid, text=ins.text)
