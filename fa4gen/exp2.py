@@ -66,6 +66,7 @@ __all__ = [
     "exp2_hardware",
     "fit_exp2_poly",
     "fma_f32",
+    "hopper_emulated",
     "max_relative_error",
 ]
 
@@ -200,8 +201,29 @@ def emulated_mask(cfg: KernelConfig, frag_idx: int, apply_mask: bool) -> np.ndar
     return ((j % 16) >= 16 - 2 * cfg.emu_pairs) & in_frag
 
 
+def hopper_emulated(cfg: KernelConfig, c: int, e: int) -> bool:
+    """sm_90a: whether the value in 8-column chunk c, pair element e of a thread's row takes the
+    FMA cubic (masked blocks use MUFU only; `emulated_columns` applies that).
+
+    On sm_100a a thread owns one whole row and the split is by column: the last 2*emu_pairs of
+    every 16 columns, in 32-column fragments [emu_start, 3). A Hopper thread owns 32 values of a
+    row (columns 8c + 2*(lane%4) + e), so the column-based rule would depend on the lane. The same
+    fractions are kept with a per-register rule: the thread's k-th value (k = 2c + e, column
+    order) lies in fragment k // 8 (the same 32 columns as on sm_100a); the last emu_pairs of each
+    fragment's 8 values are emulated in fragments [emu_start, 3). As a rule on the block's column
+    j that is c = j // 8, e = j % 2: the same for every lane.
+    """
+    k = 2 * c + e
+    return cfg.emu_start <= k // 8 < 3 and k % 8 >= 8 - cfg.emu_pairs
+
+
 def emulated_columns(cfg: KernelConfig, apply_mask: bool) -> np.ndarray:
-    """bool[block_n]: emulated_mask for the four fragments of one 128-column block, concatenated."""
+    """bool[block_n]: which columns of one 128-column K/V block the kernel of cfg.arch computes
+    with exp2_emulated (none in a masked block). sm_100a: emulated_mask's four fragments,
+    concatenated; sm_90a: hopper_emulated per column."""
+    if cfg.arch == "sm_90a":
+        j = np.arange(cfg.block_n)
+        return np.array([hopper_emulated(cfg, int(c), int(e)) for c, e in zip(j // 8, j % 2)]) & (not apply_mask)
     return np.concatenate([emulated_mask(cfg, f, apply_mask) for f in range(cfg.block_n // FRAG_COLS)])
 
 

@@ -48,6 +48,22 @@ def panel_bytes(cfg: KernelConfig) -> int:
     return ROWS * HALF_COLS * cfg.elem_bytes
 
 
+# Causal / tail masks as 32-bit column words (the seed's mask_r2p): for a thread's column offsets
+# `cols` (relative to its first column, so that column c is visible iff c < lim), word w holds bit
+# c - 32w for the columns c in [32w, 32w + 32): word = (1 << clamp(lim - 32w, 0, 32)) - 1 (a shift
+# by 32 gives 0 in PTX, so a fully visible word is all ones), and each element is one bit test,
+# which ptxas turns into R2P (up to 7 predicates per instruction) instead of one compare each.
+MASK_WORD_BITS = 32
+
+
+def mask_words(cols) -> tuple[list[int], list[tuple[int, int]]]:
+    """(the word indices the columns need, sorted; per column (word index, bit value 1 << bit))."""
+    where = [(c // MASK_WORD_BITS, 1 << (c % MASK_WORD_BITS)) for c in cols]
+    if any(c < 0 for c in cols):
+        raise PlanError(f"mask columns must be >= 0, got {min(cols)}")
+    return sorted({w for w, _ in where}), where
+
+
 REGS_PER_SM = 65536  # 32-bit registers per SM partition set a CTA's warps share (both targets)
 
 # Named barriers (bar.sync / bar.arrive ids; 0 is the CTA-wide barrier after mbarrier init).

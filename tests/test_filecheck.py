@@ -197,7 +197,8 @@ def test_correction_rescales_under_a_warp_vote():
                       r"CHECK: setp.lt.f32 %p_v, %acc, 0f3F800000",
                       r"CHECK-NEXT: vote.sync.any.pred %p_c, %p_v, 0xffffffff",
                       r"CHECK-NEXT: @!%p_c bra", r"CHECK: tcgen05.ld.sync.aligned.32x32b.x16",
-                      r"CHECK: tcgen05.wait::ld", r"CHECK: mul.f32 %o0, %o0, %acc",
+                      r"CHECK: tcgen05.wait::ld", r"CHECK: mov.b64 %k_a2, \{%acc, %acc\}",
+                      r"CHECK: mov.b64 %op0, \{%o0, %o1\}", r"CHECK-NEXT: mul.rn.f32x2 %op0, %op0, %k_a2",
                       r"CHECK: tcgen05.st.sync.aligned.32x32b.x16"])
 
 

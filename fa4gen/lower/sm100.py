@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 
 from ..assemble import PTX_VERSION
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import ABI_PARAMS, ABI_PARAM_NAMES, HALF_COLS, REGS_PER_SM, ROWS, SMEM_ALIGN, panel_bytes
+from ..plan import (ABI_PARAMS, ABI_PARAM_NAMES, HALF_COLS, MASK_WORD_BITS, REGS_PER_SM, ROWS, SMEM_ALIGN,
+                    mask_words, panel_bytes)
 from ..encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, check_tmem_alloc
-from ..exp2 import EXP2_POLY, FRAG_COLS, emulated_mask
+from ..exp2 import EXP2_POLY, FRAG_COLS, ROUND_MAGIC, emulated_mask
 from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
                        FenceProxyAsync, If, Loop, LoopKind, Mma, NamedArrive, NamedSync, Pipeline, Role,
                        Scope, SmemLd, SmemSt, Space, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt, Wait,
@@ -132,6 +133,12 @@ def fence_policy(pipe: Pipeline, role: Role, op) -> tuple[bool, bool]:
 
 def _f32(x: float) -> str:
     return "0f" + struct.pack(">f", x).hex().upper()
+
+
+def _x2(x: float) -> str:
+    """A .b64 immediate holding the fp32 x in both halves (an f32x2 operand with both elements x)."""
+    bits = struct.unpack("<I", struct.pack("<f", x))[0]
+    return f"0x{bits:08X}{bits:08X}"
 
 
 def _pairwise(srcs: list[str], tmp: str) -> tuple[list[tuple[str, str, str]], str]:
@@ -687,22 +694,38 @@ class _RoleEmitter:
         fn(op)
 
     # ---- computes ----------------------------------------------------------------------------
-    def row(self, emu_frag_mask=None) -> dict:
+    def row(self) -> dict:
         cfg = self.cfg
+        words, where = mask_words(range(cfg.block_n))
+        wregs = {w: self.r("b32", f"mw{w}") for w in words}
         elems = []
         for j in range(cfg.block_n):
             frag = j // FRAG_COLS
             emu = bool(emulated_mask(cfg, frag, False)[j % FRAG_COLS])
-            elems.append({"reg": self.buf("s", j), "col": j, "emu": emu, "i": j})
+            elems.append({"reg": self.buf("s", j), "col": j, "emu": emu, "i": j,
+                          "mword": wregs[where[j][0]], "mbit": where[j][1]})
+        pairs = []
+        for i in range(cfg.block_n // 2):
+            lo, hi = elems[2 * i], elems[2 * i + 1]
+            if lo["emu"] != hi["emu"]:  # emulated_mask's pairs rule: (2i, 2i+1) share the exp path
+                raise Sm100LoweringError(f"{self.p}: columns {2 * i} and {2 * i + 1} take different exp paths")
+            pairs.append({"lo": lo, "hi": hi, "emu": lo["emu"], "i": i})
         max_ops, max_res = _pairwise([e["reg"] for e in elems], "%mx")
         sum_ops, sum_res = _pairwise([e["reg"] for e in elems], "%sm")
         self.ctx.family("f32", "%mx", len(max_ops))
         self.ctx.family("f32", "%sm", len(sum_ops))
-        for fam in ("%x", "%ej", "%ef", "%ep"):
+        for fam in ("%x", "%ej"):
             self.ctx.family("f32", fam, cfg.block_n)
         for fam in ("%ee", "%eb"):
             self.ctx.family("b32", fam, cfg.block_n)
-        return {"elems": elems, "max_ops": max_ops, "max_res": max_res, "sum_ops": sum_ops, "sum_res": sum_res,
+        for fam in ("%sp", "%xp", "%jp", "%fp", "%pp"):
+            self.ctx.family("b64", fam, cfg.block_n // 2)
+        for k in ("k_s2", "k_n2", "k_mg2", "k_c02", "k_c12", "k_c22", "k_c32"):
+            self.r("b64", k)
+        return {"elems": elems, "pairs": pairs, "max_ops": max_ops, "max_res": max_res, "sum_ops": sum_ops,
+                "sum_res": sum_res, "mask_words": [{"reg": wregs[w], "base": w * MASK_WORD_BITS} for w in words],
+                "mtmp": self.r("b32", "mt"), "magic2": _x2(ROUND_MAGIC),
+                "poly2": [_x2(c) for c in EXP2_POLY],
                 "ref": self.r("f32", "ref"), "nrs": self.r("f32", "nrs"), "sum": self.r("f32", "sum"),
                 "acc": self.r("f32", "acc"), "lim": self.r("b32", "lim"), "bmax": self.r("f32", "bmax")}
 
@@ -733,15 +756,25 @@ class _RoleEmitter:
         cols = self._take("o")
         self.computed.setdefault("o", []).extend(cols)  # stored back from the same registers
         acc = self.scalar("acc_scale")
-        self.emit("rescale_o", regs=[self.buf("o", c) for c in cols], pairs=[(self.buf("o", c), acc) for c in cols])
+        self.emit("rescale_o", regs=[self.buf("o", c) for c in cols], pairs=self._x2_pairs(cols, "%k_a2"),
+                  factors=[(self.r("b64", "k_a2"), acc)])
+
+    def _x2_pairs(self, cols: list[int], factor2: str) -> list[tuple]:
+        """(lo, hi, pair register, factor pair) for o columns (c, c + 1): packed f32x2 operands."""
+        if len(cols) % 2 or any(cols[i + 1] != cols[i] + 1 for i in range(0, len(cols), 2)):
+            raise Sm100LoweringError(f"{self.p}: o columns {cols[:4]}... do not form (even, odd) pairs")
+        self.ctx.family("b64", "%op", ROWS // 2)
+        return [(self.buf("o", c), self.buf("o", c + 1), f"%op{c // 2}", factor2) for c in cols[::2]]
 
     def compute_normalize(self, op: Compute) -> None:
         cols = self._take("o")
         rs = self.scalar(op.reads[1] if len(op.reads) > 1 else "row_sum")
         pairs = [(self.r("b32", f"ob{c // 2}"), self.buf("o", c + 1), self.buf("o", c)) for c in cols[::2]]
         self.packed = cols
-        self.emit("normalize", regs=[self.buf("o", c) for c in cols], sum=rs, inv=self.r("f32", "inv"),
-                  pairs=pairs, cvt=self.cvt)
+        inv = self.r("f32", "inv")
+        self.emit("normalize", regs=[self.buf("o", c) for c in cols], sum=rs, inv=inv,
+                  pairs=pairs, cvt=self.cvt, scaled=self._x2_pairs(cols, "%k_i2"),
+                  factors=[(self.r("b64", "k_i2"), inv)])
 
     def compute_store_lse(self, op: Compute) -> None:
         self.emit("store_lse", ln2=_f32(LN2), g=self.cfg.gqa_ratio, neg_inf=NEG_INF)

@@ -26,12 +26,13 @@ import math
 from dataclasses import dataclass
 
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import (ABI_PARAMS, ABI_PARAM_NAMES, HALF_COLS, REGS_PER_SM, ROWS, SM90_CONSUMER_REGS,
+from ..plan import (ABI_PARAMS, ABI_PARAM_NAMES, HALF_COLS, MASK_WORD_BITS, REGS_PER_SM, ROWS, SM90_CONSUMER_REGS,
                     SM90_EPI_BAR_ID, SM90_PRODUCER_REGS, SM90_SCHED_BAR_ID, SM90_SMEM_ALIGN as SMEM_ALIGN,
-                    SM90_SMEM_LIMIT as SMEM_LIMIT, SmemPlan, panel_bytes, smem_plan, tile_bytes)
+                    SM90_SMEM_LIMIT as SMEM_LIMIT, SmemPlan, mask_words, panel_bytes, smem_plan, tile_bytes)
 from ..render import render
 
 from ..exp2 import EXP2_POLY as _EXP2_POLY  # fitted coefficients, shared with the reference and sm_100a
+from ..exp2 import hopper_emulated
 
 __all__ = ["Sm90Options", "Probe", "NamedBarrier", "build_sm90", "lower_sm90", "manifest_sm90",
            "smem_plan", "Sm90LoweringError", "SMEM_LIMIT"]
@@ -126,20 +127,6 @@ def _tree(op: str, srcs: list[str], tmp: str) -> tuple[list[tuple[str, str, str]
     return ops, level[0]
 
 
-def hopper_emulated(cfg: KernelConfig, c: int, e: int) -> bool:
-    """Whether the value in 8-column chunk c, pair element e of a thread's row takes the FMA cubic.
-
-    On sm_100a a thread owns one whole row and the split is by column: the last 2*emu_pairs of
-    every 16 columns, in 32-column fragments [emu_start, 3). A Hopper thread owns 32 values of a
-    row (columns 8c + 2*(lane%4) + e), so the column-based rule would depend on the lane. The same
-    fractions are kept with a per-register rule: the thread's k-th value (k = 2c + e, column
-    order) lies in fragment k // 8 (the same 32 columns as on sm_100a); the last emu_pairs of each
-    fragment's 8 values are emulated in fragments [emu_start, 3). Masked blocks use MUFU only.
-    """
-    k = 2 * c + e
-    return cfg.emu_start <= k // 8 < 3 and k % 8 >= 8 - cfg.emu_pairs
-
-
 def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
     """Template context for templates/sm90/fa4_fwd.ptx.j2."""
     opt = options or Sm90Options()
@@ -174,12 +161,18 @@ def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
                 continue
             c, e = i >> 2, i & 1
             elems.append({"reg": reg, "col": 8 * c + e, "emu": hopper_emulated(cfg, c, e), "i": i})
+        words, where = mask_words([x["col"] for x in elems])
+        for x, (w, bit) in zip(elems, where):
+            x["mword"], x["mbit"] = f"%mw{w}", bit
         max_ops, max_res = _tree("max", [x["reg"] for x in elems], f"%mx{r}_")
         sum_ops, sum_res = _tree("add", [x["reg"] for x in elems], f"%sm{r}_")
         rows.append({"elems": elems, "max_ops": max_ops, "max_res": max_res, "sum_ops": sum_ops,
                      "sum_res": sum_res, "ref": f"%ref{r}", "nrs": f"%nrs{r}", "sum": f"%sum{r}",
-                     "acc": f"%acc{r}", "lim": f"%lim{r}", "bmax": f"%bmax{r}", "idx": r})
+                     "acc": f"%acc{r}", "lim": f"%lim{r}", "bmax": f"%bmax{r}", "idx": r,
+                     "mask_words": [{"reg": f"%mw{w}", "base": w * MASK_WORD_BITS} for w in words],
+                     "mtmp": "%mt", "word_ids": words})
     n_tmp = max(len(r["max_ops"]) for r in rows)
+    n_words = 1 + max(w for r in rows for w in r.pop("word_ids"))
 
     o_rescale = [(reg, f"%acc{(i >> 1) & 1}") for i, reg in enumerate(o_regs)]
     # O staging in 128B-swizzled SMEM (the TMA store's layout): 16-byte chunk c of row R sits at
@@ -243,6 +236,7 @@ def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
         "p_pack": p_pack,
         "rows": rows,
         "n_tmp": n_tmp,
+        "mask_words": n_words,
         "o_rescale": o_rescale,
         "o_store": o_store,
         "neg_inf": NEG_INF,

@@ -136,6 +136,7 @@ def _duplicate_line(pattern, nth=0):
 _SM100 = dict(arch="sm_100a", head_dim=128, causal=False, gqa_ratio=1, dtype="bf16")
 _SM100C = dict(arch="sm_100a", head_dim=128, causal=True, gqa_ratio=1, dtype="bf16")
 _SM90 = dict(arch="sm_90a", head_dim=128, causal=False, gqa_ratio=1, dtype="bf16")
+_SM90C = dict(arch="sm_90a", head_dim=128, causal=True, gqa_ratio=1, dtype="bf16")
 
 PTX_MUTATIONS: tuple[PtxMutation, ...] = (
     PtxMutation("init_count_p_o_rescale", _SM100, "mbarrier.init count of p_o_rescale halved (256 -> 128)",
@@ -171,12 +172,24 @@ PTX_MUTATIONS: tuple[PtxMutation, ...] = (
                 ("RACE", "mismatch"), _sub(r"selp\.u32 %qp, 1, 0, %p_q;", "selp.u32 %qp, 0, 1, %p_q;", nth=0)),
     PtxMutation("wait_on_wrong_barrier", _SM100, "the MMA warp waits q_full where kv_full is due",
                 ("RACE", "mismatch", "DEADLOCK"), _wait_on_other_barrier("kv_full", "q_full")),
-    PtxMutation("duplicated_scale", _SM100, "one output column normalised twice (O / row_sum^2)",
-                ("mismatch",), _duplicate_line(r"mul\.f32 %o5, %o5, %inv;", nth=0), protocol=False),
+    PtxMutation("duplicated_scale", _SM100, "two output columns normalised twice (O / row_sum^2)",
+                ("mismatch",), _duplicate_line(r"mul\.rn\.f32x2 %op2, %op2, %k_i2;", nth=0), protocol=False),
     PtxMutation("dropped_normalisation", _SM100, "O tile 0's first 32 columns never divided by row_sum",
-                ("mismatch",), _sub(r"^\s*mul\.f32 %o(\d+), %o\1, %inv;\n", "", count=32), protocol=False),
-    PtxMutation("duplicated_rescale", _SM100C, "the correction rescales one O column twice per rescale",
-                ("mismatch",), _duplicate_line(r"mul\.f32 %o3, %o3, %acc;", nth=0), protocol=False),
+                ("mismatch",), _sub(r"^\s*mul\.rn\.f32x2 %op(\d+), %op\1, %k_i2;\n", "", count=16), protocol=False),
+    PtxMutation("duplicated_rescale", _SM100C, "the correction rescales two O columns twice per rescale",
+                ("mismatch",), _duplicate_line(r"mul\.rn\.f32x2 %op1, %op1, %k_a2;", nth=0), protocol=False),
+    PtxMutation("exp2_round_to_nearest", _SM100, "packed exp2 emulation splits with add.rn (not .rm): the fraction "
+                "leaves [0, 1) and the cubic is extrapolated", ("mismatch",),
+                _sub(r"add\.rm\.f32x2", "add.rn.f32x2", count=0), protocol=False),
+    PtxMutation("exp2_pair_halves_swapped", _SM100, "one emulated pair unpacks its cubic with the halves swapped "
+                "(columns 44 and 45 exchange P)", ("mismatch",),
+                _sub(r"mov\.b64 \{%eb44, %eb45\}", "mov.b64 {%eb45, %eb44}", nth=0), protocol=False),
+    PtxMutation("mask_word_off_by_one", _SM100C, "the causal mask's first column word is built one column short "
+                "(the diagonal key masked)", ("mismatch",),
+                _sub(r"sub\.s32 %mw0, %lim, 0;", "sub.s32 %mw0, %lim, 1;", count=0), protocol=False),
+    PtxMutation("sm90_mask_word_base", _SM90C, "sm_90a: the second column word of the mask uses base 33, not 32",
+                ("mismatch",), _sub(r"sub\.s32 %mw1, %lim(\d), 32;", r"sub.s32 %mw1, %lim\1, 33;", count=0),
+                protocol=False),
     PtxMutation("sm90_swap_kv_full_barriers", _SM90, "steady state: the K wait polls v_full and the V wait k_full",
                 ("RACE", "mismatch", "DEADLOCK"),
                 _sub(r"(mad\.lo\.u32 %baddr, %kst, 8, %bar;\n\s*add\.u32 %baddr, %baddr, )32(;[\s\S]*?"

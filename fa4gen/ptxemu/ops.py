@@ -206,8 +206,12 @@ def compile_alu(ctx, ins, parts):
     if head == "mov":
         if t not in _DT:
             raise unsupported(ins)
+        if isinstance(ops_[0], Vec) or isinstance(ops_[1], Vec):
+            return _compile_mov_vec(ctx, ins, t)
         a, d = R(1), Wr(0)
         return lambda w, m: d(w, a(w), m)
+    if t == "f32x2":
+        return _compile_f32x2(ctx, ins, head, mods, rnd, ftz)
     if head in ("add", "sub") and isf:
         a, b, d = R(1), R(2), Wr(0)
         if head == "add":
@@ -339,6 +343,64 @@ def compile_alu(ctx, ins, parts):
         a, b, c, d = R(1), R(2), reader(ctx, ops_[3], "pred", ins), Wr(0)
         return lambda w, m: d(w, np.where(c(w), a(w), b(w)), m)
     raise unsupported(ins)
+
+
+def _compile_mov_vec(ctx, ins, t):
+    """``mov.b64 %rd, {%lo, %hi}`` packs two 32-bit registers (the first is bits 0-31: PTX ISA, Data
+    Movement Instructions: mov); ``mov.b64 {%lo, %hi}, %rd`` unpacks. Only the b64 <- 2 x b32 shape."""
+    ops_ = ins.operands
+    if t not in ("b64", "u64", "s64"):
+        raise unsupported(ins, "vector mov other than .b64 <-> {b32, b32}")
+    vec_dst = isinstance(ops_[0], Vec)
+    vec = ops_[0] if vec_dst else ops_[1]
+    if len(vec.items) != 2 or not all(isinstance(i, (Reg, Sink)) for i in vec.items):
+        raise unsupported(ins, "vector mov needs two registers")
+    if vec_dst:
+        a = reader(ctx, ops_[1], "b64", ins)
+        lo, hi = (writer(ctx, it, "b32", ins) for it in vec.items)
+
+        def fn(w, m):
+            v = np.broadcast_to(np.asarray(a(w), _U64), (WARP,))
+            lo(w, (v & _U64(0xFFFFFFFF)).astype(_U32), m)
+            hi(w, (v >> _U64(32)).astype(_U32), m)
+        return fn
+    lo, hi = (reader(ctx, it, "b32", ins) for it in vec.items)
+    d = writer(ctx, ops_[0], "b64", ins)
+    return lambda w, m: d(w, np.asarray(lo(w), _U64) | (np.asarray(hi(w), _U64) << _U64(32)), m)
+
+
+def _compile_f32x2(ctx, ins, head, mods, rnd, ftz):
+    """Packed fp32 (``add/sub/mul/fma.rnd{.ftz}.f32x2``, sm_100a): the .b64 operands hold two f32,
+    element 0 in bits 0-31; each element is computed and rounded exactly as the scalar .f32 op
+    (PTX ISA, Floating Point Instructions: add, sub, mul, fma). fma and the rounding modes other
+    than rn need the explicit .rnd, as the ISA requires for fma."""
+    if head not in ("add", "sub", "mul", "fma") or "sat" in mods:
+        raise unsupported(ins, ".f32x2 is modelled for add/sub/mul/fma without .sat")
+    if head == "fma" and not any(x in mods for x in ("rn", "rz", "rm", "rp")):
+        raise unsupported(ins, "fma.f32x2 needs a rounding modifier")
+    n = 3 if head == "fma" else 2
+    srcs = [reader(ctx, o, "b64", ins) for o in ins.operands[1:1 + n]]
+    d = writer(ctx, ins.operands[0], "b64", ins)
+
+    def halves(v):
+        v = np.broadcast_to(np.asarray(v, _U64), (WARP,))
+        return ((v & _U64(0xFFFFFFFF)).astype(_U32).view(_F32), (v >> _U64(32)).astype(_U32).view(_F32))
+
+    def one(x):
+        if head == "add":
+            return fp.add(x[0], x[1], rnd, ftz)
+        if head == "sub":
+            return fp.add(x[0], -x[1], rnd, ftz)
+        if head == "mul":
+            return fp.mul(x[0], x[1], rnd, ftz)
+        return fp.fma(x[0], x[1], x[2], rnd, ftz)
+
+    def fn(w, m):
+        parts = [halves(s(w)) for s in srcs]
+        lo = np.asarray(one([p[0] for p in parts]), _F32).view(_U32).astype(_U64)
+        hi = np.asarray(one([p[1] for p in parts]), _F32).view(_U32).astype(_U64)
+        d(w, lo | (hi << _U64(32)), m)
+    return fn
 
 
 def compile_setp(ctx, ins, parts):
@@ -474,6 +536,34 @@ def compile_ld_st(ctx, ins, parts):
                     full = np.zeros(WARP, dt)
                     full[lanes] = raw[:, i]
                     ws[i](w, full, m)
+            return fn
+        if space == "global":
+            # Plain global loads (test harnesses; the kernels read GMEM through TMA only). Bounds
+            # and alignment are checked; ordering against other writers of GMEM is not modelled.
+            ar = addr_reader(ctx, src, ins, "u64")
+            dt = _DT[t]
+            nb = width * vec
+
+            def fn(w, m):
+                lanes = _lanes(m)
+                addrs = ar(w)[lanes]
+                gm = w.cta.emu.gmem
+                full = [np.zeros(WARP, dt) for _ in range(vec)]
+                for a, lane in zip(addrs, lanes):
+                    a = int(a)
+                    hit = gm.find(a, nb)
+                    if hit is None:
+                        raise Fault("GMEM_OOB", f"ld.global of {nb} B outside every allocation", line=ins.line,
+                                    warp=w.wid, lane=int(lane), addr=a, text=ins.text)
+                    if a % nb:
+                        raise Fault("GMEM_MISALIGNED", f"ld.global of {nb} B not {nb}-byte aligned", line=ins.line,
+                                    warp=w.wid, lane=int(lane), addr=a)
+                    base, buf, _ = hit
+                    vals = buf[a - base: a - base + nb].copy().view(dt)
+                    for i in range(vec):
+                        full[i][lane] = vals[i]
+                for i in range(vec):
+                    ws[i](w, full[i], m)
             return fn
         raise unsupported(ins, f"loads from .{space}")
     # st
