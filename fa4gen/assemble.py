@@ -301,6 +301,20 @@ def resolve_backend(backend: Backend | str) -> Backend:
     return backend
 
 
+def toolchain_id(backend: Backend | str = "auto") -> str:
+    """Who would assemble now, and which version: 'ptxas <resolved path> <version>' or
+    'nvJitLink <major.minor>'; 'none' when no assembler is usable. Part of the cubin cache key, so a
+    cubin from another assembler (or another ptxas release) is never served as this one's."""
+    try:
+        chosen = resolve_backend(backend)
+    except (BackendUnavailableError, ValueError):
+        return "none"
+    if chosen == Backend.PTXAS:
+        p = find_ptxas()
+        return f"ptxas {p.resolve()} {ptxas_version(p) or 'unknown-version'}"
+    return "nvJitLink %d.%d" % tuple(_nvjitlink().version())
+
+
 # ---------------------------------------------------------------------------------------------
 # Log parsing
 # ---------------------------------------------------------------------------------------------
