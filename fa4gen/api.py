@@ -163,7 +163,13 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
         import torch
     except ImportError as e:
         raise validate.InputTypeError("fa4gen.attention needs torch (pip install torch)") from e
-    metas = (validate.tensor_meta(q, "q"), validate.tensor_meta(k, "k"), validate.tensor_meta(v, "v"))
+    metas, errors = [], []
+    for t, n in ((q, "q"), (k, "k"), (v, "v")):
+        try:
+            metas.append(validate.tensor_meta(t, n))
+        except Fa4genInputError as e:
+            errors.append(e)
+    validate.raise_all(errors)  # every argument that is not a dense tensor, in one error
     problem = validate.check_problem(*metas, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse)
     dev = q.device
     if dev.index not in _arch_ok:
