@@ -8,14 +8,19 @@ The chain (each stage a pure function whose output can be dumped):
 
 from .config import ConfigError, KernelConfig, GENERATOR_VERSION
 
-__all__ = ["ConfigError", "KernelConfig", "GENERATOR_VERSION"]
+__all__ = ["ConfigError", "KernelConfig", "GENERATOR_VERSION", "attention", "load"]
 __version__ = "0.1.0"
+
+_LAZY = {"attention", "load"}  # the torch-facing API: imported on first use, the generator needs no torch
 
 
 def __getattr__(name):
-    # torch-facing API is imported lazily: the generator and its tests need no torch.
-    if name == "attention":
-        from .api import attention
+    if name in _LAZY:
+        from . import api
 
-        return attention
-    raise AttributeError(name)
+        return getattr(api, name)
+    raise AttributeError(f"module 'fa4gen' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | _LAZY)

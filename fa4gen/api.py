@@ -163,7 +163,13 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
         import torch
     except ImportError as e:
         raise validate.InputTypeError("fa4gen.attention needs torch (pip install torch)") from e
-    metas = (validate.tensor_meta(q, "q"), validate.tensor_meta(k, "k"), validate.tensor_meta(v, "v"))
+    metas, errors = [], []
+    for t, n in ((q, "q"), (k, "k"), (v, "v")):
+        try:
+            metas.append(validate.tensor_meta(t, n))
+        except Fa4genInputError as e:
+            errors.append(e)
+    validate.raise_all(errors)  # every argument that is not a dense tensor, in one error
     problem = validate.check_problem(*metas, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse)
     dev = q.device
     if dev.index not in _arch_ok:
@@ -195,3 +201,132 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     with torch.cuda.device(dev):
         kernel(q, k, v, o, lse=lse, softmax_scale=problem.softmax_scale)
     return done(True, kinfo, tuple(why))
+
+
+# ---- prebuilt cubins ---------------------------------------------------------------------------
+class KernelLoadError(ValueError):
+    """fa4gen.load was given files that are not a loadable fa4gen kernel (missing or mismatched)."""
+
+
+_MANIFEST_KEYS = ("name", "config", "arch", "entry", "params", "dynamic_smem_bytes", "grid", "tensor_maps",
+                  "threads_per_cta")
+
+
+def read_prebuilt(cubin_path) -> tuple[bytes, dict, KernelConfig]:
+    """(cubin, manifest, config) of a prebuilt kernel: `<stem>.cubin` and the `<stem>.json` manifest
+    that `fa4gen build` writes beside it, checked against each other. Needs neither torch nor a GPU."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    from .config import ConfigError
+    from .cubin import cubin_problem
+
+    path = Path(cubin_path)
+    if not path.is_file():
+        raise KernelLoadError(f"{path}: no such cubin file")
+    mpath = path.with_suffix(".json")
+    if not mpath.is_file():
+        raise KernelLoadError(f"{path}: no manifest {mpath.name} beside it (fa4gen build writes DIR/<name>.json "
+                              "next to DIR/<name>.cubin; ship both)")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (OSError, ValueError) as e:
+        raise KernelLoadError(f"{mpath}: not a readable JSON manifest ({e})") from None
+    if not isinstance(manifest, dict):
+        raise KernelLoadError(f"{mpath}: not a JSON object")
+    missing = [k for k in _MANIFEST_KEYS if k not in manifest]
+    if missing:
+        raise KernelLoadError(f"{mpath}: not an fa4gen build manifest (no {', '.join(missing)})")
+    try:
+        cfg = KernelConfig.from_dict(manifest["config"])
+    except (ConfigError, TypeError) as e:
+        raise KernelLoadError(f"{mpath}: its config is not valid here ({e})") from None
+    if manifest["arch"] != cfg.arch or manifest["name"] != cfg.name:
+        raise KernelLoadError(f"{mpath}: says {manifest['name']} ({manifest['arch']}) but its config is "
+                              f"{cfg.name} ({cfg.arch})")
+    cubin = path.read_bytes()
+    bad = cubin_problem(cubin, cfg.arch)
+    if bad:
+        raise KernelLoadError(f"{path} is {bad}, but its manifest {mpath.name} describes {cfg.name} ({cfg.arch})")
+    want = manifest.get("cubin_sha256")
+    if want is not None and hashlib.sha256(cubin).hexdigest() != want:
+        raise KernelLoadError(f"{path}: its sha256 is not the one {mpath.name} names (a different cubin)")
+    if str(manifest["entry"]).encode() not in cubin:
+        raise KernelLoadError(f"{path} has no entry {manifest['entry']!r}, which {mpath.name} names")
+    if cfg.arch != RUNTIME_ARCH:
+        raise KernelLoadError(f"{path} is an {cfg.arch} kernel; fa4gen launches {RUNTIME_ARCH} (H100/H200) kernels "
+                              "only (sm_100a kernels have never run on a Blackwell GPU)")
+    return cubin, manifest, cfg
+
+
+class PrebuiltKernel:
+    """A kernel loaded from a shipped cubin: call it like fa4gen.attention, minus `causal` (fixed at
+    build time). Inputs are validated the same way; head_dim, dtype and GQA ratio must be the ones
+    the kernel was built for."""
+
+    def __init__(self, kernel, manifest: dict, config: KernelConfig, path: str):
+        self.kernel = kernel
+        self.manifest = manifest
+        self.config = config
+        self.path = path
+
+    def __repr__(self):
+        return f"PrebuiltKernel({self.config.name}, {self.path})"
+
+    def __call__(self, q, k, v, softmax_scale: float | None = None, return_lse: bool = False):
+        import torch
+
+        metas, errors = [], []
+        for t, n in ((q, "q"), (k, "k"), (v, "v")):
+            try:
+                metas.append(validate.tensor_meta(t, n))
+            except Fa4genInputError as e:
+                errors.append(e)
+        validate.raise_all(errors)
+        cfg = self.config
+        p = validate.check_problem(*metas, causal=cfg.causal, softmax_scale=softmax_scale, return_lse=return_lse)
+        got = (p.head_dim, p.dtype, p.gqa_ratio)
+        if not p.is_empty and got != (cfg.head_dim, cfg.dtype, cfg.gqa_ratio):
+            raise validate.InputValueError(
+                f"{cfg.name} was built for head_dim {cfg.head_dim}, {cfg.dtype}, GQA ratio {cfg.gqa_ratio}; "
+                f"the inputs are head_dim {p.head_dim}, {p.dtype}, GQA ratio {p.gqa_ratio}")
+        if q.device.index != self.kernel.device:
+            raise validate.DeviceError(f"{self.path} was loaded on cuda:{self.kernel.device}, the inputs are on "
+                                       f"{q.device}: load it once per device")
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise validate.InputValueError("fa4gen kernels are forward-only: call under torch.no_grad()")
+        o = torch.empty(p.out_shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(p.lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
+        if p.no_keys:
+            o.zero_()
+            if lse is not None:
+                lse.fill_(float("-inf"))
+        elif not p.is_empty:
+            why = dict(p.relayout)
+            q, k, v = (_tma_ready(t, n, why.get(n)) for t, n in ((q, "q"), (k, "k"), (v, "v")))
+            with torch.cuda.device(q.device):
+                self.kernel(q, k, v, o, lse=lse, softmax_scale=p.softmax_scale)
+        return (o, lse) if return_lse else o
+
+
+def load(cubin_path, device=None) -> PrebuiltKernel:
+    """Load a prebuilt kernel: `cubin_path` and the manifest beside it (same stem, .json), as
+    `fa4gen build --arch sm_90a` writes them. Returns a callable `kernel(q, k, v, softmax_scale=None,
+    return_lse=False)`. Raises KernelLoadError when the manifest is missing or does not match the
+    cubin (not a cubin, another arch, another sha256 or entry), before touching torch or the GPU;
+    needs torch and cuda-python to load."""
+    cubin, manifest, cfg = read_prebuilt(cubin_path)
+    try:
+        import torch
+    except ImportError as e:
+        raise validate.InputTypeError("fa4gen.load needs torch (pip install -e \".[cuda,torch]\")") from e
+    from .runtime import Kernel
+
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    validate.check_arch(torch.cuda.get_device_capability(dev), torch.cuda.get_device_name(dev))
+    with torch.cuda.device(dev):
+        kernel = Kernel.load(cubin, manifest)
+    return PrebuiltKernel(kernel, manifest, cfg, str(cubin_path))

@@ -205,10 +205,42 @@ def _find_tool(name: str, env_var: str | None = None) -> Path | None:
 
 def find_ptxas() -> Path | None:
     """$FA4GEN_PTXAS, else PATH, $CUDA_HOME/bin, $CUDA_PATH/bin, /usr/local/cuda/bin, /usr/local/bin,
-    else the ptxas of the nvidia-cuda-nvcc wheel (so `pip install fa4gen[cuda]` needs no toolkit)."""
-    if os.environ.get("FA4GEN_PTXAS"):
-        return _find_tool("ptxas", "FA4GEN_PTXAS")
+    else the ptxas of the nvidia-cuda-nvcc wheel (so `pip install fa4gen[cuda]` needs no toolkit).
+
+    An explicit $FA4GEN_PTXAS is obeyed or refused: when it names no executable file this raises
+    BackendUnavailableError naming it, rather than quietly assembling with something else."""
+    explicit = os.environ.get("FA4GEN_PTXAS")
+    if explicit:
+        p = Path(explicit).expanduser()
+        if not p.exists():
+            why = "does not exist"
+        elif not p.is_file():
+            why = "is not a file"
+        elif not os.access(p, os.X_OK):
+            why = "is not executable"
+        else:
+            return p
+        raise BackendUnavailableError(f"FA4GEN_PTXAS={explicit} {why}: point it at a ptxas binary or unset it "
+                                      "to search PATH, CUDA_HOME and the nvidia-cuda-nvcc wheel")
     return _find_tool("ptxas") or _wheel_tool("ptxas")
+
+
+PTXAS_TIMEOUT_ENV = "FA4GEN_PTXAS_TIMEOUT"
+PTXAS_TIMEOUT_DEFAULT_S = 120.0  # the largest kernel assembles in about a second here
+
+
+def ptxas_timeout_s() -> float:
+    """Seconds one ptxas run may take: $FA4GEN_PTXAS_TIMEOUT, else 120."""
+    raw = os.environ.get(PTXAS_TIMEOUT_ENV)
+    if not raw:
+        return PTXAS_TIMEOUT_DEFAULT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{PTXAS_TIMEOUT_ENV}={raw!r}: expected a number of seconds > 0")
+    return value
 
 
 @functools.lru_cache(maxsize=8)
@@ -267,6 +299,20 @@ def resolve_backend(backend: Backend | str) -> Backend:
         raise BackendUnavailableError("backend 'nvjitlink' requested but cuda.bindings.nvjitlink is not "
                                       "usable: `pip install fa4gen[cuda]` (cuda-bindings + nvidia-nvjitlink)")
     return backend
+
+
+def toolchain_id(backend: Backend | str = "auto") -> str:
+    """Who would assemble now, and which version: 'ptxas <resolved path> <version>' or
+    'nvJitLink <major.minor>'; 'none' when no assembler is usable. Part of the cubin cache key, so a
+    cubin from another assembler (or another ptxas release) is never served as this one's."""
+    try:
+        chosen = resolve_backend(backend)
+    except (BackendUnavailableError, ValueError):
+        return "none"
+    if chosen == Backend.PTXAS:
+        p = find_ptxas()
+        return f"ptxas {p.resolve()} {ptxas_version(p) or 'unknown-version'}"
+    return "nvJitLink %d.%d" % tuple(_nvjitlink().version())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,12 +426,21 @@ def _ptxas_cmd(ptxas: str, arch: str, ptx_path: Path, out: str, *, relocatable: 
 def _run_ptxas(ptx_path: Path, cubin_path: Path, arch: str, extra: tuple[str, ...], timeout_s: float):
     ptxas = find_ptxas()
     cmd = _ptxas_cmd(str(ptxas), arch, ptx_path, str(cubin_path), relocatable=False, extra=extra)
+    # its own session, so a timeout kills ptxas and anything it started (a wrapper script's child
+    # would otherwise keep the pipes open and the wait going)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as e:
-        parts = [x.decode(errors="replace") if isinstance(x, bytes) else x for x in (e.stdout, e.stderr) if x]
-        return None, "".join(parts) + f"\nptxas timed out after {timeout_s} s", True
-    log = proc.stdout + proc.stderr
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        import signal
+
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            proc.kill()
+        out, err = proc.communicate()
+        return None, (out or "") + (err or "") + f"\n{ptxas} timed out after {timeout_s:g} s", True
+    log = out + err
     if proc.returncode != 0 or not cubin_path.exists():
         return None, log, False
     return cubin_path.read_bytes(), log, False
@@ -428,13 +483,14 @@ def _run_nvjitlink(ptx: str, arch: str, name: str, extra: tuple[str, ...]):
 
 def assemble(ptx: str, arch: str, *, name: str, keep_dir: Path | str | None = None,
              backend: Backend | str = "auto", policy: AssemblePolicy = STRICT,
-             extra_options: tuple[str, ...] = (), timeout_s: float = 600.0) -> AssembleResult:
+             extra_options: tuple[str, ...] = (), timeout_s: float | None = None) -> AssembleResult:
     """Assemble `ptx` for `arch` (e.g. sm_90a, sm_100a) into a cubin.
 
     keep_dir: when given, `<name>.ptx`, `<name>.log` and (on success) `<name>.cubin` are written
     there. On failure the .ptx is always kept (in keep_dir, else in a fresh temporary directory
     that is not removed) so the error's repro command works.
     extra_options: passed to ptxas (ptxas backend) or to nvJitLink (e.g. "-Xptxas=-O3").
+    timeout_s: seconds ptxas may run (default $FA4GEN_PTXAS_TIMEOUT, else 120).
     """
     if not _ARCH_RE.match(arch or ""):
         raise ValueError(f"arch={arch!r}: expected e.g. 'sm_90a' or 'sm_100a'")
@@ -442,6 +498,8 @@ def assemble(ptx: str, arch: str, *, name: str, keep_dir: Path | str | None = No
         raise ValueError(f"name={name!r}: letters, digits, '_', '.', '-' only (it names files)")
     chosen = resolve_backend(backend)
     extra = tuple(extra_options)
+    if timeout_s is None:
+        timeout_s = ptxas_timeout_s()
 
     keep = Path(keep_dir) if keep_dir is not None else None
     tmp = None
@@ -487,7 +545,9 @@ def assemble(ptx: str, arch: str, *, name: str, keep_dir: Path | str | None = No
 
         if cubin is None:
             if timed_out:
-                fail(FailureKind.TIMEOUT, f"{chosen.value} did not finish within {timeout_s} s for {name}")
+                fail(FailureKind.TIMEOUT, f"{find_ptxas()} (ptxas) did not finish assembling {name} ({arch}) "
+                                          f"within {timeout_s:g} s and was killed; raise {PTXAS_TIMEOUT_ENV} "
+                                          "if it is merely slow")
             fail(FailureKind.ASSEMBLER, f"{chosen.value} rejected {name} ({arch})")
         resources = parse_resources(log)
         violation = _policy_violation(log, resources, policy)

@@ -1,21 +1,29 @@
 """The on-disk cubin cache and the in-process table of loaded kernels.
 
-An entry is two files in the cache directory, named by the config's readable name and its
-`content_hash` (which covers every config field and GENERATOR_VERSION, so a generator change misses):
+An entry is two files in the cache directory, named by the config's readable name, its
+`content_hash` (which covers every config field and GENERATOR_VERSION, so a generator change misses)
+and a short hash of the assembler's identity and version (`assemble.toolchain_id()`: another ptxas
+or nvJitLink release gets its own entries):
 
-    <name>-<hash>.cubin   the assembled kernel
-    <name>-<hash>.json    its manifest (docs/ABI.md) plus `cubin_sha256` and `cubin_size`
+    <name>-<hash>-<toolchain>.cubin   the assembled kernel
+    <name>-<hash>-<toolchain>.json    its manifest (docs/ABI.md) plus `cubin_sha256`, `cubin_size`
+                                      and `toolchain`
 
 The manifest is the entry's commit record: it is written after the cubin and names the cubin's
 sha256, so an entry is trusted only when the manifest parses, its content_hash (and config, when
-present) equals the config's, and the cubin on disk has exactly that size and hash. Anything else
-(a truncated copy, a flipped byte, a manifest from another config, a cubin with no manifest) is
-reported and rebuilt, never loaded.
+present) and toolchain equal ours, the cubin on disk has exactly that size and hash, and its ELF
+header is a CUDA cubin for the config's SM (fa4gen/cubin.py). Anything else (a truncated copy, a
+flipped byte, a manifest from another config, a cubin with no manifest, bytes that are not a cubin
+for this arch) is reported and rebuilt, never loaded.
 
-Each file is written to a temporary file in the same directory and renamed over the old one with
-os.replace, which is atomic on POSIX file systems. Writers of one entry take an exclusive flock on
-`<name>-<hash>.lock` and readers a shared one, so a reader never pairs one writer's cubin with
-another's manifest; two processes that miss at once both build and both write a valid entry.
+Each file is written to a temporary file in the same directory (`.<file>.<pid>.<random>.tmp`) and
+renamed over the old one with os.replace, which is atomic on POSIX file systems; temporaries whose
+writer died (kill -9) or that are older than ten minutes are removed at the next store. Writers of
+one entry take an exclusive flock on `<stem>.lock` and readers a shared one, so a reader never pairs
+one writer's cubin with another's manifest. Processes that miss at once serialise on
+`<stem>.build.lock`: one builds, the others wait and then read its entry. Every lock wait is bounded
+by $FA4GEN_LOCK_TIMEOUT seconds (default 300); past it the lock's path and holder pid are logged and
+the kernel is built without the cache, so a stopped holder never hangs a later process.
 """
 
 from __future__ import annotations
@@ -26,7 +34,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -34,6 +41,8 @@ from pathlib import Path
 from typing import Callable
 
 from .config import KernelConfig
+from .cubin import cubin_problem
+from .fsutil import atomic_write, clean_stale_tmp, pid_alive
 
 try:
     import fcntl
@@ -43,12 +52,42 @@ except ImportError:  # pragma: no cover - not POSIX: rely on os.replace alone
 log = logging.getLogger("fa4gen.cache")
 
 ENV_VAR = "FA4GEN_CACHE_DIR"
+LOCK_TIMEOUT_ENV = "FA4GEN_LOCK_TIMEOUT"
+LOCK_TIMEOUT_DEFAULT_S = 300.0
 
 BuildFn = Callable[[KernelConfig], "tuple[bytes, dict]"]
 
 
 class CacheError(RuntimeError):
     """A build function returned something that cannot be cached (not a cubin, wrong config)."""
+
+
+class CacheLockTimeout(CacheError):
+    """A cache lock was not granted within the lock timeout; names the lock file and its holder."""
+
+    def __init__(self, path: Path, waited_s: float, holder: int | None):
+        self.path = path
+        self.holder = holder
+        if holder is None:
+            who = "holder unknown"
+        else:
+            who = f"held by pid {holder}" + ("" if pid_alive(holder) else ", which is gone")
+        super().__init__(f"waited {waited_s:g} s for the fa4gen cache lock {path} ({who}; a stopped or hung "
+                         f"fa4gen process? {LOCK_TIMEOUT_ENV} sets the wait)")
+
+
+def lock_timeout_s() -> float:
+    """Seconds to wait for a cache lock: $FA4GEN_LOCK_TIMEOUT, else 300."""
+    raw = os.environ.get(LOCK_TIMEOUT_ENV)
+    if not raw:
+        return LOCK_TIMEOUT_DEFAULT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"{LOCK_TIMEOUT_ENV}={raw!r}: expected a number of seconds >= 0")
+    return value
 
 
 class EntryState(enum.Enum):
@@ -91,26 +130,36 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+_atomic_write = atomic_write
+
+
+def _lock_holder(fd: int) -> int | None:
+    """The pid an exclusive holder wrote into the lock file, if any."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        text = os.pread(fd, 32, 0).decode().strip()
+        return int(text) if text else None
+    except (OSError, ValueError):
+        return None
 
 
 class CubinCache:
-    def __init__(self, root: str | os.PathLike | None = None):
+    def __init__(self, root: str | os.PathLike | None = None, toolchain: str | None = None):
+        """toolchain: the assembler identity entries are keyed by (default: assemble.toolchain_id(),
+        read at first use)."""
         self.root = Path(root).expanduser() if root is not None else default_cache_dir()
+        self._toolchain = toolchain
+
+    @property
+    def toolchain(self) -> str:
+        if self._toolchain is None:
+            from .assemble import toolchain_id
+
+            self._toolchain = toolchain_id()
+        return self._toolchain
 
     def stem(self, cfg: KernelConfig) -> str:
-        return f"{cfg.name}-{cfg.content_hash}"
+        tc = hashlib.sha256(self.toolchain.encode()).hexdigest()[:8]
+        return f"{cfg.name}-{cfg.content_hash}-{tc}"
 
     def cubin_path(self, cfg: KernelConfig) -> Path:
         return self.root / f"{self.stem(cfg)}.cubin"
@@ -118,18 +167,41 @@ class CubinCache:
     def manifest_path(self, cfg: KernelConfig) -> Path:
         return self.root / f"{self.stem(cfg)}.json"
 
+    def lock_path(self, cfg: KernelConfig, build: bool = False) -> Path:
+        return self.root / f"{self.stem(cfg)}{'.build' if build else ''}.lock"
+
     @contextlib.contextmanager
-    def _locked(self, cfg: KernelConfig, exclusive: bool):
+    def _locked(self, cfg: KernelConfig, exclusive: bool, build: bool = False):
+        """flock on the entry's lock file (build: the per-key build lock), waiting at most
+        lock_timeout_s(); raises CacheLockTimeout past it. An exclusive holder writes its pid in."""
         if fcntl is None:
             yield
             return
+        path = self.lock_path(cfg, build)
         try:
-            fd = os.open(self.root / f"{self.stem(cfg)}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError:  # read-only or missing directory: nothing to coordinate with
             yield
             return
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            timeout = lock_timeout_s()
+            op = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
+            t0 = time.monotonic()
+            delay = 0.005
+            while True:
+                try:
+                    fcntl.flock(fd, op)
+                    break
+                except BlockingIOError:
+                    waited = time.monotonic() - t0
+                    if waited >= timeout:
+                        raise CacheLockTimeout(path, timeout, _lock_holder(fd)) from None
+                    time.sleep(min(delay, max(timeout - waited, 0.001)))
+                    delay = min(delay * 2, 0.1)
+            if exclusive:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
             yield
         finally:
             os.close(fd)  # closing drops the flock
@@ -160,6 +232,9 @@ class CubinCache:
                                               f"the config's is {cfg.content_hash!r}")
         if "config" in manifest and manifest["config"] != cfg.to_dict():
             return Lookup(EntryState.CORRUPT, f"{mpath.name} describes another config")
+        if manifest.get("toolchain") != self.toolchain:
+            return Lookup(EntryState.CORRUPT, f"{mpath.name} was built by {manifest.get('toolchain')!r}, "
+                                              f"the assembler now is {self.toolchain!r}")
         want_sha, want_size = manifest.get("cubin_sha256"), manifest.get("cubin_size")
         if not isinstance(want_sha, str) or not isinstance(want_size, int):
             return Lookup(EntryState.CORRUPT, f"{mpath.name} lacks cubin_sha256/cubin_size")
@@ -173,6 +248,9 @@ class CubinCache:
             return Lookup(EntryState.CORRUPT, f"{cpath.name} has {len(cubin)} bytes, the manifest says {want_size}")
         if _sha256(cubin) != want_sha:
             return Lookup(EntryState.CORRUPT, f"{cpath.name}'s sha256 differs from the manifest's")
+        bad = cubin_problem(cubin, cfg.arch)
+        if bad:
+            return Lookup(EntryState.CORRUPT, f"{cpath.name} is {bad}")
         return Lookup(EntryState.OK, "", cubin, manifest)
 
     # ---- write ---------------------------------------------------------------------------------
@@ -185,8 +263,12 @@ class CubinCache:
         if manifest.get("content_hash", cfg.content_hash) != cfg.content_hash:
             raise CacheError(f"build for {cfg.name} returned a manifest with content_hash "
                              f"{manifest['content_hash']!r}, expected {cfg.content_hash!r}")
+        bad = cubin_problem(bytes(cubin), cfg.arch)
+        if bad:
+            raise CacheError(f"build for {cfg.name} returned bytes that are {bad}")
         out = dict(manifest)
         out["content_hash"] = cfg.content_hash
+        out["toolchain"] = self.toolchain
         out["cubin_sha256"] = _sha256(bytes(cubin))
         out["cubin_size"] = len(cubin)
         return out
@@ -196,29 +278,71 @@ class CubinCache:
         entry = self.entry_manifest(cfg, cubin, manifest)
         text = json.dumps(entry, indent=1, sort_keys=True).encode()
         self.root.mkdir(parents=True, exist_ok=True)
+        clean_stale_tmp(self.root)  # what writers killed mid-store (kill -9) left behind
         with self._locked(cfg, exclusive=True):
             _atomic_write(self.cubin_path(cfg), bytes(cubin))
             _atomic_write(self.manifest_path(cfg), text)
         return entry
 
-    def get_or_build(self, cfg: KernelConfig, build_fn: BuildFn) -> CacheResult:
-        found = self.lookup(cfg)
-        if found.state is EntryState.OK:
-            log.debug("cache hit %s", self.cubin_path(cfg))
-            return CacheResult(found.cubin, found.manifest, True, EntryState.OK, "", 0.0, True, self.cubin_path(cfg))
-        if found.state is EntryState.CORRUPT:
-            log.warning("fa4gen cache entry %s is unusable (%s); rebuilding it", self.stem(cfg), found.reason)
+    def _build_uncached(self, cfg, build_fn, found: Lookup, why: CacheLockTimeout) -> CacheResult:
+        log.warning("fa4gen %s; building %s without the cache", why, cfg.name)
         t0 = time.perf_counter()
         cubin, manifest = build_fn(cfg)
         build_s = time.perf_counter() - t0
         entry = self.entry_manifest(cfg, cubin, manifest)
+        return CacheResult(bytes(cubin), entry, False, found.state, str(why), build_s, False, self.cubin_path(cfg))
+
+    def get_or_build(self, cfg: KernelConfig, build_fn: BuildFn) -> CacheResult:
+        """The entry for cfg, else built by build_fn and stored. Concurrent misses of one key (in
+        any process) build once: the others wait on the key's build lock, then read the entry."""
         try:
-            entry = self.store(cfg, cubin, manifest)
-            stored = True
-        except OSError as e:
-            log.warning("fa4gen cannot write its cache in %s (%s); the kernel is used without caching", self.root, e)
-            stored = False
-        return CacheResult(bytes(cubin), entry, False, found.state, found.reason, build_s, stored, self.cubin_path(cfg))
+            found = self.lookup(cfg)
+        except CacheLockTimeout as e:
+            return self._build_uncached(cfg, build_fn, Lookup(EntryState.MISSING), e)
+        if found.state is EntryState.OK:
+            log.debug("cache hit %s", self.cubin_path(cfg))
+            return CacheResult(found.cubin, found.manifest, True, EntryState.OK, "", 0.0, True, self.cubin_path(cfg))
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            pass  # unwritable: _locked and store find out and degrade
+        build_lock = self._locked(cfg, exclusive=True, build=True)
+        try:
+            build_lock.__enter__()
+        except CacheLockTimeout as e:
+            return self._build_uncached(cfg, build_fn, found, e)
+        try:
+            again = self._lookup_or_none(cfg)
+            if again is not None and again.state is EntryState.OK:  # another process built it meanwhile
+                log.debug("cache hit %s after waiting for its build", self.cubin_path(cfg))
+                return CacheResult(again.cubin, again.manifest, True, EntryState.OK, "", 0.0, True,
+                                   self.cubin_path(cfg))
+            if found.state is EntryState.CORRUPT:
+                log.warning("fa4gen cache entry %s is unusable (%s); rebuilding it", self.stem(cfg), found.reason)
+            t0 = time.perf_counter()
+            cubin, manifest = build_fn(cfg)
+            build_s = time.perf_counter() - t0
+            entry = self.entry_manifest(cfg, cubin, manifest)
+            try:
+                entry = self.store(cfg, cubin, manifest)
+                stored = True
+            except CacheLockTimeout as e:
+                log.warning("fa4gen %s; the kernel is used without caching", e)
+                stored = False
+            except OSError as e:
+                log.warning("fa4gen cannot write its cache in %s (%s); the kernel is used without caching",
+                            self.root, e)
+                stored = False
+            return CacheResult(bytes(cubin), entry, False, found.state, found.reason, build_s, stored,
+                               self.cubin_path(cfg))
+        finally:
+            build_lock.__exit__(None, None, None)
+
+    def _lookup_or_none(self, cfg: KernelConfig) -> Lookup | None:
+        try:
+            return self.lookup(cfg)
+        except CacheLockTimeout:
+            return None
 
 
 def get_or_build(cfg: KernelConfig, build_fn: BuildFn, cache_dir=None) -> tuple[bytes, dict, bool]:

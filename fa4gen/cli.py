@@ -78,17 +78,48 @@ def main():
     pass
 
 
-@main.command(help="Build one kernel variant: verify its pipeline IR, write DIR/<name>.json (config, TMEM "
+def _unusable_out_dir(out_dir: Path) -> str | None:
+    """Why out_dir cannot take the build's files (None: it can): created if missing, then a
+    directory that a file can be created in. Checked before anything is verified or assembled."""
+    import os
+    import tempfile
+
+    if out_dir.exists() and not out_dir.is_dir():
+        return "exists and is not a directory"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        return "a part of the path is not a directory"
+    except OSError as e:
+        return f"cannot create the folder ({e.strerror or e})"
+    if not out_dir.is_dir():
+        return "is not a directory"
+    try:
+        fd, probe = tempfile.mkstemp(dir=out_dir, prefix=".fa4gen-probe-", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return f"not writable ({e.strerror or e})"
+    return None
+
+
+@main.command(help="Build one kernel variant: verify its pipeline IR, write DIR/<name>.json (DIR: --out, "
+                   "default ./fa4gen-out) (config, TMEM "
                    "map, SMEM bytes, register budgets, barrier table, verify result) and, when the emitter "
                    "and an assembler are available, DIR/<name>.ptx and DIR/<name>.cubin.")
 @_config_options
-@click.option("--out", "out", type=click.Path(file_okay=False), default="generated", show_default=True)
+@click.option("--out", "out", type=click.Path(), default="fa4gen-out", show_default=True,
+              help="Output folder, created if missing (generated/ is the checked-in golden set that "
+                   "scripts/regen_generated.py writes).")
 @click.option("--emit", type=click.Choice(["ir", "ptx", "cubin", "sass"]), multiple=True,
               help="Artifacts to write besides the manifest (repeatable). Default: ptx and cubin.")
 def build(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, out, emit):
     cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold)
     out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    problem = _unusable_out_dir(out_dir)
+    if problem:
+        click.echo(f"fa4gen: error: --out {out}: {problem}", err=True)
+        sys.exit(2)
     from . import codegen
 
     try:
@@ -108,25 +139,33 @@ def build(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, out,
                    "--mutation NAME verifies a broken variant from the corpus instead.")
 @_config_options
 @click.option("--mutation", default=None, help="Apply a corpus mutation (see --list-mutations).")
-@click.option("--list-mutations", is_flag=True, help="List the broken-pipeline corpus and exit.")
+@click.option("--list-mutations", is_flag=True, help="List the broken-pipeline corpus of --arch and exit.")
 def verify(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, mutation, list_mutations):
     from .codegen import pipeline_summary
     from .ir import build_pipeline
     from .passes import verify as run_verify
-    from .passes.mutations import CORPUS, SM90_CORPUS, by_name
+    from .passes.mutations import CORPUS, SM90_CORPUS
 
+    corpus = {"sm_100a": CORPUS, "sm_90a": SM90_CORPUS}
     if list_mutations:
-        for m in CORPUS + SM90_CORPUS:  # the sm90_* ones apply to --arch sm_90a
+        for m in corpus[arch]:
             click.echo(f"{m.name:28s} {m.code:14s} {m.culprit:12s} {m.what}")
         return
     cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold)
+    if mutation:
+        mine = [m for m in corpus[arch] if m.name == mutation]
+        if not mine:
+            other = next((a for a, ms in corpus.items() if any(m.name == mutation for m in ms)), None)
+            if other:
+                msg = f"mutation {mutation!r} breaks the {other} pipeline; use it with --arch {other}"
+            else:
+                msg = (f"no mutation {mutation!r} for {arch}; known: "
+                       f"{', '.join(m.name for m in corpus[arch])} (fa4gen verify --arch {arch} --list-mutations)")
+            click.echo(f"fa4gen: error: {msg}", err=True)
+            sys.exit(2)
     pipe = build_pipeline(cfg)
     if mutation:
-        try:
-            pipe = by_name(mutation).apply(pipe)
-        except KeyError as e:
-            click.echo(f"fa4gen: error: {e.args[0]}", err=True)
-            sys.exit(2)
+        pipe = mine[0].apply(pipe)
     rep = run_verify(pipe)
     _print_summary(pipeline_summary(pipe, rep))
     sys.exit(0 if rep.ok else 1)

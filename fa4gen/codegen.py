@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import GENERATOR_VERSION, KernelConfig
+from .fsutil import atomic_write
 
 EMITS = ("ir", "ptx", "cubin", "sass")
 
@@ -251,11 +252,10 @@ def build(cfg: KernelConfig, out_dir=None, emit=("ptx", "cubin"), *, backend: st
         out.mkdir(parents=True, exist_ok=True)
 
         def write(suffix: str, data) -> None:
+            # temporary file + os.replace: a concurrent reader (or build into the same folder)
+            # sees the old file or the new one, never a torn one
             p = out / f"{cfg.name}{suffix}"
-            if isinstance(data, bytes):
-                p.write_bytes(data)
-            else:
-                p.write_text(data)
+            atomic_write(p, data)
             files.append(p)
 
         write(".json", json.dumps(full, indent=1, sort_keys=False) + "\n")

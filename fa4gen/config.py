@@ -8,10 +8,13 @@ loads a stale cubin.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import hashlib
 import json
 import math
+import numbers
+import operator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +69,19 @@ class ConfigError(ValueError):
         super().__init__(f"invalid {field_name}={value!r}: {allowed}")
 
 
+_INT_FIELDS = ("head_dim", "gqa_ratio", "block_m", "block_n", "q_stages", "kv_stages", "emu_pairs", "emu_start",
+               "k_split")
+_STR_FIELDS = ("arch", "dtype")
+
+
+def _exact_int(name: str, value):
+    """value as a plain int: ints and numpy integers (anything Integral with __index__) pass, bool,
+    floats (even 128.0) and everything else raise ConfigError naming the field."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(name, value, f"an integer, not {type(value).__name__}")
+    return operator.index(value)
+
+
 def _divisors_of_128() -> tuple[int, ...]:
     return tuple(1 << i for i in range(8))
 
@@ -90,6 +106,22 @@ class KernelConfig:
         def fix(name, value):
             object.__setattr__(self, name, value)
 
+        # exact types first, so no float, bool or bytes ever reaches the range checks (128.0 == 128)
+        for name in _STR_FIELDS:
+            v = getattr(self, name)
+            if not isinstance(v, str):
+                raise ConfigError(name, v, f"a string, not {type(v).__name__}")
+            fix(name, str(v.value) if isinstance(v, enum.Enum) else str(v))
+        for name in _INT_FIELDS:
+            v = getattr(self, name)
+            if v is not None or name not in ("emu_pairs", "emu_start", "k_split"):
+                fix(name, _exact_int(name, v))
+        if type(self.causal) is not bool:
+            import numpy as np
+
+            if not isinstance(self.causal, np.bool_):
+                raise ConfigError("causal", self.causal, "True or False")
+            fix("causal", bool(self.causal))
         if self.arch not in ARCHS:
             raise ConfigError("arch", self.arch, f"one of {', '.join(ARCHS)}")
         if isinstance(self.head_dim, bool) or self.head_dim not in HEAD_DIMS:
@@ -109,7 +141,7 @@ class KernelConfig:
         if isinstance(self.kv_stages, bool) or not isinstance(self.kv_stages, int) or not 2 <= self.kv_stages <= 4:
             raise ConfigError("kv_stages", self.kv_stages, "an integer in [2, 4]")
         thr = self.rescale_threshold
-        if isinstance(thr, bool) or not isinstance(thr, (int, float)) or not math.isfinite(thr) or not 0 <= thr <= 15:
+        if isinstance(thr, bool) or not isinstance(thr, numbers.Real) or not math.isfinite(thr) or not 0 <= thr <= 15:
             # P reaches 2^threshold between rescales: fp16 overflows at 2^16
             raise ConfigError("rescale_threshold", thr, "a number in [0, 15] (log2 units; 0 = always rescale; "
                                                         "P can reach 2^threshold and fp16 overflows at 2^16)")

@@ -17,7 +17,15 @@ __all__ = ["render", "templates_dir", "environment"]
 
 
 def templates_dir() -> Path:
-    """The installed package `fa4gen.templates` (pyproject maps it to templates/), else the checkout's."""
+    """The templates/ beside this fa4gen package when it runs from a checkout (a pyproject.toml
+    next to it), else the installed package `fa4gen.templates` (pyproject maps it to templates/).
+
+    The checkout comes first so that code and templates always come from one tree: run from another
+    checkout or git worktree (PYTHONPATH) while an editable install points elsewhere, the installed
+    mapping would pair this tree's lowering with the other tree's templates."""
+    here = Path(__file__).resolve().parent.parent
+    if (here / "pyproject.toml").is_file() and any((here / "templates").glob("*/*.j2")):
+        return here / "templates"
     try:
         root = importlib.resources.files("fa4gen.templates")
         path = Path(str(root))

@@ -45,6 +45,24 @@ class UnsupportedArchError(InputValueError):
     """The GPU has no executable fa4gen kernel."""
 
 
+class InputErrors(InputTypeError, InputValueError):
+    """Several input problems at once (device, dtype, shape, ...): `.errors` holds each one, and the
+    message lists them all, so a user fixes everything in one round instead of one per run."""
+
+    def __init__(self, errors):
+        self.errors = tuple(errors)
+        super().__init__(f"{len(self.errors)} problems with the inputs: " + "; ".join(str(e) for e in self.errors))
+
+
+def raise_all(errors) -> None:
+    """Raise nothing, the one error, or InputErrors of several."""
+    errors = list(errors)
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise InputErrors(errors)
+
+
 @dataclass(frozen=True)
 class TensorMeta:
     """What validation needs to know about one tensor (torch conventions: strides in elements)."""
@@ -107,6 +125,14 @@ def tensor_meta(t, name: str) -> TensorMeta:
         raise InputTypeError("fa4gen.attention needs torch (pip install torch)") from e
     if not isinstance(t, torch.Tensor):
         raise InputTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    # strides and data pointers mean nothing (nested: stride() raises; sparse: read as zeros) for
+    # anything but a dense strided tensor, and TMA addresses only those
+    if getattr(t, "is_nested", False):
+        raise InputTypeError(f"{name} is a nested tensor; fa4gen needs dense (torch.strided) tensors, e.g. "
+                             f"pad it with torch.nested.to_padded_tensor")
+    if t.layout != torch.strided:
+        raise InputTypeError(f"{name} has layout {t.layout}; fa4gen needs dense (torch.strided) tensors "
+                             f"(.to_dense() first)")
     return TensorMeta(
         name=name,
         shape=tuple(t.shape),
@@ -120,9 +146,9 @@ def tensor_meta(t, name: str) -> TensorMeta:
 
 # ---- pure checks -------------------------------------------------------------------------------
 def check_devices(metas: tuple[TensorMeta, ...]) -> str:
-    for m in metas:
-        if not m.device.startswith("cuda"):
-            raise DeviceError(f"{m.name} must be a CUDA tensor, got one on {m.device}")
+    off = [f"{m.name} must be a CUDA tensor, got one on {m.device}" for m in metas if not m.device.startswith("cuda")]
+    if off:
+        raise DeviceError("; ".join(off))
     devices = {m.device for m in metas}
     if len(devices) > 1:
         where = ", ".join(f"{m.name} on {m.device}" for m in metas)
@@ -131,9 +157,10 @@ def check_devices(metas: tuple[TensorMeta, ...]) -> str:
 
 
 def check_dtypes(metas: tuple[TensorMeta, ...]) -> str:
-    for m in metas:
-        if m.dtype not in _DTYPES:
-            raise InputTypeError(f"{m.name} has dtype {m.dtype}; fa4gen supports float16 and bfloat16")
+    bad = [m for m in metas if m.dtype not in _DTYPES]
+    if bad:
+        what = ", ".join(f"{m.name} has dtype {m.dtype}" for m in bad)
+        raise InputTypeError(f"{what}; fa4gen supports float16 and bfloat16")
     if len({m.dtype for m in metas}) > 1:
         got = ", ".join(f"{m.name}: {m.dtype}" for m in metas)
         raise InputTypeError(f"q, k and v must have the same dtype, got {got}")
@@ -253,13 +280,27 @@ def check_arch(capability: tuple[int, int], device_name: str = "this GPU") -> No
 
 def check_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, *, causal=False, softmax_scale=None,
                   return_lse=False) -> Problem:
-    """Every check that needs no GPU, in the order a user would want to hear about them."""
+    """Every check that needs no GPU. Each group (devices, dtypes, shapes, flags, scale) runs even
+    when an earlier one failed, and every problem found is reported in one error (InputErrors when
+    there are several): a CPU user hears of fp32 or head_dim 100 now, not after moving to a GPU."""
     metas = (q, k, v)
-    device = check_devices(metas)
-    dtype = check_dtypes(metas)
-    b, sq, skv, hq, hkv, d = check_shapes(q, k, v)
-    check_flags(causal, return_lse)
-    scale = check_softmax_scale(softmax_scale, d)
+    errors = []
+
+    def attempt(fn, *args):
+        try:
+            return fn(*args)
+        except Fa4genInputError as e:
+            errors.append(e)
+            return None
+
+    device = attempt(check_devices, metas)
+    dtype = attempt(check_dtypes, metas)
+    shapes = attempt(check_shapes, q, k, v)
+    attempt(check_flags, causal, return_lse)
+    d = shapes[5] if shapes else (q.shape[-1] if q.shape and q.shape[-1] > 0 else HEAD_DIMS[-1])
+    scale = attempt(check_softmax_scale, softmax_scale, d)
+    raise_all(errors)
+    b, sq, skv, hq, hkv, d = shapes
     relayout = []
     for m in metas:
         why = tma_layout_problem(m)

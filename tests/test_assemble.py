@@ -174,7 +174,8 @@ def test_ptxas_found_through_env(monkeypatch, tmp_path):
     monkeypatch.setenv("FA4GEN_PTXAS", str(fake))
     assert asm.find_ptxas() == fake
     monkeypatch.setenv("FA4GEN_PTXAS", str(tmp_path / "missing"))
-    assert asm.find_ptxas() is None
+    with pytest.raises(BackendUnavailableError, match="does not exist"):  # no silent fallback
+        asm.find_ptxas()
 
 
 def test_bad_arguments():

@@ -11,8 +11,10 @@ import fa4gen.config
 from fa4gen.cache import (CacheError, CubinCache, EntryState, KernelRegistry, default_cache_dir,
                           get_or_build)
 from fa4gen.config import KernelConfig
+from fa4gen.cubin import fake_header
 
 CFG = KernelConfig(arch="sm_90a", head_dim=128, causal=True, gqa_ratio=4, dtype="bf16")
+HEADER = fake_header("sm_90a")  # what the cache checks: a CUDA ELF for sm_90
 OTHER = CFG.replace(causal=False)
 
 
@@ -25,7 +27,7 @@ class FakeBuild:
 
     def __call__(self, cfg):
         self.calls += 1
-        cubin = b"\x7fELF" + cfg.content_hash.encode() + self.payload + bytes(range(256)) * 4
+        cubin = HEADER + cfg.content_hash.encode() + self.payload + bytes(range(256)) * 4
         return cubin, {"name": cfg.name, "config": cfg.to_dict(), "entry": "fa4_fwd"}
 
 
@@ -39,7 +41,8 @@ def test_miss_then_hit(tmp_path):
     assert r2.cubin == r1.cubin == build(CFG)[0]
     assert r2.manifest["content_hash"] == CFG.content_hash
     assert r2.manifest["entry"] == "fa4_fwd"
-    assert cache.cubin_path(CFG).name == f"{CFG.name}-{CFG.content_hash}.cubin"
+    assert cache.cubin_path(CFG).name.startswith(f"{CFG.name}-{CFG.content_hash}-")
+    assert r2.manifest["toolchain"] == cache.toolchain
     assert json.loads(cache.manifest_path(CFG).read_text())["cubin_size"] == len(r1.cubin)
 
 
@@ -48,7 +51,7 @@ def test_module_function_and_env_dir(tmp_path, monkeypatch):
     assert default_cache_dir() == tmp_path / "c"
     build = FakeBuild()
     cubin, manifest, hit = get_or_build(CFG, build)
-    assert not hit and (tmp_path / "c" / f"{CFG.name}-{CFG.content_hash}.cubin").read_bytes() == cubin
+    assert not hit and CubinCache(tmp_path / "c").cubin_path(CFG).read_bytes() == cubin
     assert get_or_build(CFG, build)[2] is True and build.calls == 1
 
 
@@ -170,8 +173,10 @@ def test_build_failure_writes_nothing(tmp_path):
 @pytest.mark.parametrize("bad", [
     (b"", {}),
     ("text", {}),
-    (b"\x7fELF", "not a dict"),
-    (b"\x7fELF", {"content_hash": "0123456789abcdef"}),
+    (HEADER, "not a dict"),
+    (HEADER, {"content_hash": "0123456789abcdef"}),
+    (b"\x7fELF" + bytes(100), {}),  # not a CUDA ELF
+    (fake_header("sm_100a") + bytes(100), {}),  # a cubin for another SM
 ])
 def test_bad_build_output_is_refused(tmp_path, bad):
     with pytest.raises(CacheError):
@@ -188,7 +193,7 @@ def test_failed_write_keeps_old_entry_and_leaves_no_temp(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "replace", fail)
     with pytest.raises(OSError):
-        cache.store(CFG, b"\x7fELF new cubin", {})
+        cache.store(CFG, HEADER + b"new cubin", {})
     monkeypatch.undo()
     assert cache.lookup(CFG).cubin == old
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
@@ -198,7 +203,7 @@ def test_unwritable_dir_still_returns_the_build(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     r = CubinCache(blocker / "cache").get_or_build(CFG, FakeBuild())
-    assert r.stored is False and r.hit is False and r.cubin.startswith(b"\x7fELF")
+    assert r.stored is False and r.hit is False and r.cubin.startswith(HEADER)
 
 
 def _writer(root, tag, rounds, queue):
@@ -206,11 +211,11 @@ def _writer(root, tag, rounds, queue):
     cache = CubinCache(root)
     bad = []
     for i in range(rounds):
-        cache.store(CFG, b"\x7fELF" + tag.encode() * (200 + 37 * i), {"name": CFG.name, "writer": tag})
+        cache.store(CFG, HEADER + tag.encode() * (200 + 37 * i), {"name": CFG.name, "writer": tag})
         seen = cache.lookup(CFG)
         if seen.state is not EntryState.OK:
             bad.append(seen.reason)
-        elif seen.manifest["writer"] not in ("a", "b", "c") or seen.cubin[4:5] != seen.manifest["writer"].encode():
+        elif seen.manifest["writer"] not in ("a", "b", "c") or seen.cubin[64:65] != seen.manifest["writer"].encode():
             bad.append("cubin of one writer paired with another's manifest")
     queue.put(bad)
 

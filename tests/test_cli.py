@@ -1,0 +1,132 @@
+"""First contact with the command line (issue 10, items 1-4 and 6): the default output folder, bad
+--out folders, mutations filtered and refused by arch, the README's test command, atomic outputs."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from fa4gen import codegen
+from fa4gen.cli import main
+from fa4gen.config import KernelConfig
+from fa4gen.passes.mutations import CORPUS, SM90_CORPUS
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _one_line_error(result, code=2):
+    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit)
+    err = result.stderr.strip()
+    assert "Traceback" not in result.output and len(err.splitlines()) == 1, err
+    return err
+
+
+# ---- item 1: the default output folder is ./fa4gen-out, not the checked-in generated/ ----------
+def test_build_defaults_to_fa4gen_out_in_the_cwd(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, ["build", "--arch", "sm_90a", "--emit", "ptx"])
+    assert r.exit_code == 0, r.output
+    name = KernelConfig(arch="sm_90a").name
+    assert (tmp_path / "fa4gen-out" / f"{name}.json").is_file()
+    assert (tmp_path / "fa4gen-out" / f"{name}.ptx").is_file()
+    assert not (tmp_path / "generated").exists()
+
+
+def test_build_help_names_the_default_out():
+    r = CliRunner().invoke(main, ["build", "--help"])
+    assert r.exit_code == 0 and "fa4gen-out" in r.output and "[default: generated]" not in r.output
+
+
+def test_fa4gen_out_is_git_ignored():
+    assert "/fa4gen-out/" in (REPO / ".gitignore").read_text().splitlines()
+
+
+# ---- item 2: an unusable --out is a one-line usage error before anything is built --------------
+@pytest.mark.parametrize("out", ["/dev/null", "/proc/x", "/dev/null/sub"])
+def test_bad_out_is_a_usage_error(out, monkeypatch):
+    called = []
+    monkeypatch.setattr(codegen, "build", lambda *a, **k: called.append(1))
+    err = _one_line_error(CliRunner().invoke(main, ["build", "--arch", "sm_90a", "--out", out]))
+    assert out in err and err.startswith("fa4gen: error:")
+    assert not called  # checked before verify / assembly ran
+
+
+def test_out_that_is_a_file_is_a_usage_error(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    err = _one_line_error(CliRunner().invoke(main, ["build", "--out", str(f)]))
+    assert "not a directory" in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_read_only_out_is_a_usage_error(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        err = _one_line_error(CliRunner().invoke(main, ["build", "--out", str(ro)]))
+        assert "writable" in err
+    finally:
+        ro.chmod(0o755)
+
+
+# ---- item 3: mutations are per arch ------------------------------------------------------------
+@pytest.mark.parametrize("arch,mine,theirs", [("sm_100a", CORPUS, SM90_CORPUS), ("sm_90a", SM90_CORPUS, CORPUS)])
+def test_list_mutations_is_filtered_by_arch(arch, mine, theirs):
+    r = CliRunner().invoke(main, ["verify", "--arch", arch, "--list-mutations"])
+    assert r.exit_code == 0
+    names = [line.split()[0] for line in r.output.splitlines() if line.strip()]
+    assert names == [m.name for m in mine]
+    assert not set(names) & {m.name for m in theirs}
+
+
+@pytest.mark.parametrize("arch,mutation,owner", [("sm_90a", CORPUS[0].name, "sm_100a"),
+                                                 ("sm_100a", SM90_CORPUS[-1].name, "sm_90a")])
+def test_mutation_of_the_other_arch_is_refused(arch, mutation, owner):
+    err = _one_line_error(CliRunner().invoke(main, ["verify", "--arch", arch, "--mutation", mutation]))
+    assert mutation in err and owner in err and "no role" not in err
+
+
+def test_unknown_mutation_lists_the_arch_corpus():
+    err = _one_line_error(CliRunner().invoke(main, ["verify", "--arch", "sm_90a", "--mutation", "nope"]))
+    assert "nope" in err and SM90_CORPUS[0].name in err and CORPUS[0].name not in err
+
+
+# ---- item 4: the README's test command prints the summary line ---------------------------------
+@pytest.mark.parametrize("extra", [[], ["-q"]], ids=["plain", "-q"])
+def test_readme_pytest_command_prints_n_passed(extra):
+    readme = (REPO / "README.md").read_text()
+    assert "python3 -m pytest" in readme
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, "-m", "pytest", *extra, "-p", "no:cacheprovider",
+                           "tests/test_config.py", "-k", "test_frozen"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"\b1 passed\b", proc.stdout), proc.stdout
+
+
+# ---- item 6: every output file is written atomically -------------------------------------------
+def test_build_outputs_are_replaced_atomically(tmp_path, monkeypatch):
+    cfg = KernelConfig(arch="sm_90a")
+    old = {s: tmp_path / f"{cfg.name}{s}" for s in (".json", ".ptx")}
+    for p in old.values():
+        p.write_text("OLD")
+
+    def no_replace(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", no_replace)
+    with pytest.raises(OSError):
+        codegen.build(cfg, out_dir=tmp_path, emit=("ptx",))
+    monkeypatch.undo()
+    # a failed (or in-flight) write never shows a reader a torn or half-new file
+    assert all(p.read_text() == "OLD" for p in old.values())
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    res = codegen.build(cfg, out_dir=tmp_path, emit=("ptx",))
+    assert old[".ptx"].read_text() == res.ptx
+
