@@ -120,3 +120,45 @@ def test_fa4cute_call_takes_a_tuple_or_a_tensor(monkeypatch):
     assert calls == [True, True, True]  # the compile call, one more untimed call, then fn()
     fn, out, _ = bench._fa4cute(lambda q, k, v, causal=False: q + 1, q, q, q, False)
     assert torch.equal(out, q + 1)
+
+
+def test_main_dry_run_on_cpu(tmp_path, monkeypatch, clean_import_state, capsys):
+    """The whole main() on CPU tensors with the GPU parts stubbed: fa4gen cannot launch on CPU (its
+    columns say why), SDPA runs where its CPU backends exist, the fake peer (returning (out, lse))
+    runs, the JSON and the table come out, and --budget-s skips what is left."""
+    torch = pytest.importorskip("torch")
+    import json
+
+    site = _fake_site(tmp_path, body="def flash_attn_func(q, k, v, causal=False):\n    return q * 1, None\n")
+    monkeypatch.setenv("FA4_PEER_SITE", str(site))
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "SHAPES", ((1, 64, 2, 2, 64, False), (1, 64, 4, 2, 64, True, "fp16"),
+                                          (1, 32, 2, 2, 64, False)))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(bench, "environment", lambda argv: {"gpu": "Fake GPU", "command": " ".join(argv)})
+    monkeypatch.setattr(bench, "_median_ms", lambda fn, warmup_ms, rep_ms: (fn(), 1.0)[1])
+    now = [0.0]  # a fake clock: each shape takes 60 s, so --budget-s 100 runs two of the three
+    monkeypatch.setattr("time.perf_counter", lambda: now[0])
+    real_run_shape = bench.run_shape
+
+    def run_shape(*a, **kw):
+        now[0] += 60.0
+        return real_run_shape(*a, **kw)
+
+    monkeypatch.setattr(bench, "run_shape", run_shape)
+    assert bench.main(["--out-dir", str(tmp_path / "results"), "--budget-s", "100"]) == 0
+    out = capsys.readouterr().out
+    files = list((tmp_path / "results").glob("*_Fake-GPU.json"))
+    assert len(files) == 1
+    result = json.loads(files[0].read_text())
+    assert result["fa4cute"]["status"] == "ok" and result["fa4cute"]["flash-attn-4"] == "4.0.0b36"
+    rows = result["results"]
+    assert len(rows) == 2 and result["complete"] is False and result["skipped"] == [[1, 32, 2, 2, 64, False]]
+    assert [r["dtype"] for r in rows] == ["bf16", "fp16"]
+    for r in rows:
+        assert r["fa4cute_tflops"] is not None and r["fa4gen_tflops"] is None
+        assert "fa4gen" in r["notes"] and "\n" not in r["notes"]["fa4gen"]
+        assert "fa4cute" not in r.get("notes", {})
+    assert "| FA4-CuTe |" in out and "budget spent" in out and "FA4-CuTe column empty" not in out
