@@ -7,11 +7,11 @@
 # (.whl-fa4 must be in the checkout the device call sends: the lead's, not a helper's worktree.)
 #
 # Device call 1 (stage1), right before call 2 (a warm machine keeps /tmp between calls):
-#     carry [".whl-fa4/parts/libs_cu13.part.aa"]                                 (46 MiB + tree)
+#     carry [".whl-fa4/parts/libs_cu13.part.aa"]              (46.0 MiB + ~7 MiB tree = ~53 MiB)
 #     command: bash scripts/fa4_peer.sh stage1
 # Device call 2 (stage2, then whatever uses the peer, e.g. the GPU check with the benchmark):
 #     carry [".whl-fa4/small", ".whl-fa4/parts/libs_cu13.part.ab", ".whl-fa4/parts/NAME"]
-#                                                                                (51.5 MiB + tree)
+#                                              (51.4 MiB + ~7 MiB tree = ~58 MiB)
 #     command: bash scripts/fa4_peer.sh stage2 && bash scripts/gpu_check.sh
 # stage2 joins the two parts into the libs wheel, unpacks every wheel into $FA4_DIR/site with
 # `python3 -m zipfile -e` (not `pip install --target`: that replaces the shared nvidia_cutlass_dsl/
