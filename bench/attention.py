@@ -1,4 +1,4 @@
-"""Forward attention throughput: fa4gen against torch SDPA's cuDNN and flash backends, same run.
+"""Forward attention throughput: fa4gen against torch SDPA's cuDNN and flash backends and FA4-CuTe, same run.
 
     python -m bench.attention            (or: python bench/attention.py)  [--dtype bf16] [--only 0,3]
 
@@ -9,6 +9,17 @@ untimed call of each implementation. Shapes are /work/shared/BASELINES.md's. Two
 `fa4gen_kernel` the loaded Kernel called directly into a preallocated output (the kernel alone,
 as the SDPA numbers nearly are). Each result is also compared with cuDNN's output (max abs diff),
 so a fast wrong kernel shows.
+
+`fa4cute` is flash-attn-4's CuTe-DSL forward (its sm_90 path), a peer only: present when its
+unpacked wheels are at $FA4_PEER_SITE or /tmp/fa4/site (scripts/fa4_peer.sh puts them there in two
+device calls), else the column is empty and the JSON's `fa4cute.status` says why in one line. Its
+first call of each variant JIT-compiles (seconds; recorded per row as `fa4cute_first_call_s`) and is
+kept out of the timing. "best peer" = fa4gen_kernel / max(cudnn, flash, fa4cute).
+
+Time: the whole run must fit the GPU check's device call (~180 s beside the GPU tests): do_bench
+keeps 25 ms warm-up / 100 ms repetitions (about 0.15 s per timed column and shape, ~10 s for all;
+the peer's JIT compiles dominate), and `--budget-s` (default 160) skips the shapes left once that
+much wall time has gone, so a slow run still ends with its rows written (`complete: false`).
 
 Writes bench/results/<UTC time>_<gpu>.json (one file per run; also copied to $OUT when set) and
 prints a markdown table.
@@ -33,7 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `python bench/attention.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-# (B, S, Hq, Hkv, D, causal): BASELINES.md's table, Sq = Skv = S
+# (B, S, Hq, Hkv, D, causal[, dtype]): BASELINES.md's table, Sq = Skv = S, then the issue tracker's
+# additions; a 7th element fixes that row's dtype, otherwise --dtype (default bf16) applies.
 SHAPES = (
     (16, 1024, 16, 16, 128, False),
     (4, 4096, 16, 16, 128, False),
@@ -45,9 +57,66 @@ SHAPES = (
     (2, 8192, 16, 16, 128, True),
     (2, 8192, 32, 8, 128, True),
     (4, 4096, 32, 32, 64, True),
+    (1, 32768, 16, 16, 128, True),
+    (2, 8192, 16, 16, 128, False, "fp16"),
 )
 DEVICE = "cuda"
-IMPLS = ("fa4gen", "fa4gen_kernel", "cudnn", "flash")
+IMPLS = ("fa4gen", "fa4gen_kernel", "cudnn", "flash", "fa4cute")
+PEERS = ("cudnn", "flash", "fa4cute")
+FA4_DEFAULT_SITE = "/tmp/fa4/site"
+FA4_PACKAGES = ("flash-attn-4", "nvidia-cutlass-dsl")
+
+
+def shape_dtype(shape, default: str) -> str:
+    """The dtype a SHAPES row runs in: its own 7th element, else `default` (--dtype)."""
+    return shape[6] if len(shape) > 6 else default
+
+
+def load_fa4cute(site_dir: str | None = None):
+    """FA4-CuTe's flash_attn_func, or None, and an info dict for the JSON: status ("ok" or one line
+    saying why not), the site, the versions of flash-attn-4 and nvidia-cutlass-dsl, import seconds.
+    Never raises: a missing or broken peer must not fail the benchmark."""
+    import site
+    import time
+
+    site_dir = site_dir or os.environ.get("FA4_PEER_SITE") or FA4_DEFAULT_SITE
+    info = {"site": site_dir, "status": None, "import_s": None, "module": None}
+    info.update({pkg: None for pkg in FA4_PACKAGES})
+    if not Path(site_dir).is_dir():
+        info["status"] = (f"not installed: no {site_dir} (bash scripts/fa4_peer.sh stage1, then stage2, "
+                          f"in two device calls; or set FA4_PEER_SITE)")
+        return None, info
+    t0 = time.perf_counter()
+    try:
+        if site_dir not in sys.path:
+            site.addsitedir(site_dir)  # also runs the .pth that puts the DSL's packages on sys.path
+        from flash_attn.cute.interface import flash_attn_func
+    except BaseException as e:  # noqa: BLE001 - an import can fail in any way (SystemExit from a DSL too)
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        info["status"] = f"import failed: {_one_line(e)}"
+        return None, info
+    info["import_s"] = round(time.perf_counter() - t0, 3)
+    info["module"] = getattr(sys.modules.get("flash_attn.cute.interface"), "__file__", None)
+    for pkg in FA4_PACKAGES:
+        info[pkg] = _dist_version(pkg, site_dir)
+    info["status"] = "ok"
+    return flash_attn_func, info
+
+
+def _dist_version(pkg: str, site_dir: str) -> str | None:
+    """The version of pkg installed in site_dir (the copy the import used), else anywhere on sys.path."""
+    dist = next(iter(importlib.metadata.distributions(name=pkg, path=[site_dir])), None)
+    if dist is not None:
+        return dist.version
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _one_line(e: BaseException, limit: int = 200) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:limit]}"
 
 
 def tflops(b, hq, sq, skv, d, causal, ms):
@@ -108,12 +177,32 @@ def _sdpa(backend_name, q, k, v, causal):
     return None, None, "; ".join(errors)
 
 
-def run_shape(shape, dtype_name, warmup_ms, rep_ms):
+def _fa4cute(flash_attn_func, q, k, v, causal):
+    """A callable running FA4-CuTe on (B, S, H, D) tensors (its own layout), its first output and the
+    first call's seconds (the JIT compile of a new variant); flash_attn_func may return (out, lse)."""
+    import time
+
+    import torch
+
+    def fn():
+        out = flash_attn_func(q, k, v, causal=causal)
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+    t0 = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    first_s = time.perf_counter() - t0
+    fn()  # a second untimed call: nothing left of the compile path before do_bench's own warm-up
+    torch.cuda.synchronize()
+    return fn, out, first_s
+
+
+def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None):
     import torch
 
     from fa4gen import api
 
-    b, s, hq, hkv, d, causal = shape
+    b, s, hq, hkv, d, causal = shape[:6]
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
     gen = torch.Generator(device=DEVICE).manual_seed(1234)
     q, k, v = (torch.randn(b, s, h, d, device=DEVICE, dtype=dt, generator=gen) for h in (hq, hkv, hkv))
@@ -135,7 +224,7 @@ def run_shape(shape, dtype_name, warmup_ms, rep_ms):
             scale = d ** -0.5
             ms["fa4gen_kernel"] = _median_ms(lambda: kernel(q, k, v, o, softmax_scale=scale), warmup_ms, rep_ms)
         except Exception as e:
-            notes["fa4gen"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            notes["fa4gen"] = _one_line(e)
         for name in ("cudnn", "flash"):
             fn, out, note = _sdpa(name, q, k, v, causal)
             if note:
@@ -143,14 +232,24 @@ def run_shape(shape, dtype_name, warmup_ms, rep_ms):
             if fn is not None:
                 outputs[name] = out
                 ms[name] = _median_ms(fn, warmup_ms, rep_ms)
+        if fa4cute is not None:  # (when it is None, the JSON's top-level `fa4cute.status` says why)
+            try:
+                fn, out, first_s = _fa4cute(fa4cute, q, k, v, causal)
+                row["fa4cute_first_call_s"] = round(first_s, 3)
+                outputs["fa4cute"] = out
+                ms["fa4cute"] = _median_ms(fn, warmup_ms, rep_ms)
+            except Exception as e:  # a variant the peer does not take: say so, keep the run going
+                notes["fa4cute"] = _one_line(e)
+                torch.cuda.synchronize()
 
     for name in IMPLS:
         row[f"{name}_ms"] = round(ms[name], 5) if name in ms else None
         row[f"{name}_tflops"] = round(tflops(b, hq, s, s, d, causal, ms[name]), 1) if name in ms else None
     ref_name = "cudnn" if "cudnn" in outputs else "flash" if "flash" in outputs else None
-    if "fa4gen" in outputs and ref_name:
-        diff = (outputs["fa4gen"].float() - outputs[ref_name].float()).abs().max().item()
-        row[f"fa4gen_max_abs_diff_vs_{ref_name}"] = diff
+    for name in ("fa4gen", "fa4cute"):
+        if name in outputs and ref_name:
+            diff = (outputs[name].float() - outputs[ref_name].float()).abs().max().item()
+            row[f"{name}_max_abs_diff_vs_{ref_name}"] = diff
     if notes:
         row["notes"] = notes
     del q, k, v, outputs
@@ -193,19 +292,38 @@ def environment(argv):
     return env
 
 
+def best_peer(row) -> tuple[str | None, float | None]:
+    """The fastest peer of a row (cudnn, flash, fa4cute) and its TFLOP/s; (None, None) if none ran."""
+    got = [(row.get(f"{p}_tflops"), p) for p in PEERS if row.get(f"{p}_tflops")]
+    if not got:
+        return None, None
+    tf, name = max(got)
+    return name, tf
+
+
 def markdown(rows) -> str:
     def cell(x):
         return "—" if x is None else f"{x:.0f}"
 
-    lines = ["| B, S, Hq/Hkv, D | causal | fa4gen | fa4gen kernel | cuDNN | flash | fa4gen/cuDNN | max diff |",
-             "|---|---|---|---|---|---|---|---|"]
+    def ratio(num, den):
+        return f"{num / den:.2f}" if num and den else "—"
+
+    def diff(r, name):
+        x = next((v for key, v in r.items() if key.startswith(f"{name}_max_abs_diff")), None)
+        return "—" if x is None else f"{x:.3g}"
+
+    lines = ["| B, S, Hq/Hkv, D | dtype | causal | fa4gen | fa4gen kernel | cuDNN | flash | FA4-CuTe | "
+             "fa4gen/cuDNN | fa4gen/best peer | max diff fa4gen / FA4-CuTe |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        ratio = (f"{r['fa4gen_kernel_tflops'] / r['cudnn_tflops']:.2f}"
-                 if r.get("fa4gen_kernel_tflops") and r.get("cudnn_tflops") else "—")
-        diff = next((v for key, v in r.items() if key.startswith("fa4gen_max_abs_diff")), None)
-        lines.append(f"| {r['B']}, {r['Sq']}, {r['Hq']}/{r['Hkv']}, {r['D']} | {'yes' if r['causal'] else 'no'} | "
+        peer, peer_tf = best_peer(r)
+        best = f"{ratio(r.get('fa4gen_kernel_tflops'), peer_tf)}" + (f" ({peer})" if peer and peer_tf else "")
+        lines.append(f"| {r['B']}, {r['Sq']}, {r['Hq']}/{r['Hkv']}, {r['D']} | {r['dtype']} | "
+                     f"{'yes' if r['causal'] else 'no'} | "
                      f"{cell(r['fa4gen_tflops'])} | {cell(r['fa4gen_kernel_tflops'])} | {cell(r['cudnn_tflops'])} | "
-                     f"{cell(r['flash_tflops'])} | {ratio} | {'—' if diff is None else f'{diff:.3g}'} |")
+                     f"{cell(r['flash_tflops'])} | {cell(r.get('fa4cute_tflops'))} | "
+                     f"{ratio(r.get('fa4gen_kernel_tflops'), r.get('cudnn_tflops'))} | {best} | "
+                     f"{diff(r, 'fa4gen')} / {diff(r, 'fa4cute')} |")
     return "\n".join(lines)
 
 
@@ -216,14 +334,21 @@ def _write(path: Path, result: dict) -> None:
 
 
 def main(argv=None):
+    import time
+
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
+                    help="dtype of the SHAPES rows that name none (default bf16)")
     ap.add_argument("--only", default="", help="comma-separated indices into SHAPES (default: all)")
     ap.add_argument("--warmup-ms", type=int, default=25)
     ap.add_argument("--rep-ms", type=int, default=100)
+    ap.add_argument("--budget-s", type=float, default=160.0,
+                    help="start no new shape after this many seconds of wall time (default 160)")
+    ap.add_argument("--no-fa4cute", action="store_true", help="leave the FA4-CuTe peer out even if installed")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
+    t_start = time.perf_counter()
 
     import torch
 
@@ -232,25 +357,45 @@ def main(argv=None):
         return 2
     shapes = SHAPES if not args.only else tuple(SHAPES[int(i)] for i in args.only.split(","))
     env = environment(["-m", "bench.attention", *argv])
+    if args.no_fa4cute:
+        fa4cute, fa4info = None, {"status": "left out (--no-fa4cute)"}
+    else:
+        fa4cute, fa4info = load_fa4cute()
+    print(f"  fa4cute: {fa4info['status']}" + (f" (flash-attn-4 {fa4info.get('flash-attn-4')}, nvidia-cutlass-dsl "
+                                               f"{fa4info.get('nvidia-cutlass-dsl')}, import {fa4info['import_s']} s)"
+                                               if fa4cute else ""), flush=True)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H%M%SZ")
     gpu = re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"]).strip("-")
     path = out_dir / f"{stamp}_{gpu}.json"
-    result = {**env, "dtype": args.dtype, "timing": f"triton do_bench median, warmup {args.warmup_ms} ms, "
-                                                      f"rep {args.rep_ms} ms", "complete": False, "results": []}
+    result = {**env, "dtype": args.dtype, "fa4cute": fa4info,
+              "timing": f"triton do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms",
+              "complete": False, "results": []}
     for i, shape in enumerate(shapes):
-        row = run_shape(shape, args.dtype, args.warmup_ms, args.rep_ms)
+        elapsed = time.perf_counter() - t_start
+        if elapsed > args.budget_s:
+            result["skipped"] = [list(sh) for sh in shapes[i:]]
+            result["skipped_why"] = f"--budget-s {args.budget_s:g} spent ({elapsed:.0f} s) before these shapes"
+            _write(path, result)
+            print(f"  budget spent after {elapsed:.0f} s: {len(shapes) - i} shape(s) skipped", flush=True)
+            break
+        row = run_shape(shape, shape_dtype(shape, args.dtype), args.warmup_ms, args.rep_ms, fa4cute=fa4cute)
         result["results"].append(row)
         result["complete"] = i == len(shapes) - 1
+        result["wall_s"] = round(time.perf_counter() - t_start, 1)
         _write(path, result)  # after every shape: a hang later still leaves the rows measured so far
+        notes = row.get("notes")
         print(f"  {shape}: fa4gen {row['fa4gen_tflops']} / kernel {row['fa4gen_kernel_tflops']}, "
-              f"cudnn {row['cudnn_tflops']}, flash {row['flash_tflops']} TFLOP/s"
-              + (f"  notes: {row['notes']}" if row.get("notes") else ""), flush=True)
+              f"cudnn {row['cudnn_tflops']}, flash {row['flash_tflops']}, fa4cute {row['fa4cute_tflops']} TFLOP/s"
+              + (f" (first call {row['fa4cute_first_call_s']} s)" if "fa4cute_first_call_s" in row else "")
+              + (f"  notes: {notes}" if notes else ""), flush=True)
     rows = result["results"]
     print()
     print(markdown(rows))
-    print(f"\nwrote {path}")
+    if fa4cute is None:
+        print(f"\nFA4-CuTe column empty: {fa4info['status']}")
+    print(f"\nwrote {path} ({time.perf_counter() - t_start:.0f} s)")
     return 0
 
 

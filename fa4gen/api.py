@@ -48,6 +48,9 @@ class CallInfo:
 
 _local = threading.local()
 
+FORWARD_ONLY = ("fa4gen.attention is forward-only (no backward): call it under torch.no_grad() / "
+                "torch.inference_mode() or pass detached tensors")
+
 
 def last_call_info() -> CallInfo | None:
     """What this thread's last `attention` call did (None before the first call)."""
@@ -157,12 +160,29 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
 
     Raises a subclass of `fa4gen.validate.Fa4genInputError` (TypeError or ValueError) for every
     input problem, before anything is built or launched.
+
+    Under `torch.compile` (fullgraph too) the call goes through the custom op
+    `torch.ops.fa4gen.attention_fwd` (fa4gen/torch_ops.py): Dynamo cannot trace the launch, the op
+    hides it behind a fake implementation that gives the output shapes, and the compiled graph calls
+    this same eager path at run time (also inside CUDA graphs: the launch is on the current stream,
+    with no host sync). Eager calls skip the op: its dispatch adds 13-40 us a call on
+    the (noisy, 2-core) CPU machine (scripts/torch_op_overhead.py).
     """
-    t0 = time.perf_counter()
     try:
         import torch
     except ImportError as e:
         raise validate.InputTypeError("fa4gen.attention needs torch (pip install torch)") from e
+    if torch.compiler.is_compiling():
+        from . import torch_ops
+
+        return torch_ops.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse)
+    return _attention_eager(torch, q, k, v, causal, softmax_scale, return_lse)
+
+
+def _attention_eager(torch, q, k, v, causal, softmax_scale, return_lse, check_grad: bool = True):
+    """`attention` outside a compiled region (and the body of the custom op's real implementation):
+    validate, get the kernel, launch on the current stream, record `last_call_info`."""
+    t0 = time.perf_counter()
     metas, errors = [], []
     for t, n in ((q, "q"), (k, "k"), (v, "v")):
         try:
@@ -175,10 +195,8 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     if dev.index not in _arch_ok:
         validate.check_arch(torch.cuda.get_device_capability(dev), torch.cuda.get_device_name(dev))
         _arch_ok.add(dev.index)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise validate.InputValueError(
-            "fa4gen.attention is forward-only (no backward): call it under torch.no_grad() / "
-            "torch.inference_mode() or pass detached tensors")
+    if check_grad and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise validate.InputValueError(FORWARD_ONLY)
 
     o = torch.empty(problem.out_shape, dtype=q.dtype, device=dev)
     lse = torch.empty(problem.lse_shape, dtype=torch.float32, device=dev) if return_lse else None

@@ -4,6 +4,10 @@
 #   bash scripts/gpu_check.sh            (from anywhere; runs from the checkout, no install)
 # Environment: FA4GEN_CACHE_DIR (default: a fresh temporary directory, so every run builds),
 # OUT (when set, logs and the benchmark's JSON are copied there), GPU_CHECK_SKIP_BENCH=1.
+# The benchmark has an FA4-CuTe peer column when /tmp/fa4/site (or $FA4_PEER_SITE) holds its unpacked
+# wheels: run `bash scripts/fa4_peer.sh stage1` in one device call, then
+# `bash scripts/fa4_peer.sh stage2 && bash scripts/gpu_check.sh` in the next (carry lists: that
+# script's header). Without it the column is empty and says why.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # From the checkout: the image has no hatchling and needs no install; render.py falls back to ./templates.
@@ -29,6 +33,12 @@ for pkg in ("cuda-bindings", "nvidia-nvjitlink", "triton"):
         print(pkg, "not installed")
 print("ptxas:", shutil.which("ptxas") or "none (assemble falls back to nvJitLink)")
 EOF
+fa4_site="${FA4_PEER_SITE:-/tmp/fa4/site}"
+if [ -d "$fa4_site" ]; then
+    echo "fa4cute peer: $fa4_site (the benchmark times it)"
+else
+    echo "fa4cute peer: none ($fa4_site absent; scripts/fa4_peer.sh stage1 + stage2 bring it)"
+fi
 
 say "prebuild: 32 sm_90a variants -> $FA4GEN_CACHE_DIR"
 "$PY" - <<'EOF' 2>&1 | tee "$LOGS/prebuild.txt"

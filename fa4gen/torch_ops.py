@@ -1,0 +1,75 @@
+"""`fa4gen.attention` as a torch custom op, so that `torch.compile(fullgraph=True)` traces it.
+
+Dynamo cannot trace the eager path (`time.perf_counter`, cuda-python's launch, data pointers), so
+under `torch.compile` `fa4gen.attention` calls `attention` below, which calls the op
+
+    torch.ops.fa4gen.attention_fwd(q, k, v, causal, softmax_scale, return_lse) -> (o, lse)
+
+registered with `torch.library.custom_op`. Its fake implementation validates the inputs' metadata
+(the same checks as eager, less the layout checks that need a data pointer) and returns
+o (B, Sq, Hq, D) in q's dtype and lse (B, Hq, Sq) float32, or lse of shape (0,) when return_lse is
+False (an op returns a fixed number of tensors). Its real implementation is the eager path itself
+(`api._attention_eager`): it launches on the current stream and does no host synchronisation, so
+the op can be captured in a CUDA graph (inductor's "reduce-overhead" mode too). The first call of a
+kernel variant loads its module (and builds it if the cache misses): run once before capturing,
+as any CUDA-graph warm-up does. A replayed graph runs no Python: `last_call_info()` is not updated.
+
+Forward only, like the eager API: under grad mode, inputs that require grad are refused while
+tracing; the op registers no autograd formula. Imported lazily by fa4gen.api (importing it
+registers the op), so fa4gen without torch is unaffected.
+"""
+
+import numbers  # (no `from __future__ import annotations`: custom_op reads the annotations)
+from typing import Optional
+
+import torch
+
+from . import api, validate
+
+__all__ = ["attention", "attention_fwd"]
+
+
+@torch.library.custom_op("fa4gen::attention_fwd", mutates_args=())
+def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                  softmax_scale: Optional[float], return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse) of `fa4gen.attention(q, k, v, causal, softmax_scale, return_lse=True)`; lse has shape
+    (0,) when return_lse is False. The grad check was the caller's (`attention` below)."""
+    out = api._attention_eager(torch, q, k, v, causal, softmax_scale, return_lse, check_grad=False)
+    if return_lse:
+        return out
+    return out, _no_lse(q)
+
+
+def _no_lse(q: torch.Tensor) -> torch.Tensor:
+    return q.new_empty((0,), dtype=torch.float32)
+
+
+def _fake_meta(t: torch.Tensor, name: str) -> validate.TensorMeta:
+    """A TensorMeta of a fake (or meta) tensor: no data pointer exists, so none is read."""
+    if not isinstance(t, torch.Tensor):
+        raise validate.InputTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return validate.TensorMeta(name=name, shape=tuple(t.shape), strides=tuple(t.stride()),
+                               dtype=str(t.dtype).removeprefix("torch."), device=str(t.device), data_ptr=0,
+                               element_size=t.element_size())
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(q, k, v, causal, softmax_scale, return_lse):
+    problem = validate.check_problem(_fake_meta(q, "q"), _fake_meta(k, "k"), _fake_meta(v, "v"), causal=causal,
+                                     softmax_scale=softmax_scale, return_lse=return_lse, layout=False)
+    o = q.new_empty(problem.out_shape)
+    lse = q.new_empty(problem.lse_shape, dtype=torch.float32) if return_lse else _no_lse(q)
+    return o, lse
+
+
+def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None, return_lse: bool = False):
+    """`fa4gen.attention` through the op (what it runs under torch.compile; callable eagerly too).
+    Checks the Python arguments the op's schema would otherwise reject with a torch error."""
+    validate.check_flags(causal, return_lse)
+    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real)):
+        raise validate.InputTypeError(
+            f"softmax_scale must be a real number or None, got {type(softmax_scale).__name__}")
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
+        raise validate.InputValueError(api.FORWARD_ONLY)
+    o, lse = attention_fwd(q, k, v, causal, None if softmax_scale is None else float(softmax_scale), return_lse)
+    return (o, lse) if return_lse else o

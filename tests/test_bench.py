@@ -1,0 +1,164 @@
+"""bench/attention.py's CPU-side logic: the shape table, the FA4-CuTe peer loader (on fake site
+folders) and the markdown table. Needs neither torch nor a GPU."""
+
+import sys
+
+import pytest
+
+from bench import attention as bench
+
+
+@pytest.fixture
+def clean_import_state(monkeypatch):
+    """The loader edits sys.path and imports flash_attn.*: undo both after each test."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name.split(".")[0] in ("flash_attn", "fake_dsl_marker"):
+            del sys.modules[name]
+
+
+def _fake_site(root, *, body="def flash_attn_func(q, k, v, causal=False):\n    return q, None\n"):
+    site = root / "site"
+    (site / "flash_attn" / "cute").mkdir(parents=True)  # namespace package flash_attn, as the wheel ships it
+    (site / "flash_attn" / "cute" / "__init__.py").write_text("")
+    (site / "flash_attn" / "cute" / "interface.py").write_text(body)
+    for name, version in (("flash_attn_4", "4.0.0b36"), ("nvidia_cutlass_dsl", "4.8.1")):
+        d = site / f"{name}-{version}.dist-info"
+        d.mkdir()
+        (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n")
+    # the DSL's .pth puts a folder on sys.path; the fake one proves addsitedir ran it
+    (site / "dsl_packages").mkdir()
+    (site / "dsl_packages" / "fake_dsl_marker.py").write_text("")
+    (site / "fake.pth").write_text(f"import sys; sys.path.insert(0, {str(site / 'dsl_packages')!r})\n")
+    return site
+
+
+def test_shapes_include_the_tracker_rows_and_per_row_dtype():
+    assert (1, 32768, 16, 16, 128, True) in bench.SHAPES
+    assert (2, 8192, 16, 16, 128, False, "fp16") in bench.SHAPES
+    assert (4, 4096, 32, 32, 64, False) in bench.SHAPES and (4, 4096, 32, 32, 64, True) in bench.SHAPES
+    # the first ten rows (BASELINES.md's) keep their --only indices
+    assert bench.SHAPES[0] == (16, 1024, 16, 16, 128, False) and bench.SHAPES[9] == (4, 4096, 32, 32, 64, True)
+    for shape in bench.SHAPES:
+        assert len(shape) in (6, 7)
+        assert bench.shape_dtype(shape, "bf16") in ("bf16", "fp16")
+    assert bench.shape_dtype((1, 2, 3, 3, 64, False), "fp16") == "fp16"
+    assert bench.shape_dtype((1, 2, 3, 3, 64, False, "fp16"), "bf16") == "fp16"
+
+
+def test_fa4cute_missing_site_says_why(tmp_path, monkeypatch, clean_import_state):
+    monkeypatch.delenv("FA4_PEER_SITE", raising=False)
+    fn, info = bench.load_fa4cute(str(tmp_path / "nowhere"))
+    assert fn is None and info["status"].startswith("not installed: no ")
+    assert "fa4_peer.sh" in info["status"] and "\n" not in info["status"]
+    assert info["flash-attn-4"] is None and info["nvidia-cutlass-dsl"] is None
+
+
+def test_fa4cute_loads_from_env_site(tmp_path, monkeypatch, clean_import_state):
+    site = _fake_site(tmp_path)
+    monkeypatch.setenv("FA4_PEER_SITE", str(site))
+    fn, info = bench.load_fa4cute()
+    assert info["status"] == "ok", info
+    assert fn is not None and fn("q", "k", "v", causal=True) == ("q", None)
+    assert info["site"] == str(site) and info["flash-attn-4"] == "4.0.0b36" and info["nvidia-cutlass-dsl"] == "4.8.1"
+    assert info["module"].startswith(str(site)) and info["import_s"] >= 0
+    assert str(site / "dsl_packages") in sys.path  # the .pth file ran
+
+
+def test_fa4cute_broken_import_is_one_line(tmp_path, clean_import_state):
+    site = _fake_site(tmp_path, body="raise ImportError('libcuda.so.1: cannot open\\nsecond line')\n")
+    fn, info = bench.load_fa4cute(str(site))
+    assert fn is None
+    assert info["status"] == "import failed: ImportError: libcuda.so.1: cannot open"
+
+
+def test_fa4cute_import_that_exits_does_not_end_the_run(tmp_path, clean_import_state):
+    site = _fake_site(tmp_path, body="raise SystemExit('no GPU')\n")
+    fn, info = bench.load_fa4cute(str(site))
+    assert fn is None and info["status"] == "import failed: SystemExit: no GPU"
+
+
+def _row(**tf):
+    row = dict(B=2, Sq=8192, Skv=8192, Hq=16, Hkv=16, D=128, dtype="fp16", causal=False)
+    for name in bench.IMPLS:
+        row[f"{name}_tflops"] = tf.get(name)
+    return row
+
+
+def test_best_peer_and_markdown():
+    row = _row(fa4gen=480, fa4gen_kernel=500, cudnn=450, flash=300, fa4cute=520)
+    row["fa4gen_max_abs_diff_vs_cudnn"] = 0.0039
+    row["fa4cute_max_abs_diff_vs_cudnn"] = 0.002
+    assert bench.best_peer(row) == ("fa4cute", 520)
+    no_peer = _row(fa4gen=480, fa4gen_kernel=500)
+    assert bench.best_peer(no_peer) == (None, None)
+    no_fa4 = _row(fa4gen=480, fa4gen_kernel=500, cudnn=450, flash=300)
+    assert bench.best_peer(no_fa4) == ("cudnn", 450)
+    table = bench.markdown([row, no_peer, no_fa4]).splitlines()
+    assert "FA4-CuTe" in table[0] and "fa4gen/best peer" in table[0]
+    assert table[0].count("|") == table[1].count("|") == table[2].count("|")
+    assert "| 520 | 1.11 | 0.96 (fa4cute) | 0.0039 / 0.002 |" in table[2]
+    assert "| — | — | — | — / — |" in table[3]
+    assert "| — | 1.11 | 1.11 (cudnn) |" in table[4]
+    assert "| fp16 | no |" in table[2]
+
+
+def test_fa4cute_call_takes_a_tuple_or_a_tensor(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    q = torch.randn(1, 8, 2, 64)
+    calls = []
+
+    def returns_tuple(q, k, v, causal=False):
+        calls.append(causal)
+        return q * 2, torch.zeros(1, 2, 8)
+
+    fn, out, first_s = bench._fa4cute(returns_tuple, q, q, q, True)
+    assert torch.equal(out, q * 2) and torch.equal(fn(), q * 2) and first_s >= 0
+    assert calls == [True, True, True]  # the compile call, one more untimed call, then fn()
+    fn, out, _ = bench._fa4cute(lambda q, k, v, causal=False: q + 1, q, q, q, False)
+    assert torch.equal(out, q + 1)
+
+
+def test_main_dry_run_on_cpu(tmp_path, monkeypatch, clean_import_state, capsys):
+    """The whole main() on CPU tensors with the GPU parts stubbed: fa4gen cannot launch on CPU (its
+    columns say why), SDPA runs where its CPU backends exist, the fake peer (returning (out, lse))
+    runs, the JSON and the table come out, and --budget-s skips what is left."""
+    torch = pytest.importorskip("torch")
+    import json
+
+    site = _fake_site(tmp_path, body="def flash_attn_func(q, k, v, causal=False):\n    return q * 1, None\n")
+    monkeypatch.setenv("FA4_PEER_SITE", str(site))
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "SHAPES", ((1, 64, 2, 2, 64, False), (1, 64, 4, 2, 64, True, "fp16"),
+                                          (1, 32, 2, 2, 64, False)))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(bench, "environment", lambda argv: {"gpu": "Fake GPU", "command": " ".join(argv)})
+    monkeypatch.setattr(bench, "_median_ms", lambda fn, warmup_ms, rep_ms: (fn(), 1.0)[1])
+    now = [0.0]  # a fake clock: each shape takes 60 s, so --budget-s 100 runs two of the three
+    monkeypatch.setattr("time.perf_counter", lambda: now[0])
+    real_run_shape = bench.run_shape
+
+    def run_shape(*a, **kw):
+        now[0] += 60.0
+        return real_run_shape(*a, **kw)
+
+    monkeypatch.setattr(bench, "run_shape", run_shape)
+    assert bench.main(["--out-dir", str(tmp_path / "results"), "--budget-s", "100"]) == 0
+    out = capsys.readouterr().out
+    files = list((tmp_path / "results").glob("*_Fake-GPU.json"))
+    assert len(files) == 1
+    result = json.loads(files[0].read_text())
+    assert result["fa4cute"]["status"] == "ok" and result["fa4cute"]["flash-attn-4"] == "4.0.0b36"
+    rows = result["results"]
+    assert len(rows) == 2 and result["complete"] is False and result["skipped"] == [[1, 32, 2, 2, 64, False]]
+    assert [r["dtype"] for r in rows] == ["bf16", "fp16"]
+    for r in rows:
+        assert r["fa4cute_tflops"] is not None and r["fa4gen_tflops"] is None
+        assert "fa4gen" in r["notes"] and "\n" not in r["notes"]["fa4gen"]
+        assert "fa4cute" not in r.get("notes", {})
+    assert "| FA4-CuTe |" in out and "budget spent" in out and "FA4-CuTe column empty" not in out
