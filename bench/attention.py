@@ -21,6 +21,11 @@ keeps 25 ms warm-up / 100 ms repetitions (about 0.15 s per timed column and shap
 the peer's JIT compiles dominate), and `--budget-s` (default 160) skips the shapes left once that
 much wall time has gone, so a slow run still ends with its rows written (`complete: false`).
 
+`previous` (with `--baseline DIR`, or $FA4GEN_BENCH_BASELINE): the kernels of an earlier generator,
+DIR/<variant name>.cubin + .json as `fa4gen build --arch sm_90a --out DIR` wrote them, loaded with
+fa4gen.load and timed like `fa4gen_kernel`; "vs previous" = fa4gen_kernel / previous (a generator
+change must not slow any shape down: same run, same inputs).
+
 Writes bench/results/<UTC time>_<gpu>.json (one file per run; also copied to $OUT when set) and
 prints a markdown table.
 """
@@ -61,7 +66,7 @@ SHAPES = (
     (2, 8192, 16, 16, 128, False, "fp16"),
 )
 DEVICE = "cuda"
-IMPLS = ("fa4gen", "fa4gen_kernel", "cudnn", "flash", "fa4cute")
+IMPLS = ("fa4gen", "fa4gen_kernel", "previous", "cudnn", "flash", "fa4cute")
 PEERS = ("cudnn", "flash", "fa4cute")
 FA4_DEFAULT_SITE = "/tmp/fa4/site"
 FA4_PACKAGES = ("flash-attn-4", "nvidia-cutlass-dsl")
@@ -197,7 +202,7 @@ def _fa4cute(flash_attn_func, q, k, v, causal):
     return fn, out, first_s
 
 
-def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None):
+def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None):
     import torch
 
     from fa4gen import api
@@ -225,6 +230,21 @@ def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None):
             ms["fa4gen_kernel"] = _median_ms(lambda: kernel(q, k, v, o, softmax_scale=scale), warmup_ms, rep_ms)
         except Exception as e:
             notes["fa4gen"] = _one_line(e)
+        if baseline:
+            try:
+                name = api.config_for(api.last_call_info().problem).name
+                path = Path(baseline) / f"{name}.cubin"
+                if not path.exists():
+                    raise FileNotFoundError(f"no {path.name} in {baseline}")
+                prev = api.load(path)
+                o_prev = torch.empty_like(q)
+                prev.kernel(q, k, v, o_prev, softmax_scale=d ** -0.5)
+                torch.cuda.synchronize()
+                outputs["previous"] = o_prev
+                ms["previous"] = _median_ms(lambda: prev.kernel(q, k, v, o_prev, softmax_scale=d ** -0.5),
+                                            warmup_ms, rep_ms)
+            except Exception as e:
+                notes["previous"] = _one_line(e)
         for name in ("cudnn", "flash"):
             fn, out, note = _sdpa(name, q, k, v, causal)
             if note:
@@ -246,7 +266,7 @@ def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None):
         row[f"{name}_ms"] = round(ms[name], 5) if name in ms else None
         row[f"{name}_tflops"] = round(tflops(b, hq, s, s, d, causal, ms[name]), 1) if name in ms else None
     ref_name = "cudnn" if "cudnn" in outputs else "flash" if "flash" in outputs else None
-    for name in ("fa4gen", "fa4cute"):
+    for name in ("fa4gen", "previous", "fa4cute"):
         if name in outputs and ref_name:
             diff = (outputs[name].float() - outputs[ref_name].float()).abs().max().item()
             row[f"{name}_max_abs_diff_vs_{ref_name}"] = diff
@@ -312,17 +332,19 @@ def markdown(rows) -> str:
         x = next((v for key, v in r.items() if key.startswith(f"{name}_max_abs_diff")), None)
         return "—" if x is None else f"{x:.3g}"
 
-    lines = ["| B, S, Hq/Hkv, D | dtype | causal | fa4gen | fa4gen kernel | cuDNN | flash | FA4-CuTe | "
-             "fa4gen/cuDNN | fa4gen/best peer | max diff fa4gen / FA4-CuTe |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| B, S, Hq/Hkv, D | dtype | causal | fa4gen | fa4gen kernel | previous | cuDNN | flash | FA4-CuTe | "
+             "fa4gen/cuDNN | fa4gen/best peer | vs previous | max diff fa4gen / FA4-CuTe |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         peer, peer_tf = best_peer(r)
         best = f"{ratio(r.get('fa4gen_kernel_tflops'), peer_tf)}" + (f" ({peer})" if peer and peer_tf else "")
         lines.append(f"| {r['B']}, {r['Sq']}, {r['Hq']}/{r['Hkv']}, {r['D']} | {r['dtype']} | "
                      f"{'yes' if r['causal'] else 'no'} | "
-                     f"{cell(r['fa4gen_tflops'])} | {cell(r['fa4gen_kernel_tflops'])} | {cell(r['cudnn_tflops'])} | "
+                     f"{cell(r['fa4gen_tflops'])} | {cell(r['fa4gen_kernel_tflops'])} | {cell(r.get('previous_tflops'))} | "
+                     f"{cell(r['cudnn_tflops'])} | "
                      f"{cell(r['flash_tflops'])} | {cell(r.get('fa4cute_tflops'))} | "
                      f"{ratio(r.get('fa4gen_kernel_tflops'), r.get('cudnn_tflops'))} | {best} | "
+                     f"{ratio(r.get('fa4gen_kernel_tflops'), r.get('previous_tflops'))} | "
                      f"{diff(r, 'fa4gen')} / {diff(r, 'fa4cute')} |")
     return "\n".join(lines)
 
@@ -347,6 +369,8 @@ def main(argv=None):
                     help="start no new shape after this many seconds of wall time (default 160)")
     ap.add_argument("--no-fa4cute", action="store_true", help="leave the FA4-CuTe peer out even if installed")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--baseline", default=os.environ.get("FA4GEN_BENCH_BASELINE") or None,
+                    help="folder of an earlier generator's sm_90a <name>.cubin + .json: the `previous` column")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
 
@@ -369,7 +393,7 @@ def main(argv=None):
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H%M%SZ")
     gpu = re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"]).strip("-")
     path = out_dir / f"{stamp}_{gpu}.json"
-    result = {**env, "dtype": args.dtype, "fa4cute": fa4info,
+    result = {**env, "dtype": args.dtype, "fa4cute": fa4info, "baseline": args.baseline,
               "timing": f"triton do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms",
               "complete": False, "results": []}
     for i, shape in enumerate(shapes):
@@ -380,7 +404,8 @@ def main(argv=None):
             _write(path, result)
             print(f"  budget spent after {elapsed:.0f} s: {len(shapes) - i} shape(s) skipped", flush=True)
             break
-        row = run_shape(shape, shape_dtype(shape, args.dtype), args.warmup_ms, args.rep_ms, fa4cute=fa4cute)
+        row = run_shape(shape, shape_dtype(shape, args.dtype), args.warmup_ms, args.rep_ms, fa4cute=fa4cute,
+                        baseline=args.baseline)
         result["results"].append(row)
         result["complete"] = i == len(shapes) - 1
         result["wall_s"] = round(time.perf_counter() - t_start, 1)

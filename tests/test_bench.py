@@ -99,8 +99,10 @@ def test_best_peer_and_markdown():
     table = bench.markdown([row, no_peer, no_fa4]).splitlines()
     assert "FA4-CuTe" in table[0] and "fa4gen/best peer" in table[0]
     assert table[0].count("|") == table[1].count("|") == table[2].count("|")
-    assert "| 520 | 1.11 | 0.96 (fa4cute) | 0.0039 / 0.002 |" in table[2]
-    assert "| — | — | — | — / — |" in table[3]
+    assert "| 520 | 1.11 | 0.96 (fa4cute) | — | 0.0039 / 0.002 |" in table[2]
+    assert "| — | — | — | — | — / — |" in table[3]
+    with_prev = _row(fa4gen=480, fa4gen_kernel=500, previous=520, cudnn=450)
+    assert "| 500 | 520 | 450 |" in bench.markdown([with_prev]) and "| 0.96 |" in bench.markdown([with_prev])
     assert "| — | 1.11 | 1.11 (cudnn) |" in table[4]
     assert "| fp16 | no |" in table[2]
 
