@@ -54,6 +54,11 @@ def panel_bytes(cfg: KernelConfig) -> int:
 # by 32 gives 0 in PTX, so a fully visible word is all ones), and each element is one bit test,
 # which ptxas turns into R2P (up to 7 predicates per instruction) instead of one compare each.
 MASK_WORD_BITS = 32
+# Which targets spell their masks as words. sm_90a keeps one compare per element: on the H200
+# (2026-12-02, scripts/bench_ab.py, 7 interleaved rounds, bench/results/*_ab_sm90a.json) the word
+# form was +0.5-1% on causal shapes (within the rounds' spread) and a reproducible -2.5% on long
+# non-causal ones (2x8192, 1x16384, bf16 and fp16) whose masked path never runs: no gain to pay for.
+MASK_AS_WORDS = {"sm_100a": True, "sm_90a": False}
 
 
 def mask_words(cols) -> tuple[list[int], list[tuple[int, int]]]:

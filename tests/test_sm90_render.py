@@ -159,8 +159,9 @@ def test_causal_and_tail_masks_only_where_needed():
     for ptx in (nc, c):
         for m in re.finditer(r"^\$Lsm_masked(\d+):$", ptx, re.M):
             masked = ptx[m.end():ptx.index(f"$Lsm_done{m.group(1)}:")]
-            assert "add.rm.f32" not in masked and "ex2.approx.ftz.f32 %s0" in masked
-            assert re.search(r"and\.b32 %mt, %mw\d, \d+;\n\s*setp\.eq\.b32 %pp6, %mt, 0;", masked)  # bit tests
+            # sm_90a compares each column (plan.MASK_AS_WORDS: the word form measured no faster there)
+            assert "add.rm.f32" not in masked and "setp.le.s32" in masked and "ex2.approx.ftz.f32 %s0" in masked
+            assert "%mw" not in masked
         loop = ptx[ptx.index("$L_c_loop:"):]
         m = re.search(r"bra\.uni \$Lsm_masked(\d+);", loop)
         unmasked = loop[m.end():loop.index(f"$Lsm_masked{m.group(1)}:")]

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import (ABI_PARAMS, ABI_PARAM_NAMES, HALF_COLS, MASK_WORD_BITS, REGS_PER_SM, ROWS, SM90_CONSUMER_REGS,
+from ..plan import (ABI_PARAMS, ABI_PARAM_NAMES, HALF_COLS, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS, SM90_CONSUMER_REGS,
                     SM90_EPI_BAR_ID, SM90_PRODUCER_REGS, SM90_SCHED_BAR_ID, SM90_SMEM_ALIGN as SMEM_ALIGN,
                     SM90_SMEM_LIMIT as SMEM_LIMIT, SmemPlan, mask_words, panel_bytes, smem_plan, tile_bytes)
 from ..render import render
@@ -161,7 +161,7 @@ def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
                 continue
             c, e = i >> 2, i & 1
             elems.append({"reg": reg, "col": 8 * c + e, "emu": hopper_emulated(cfg, c, e), "i": i})
-        words, where = mask_words([x["col"] for x in elems])
+        words, where = mask_words([x["col"] for x in elems]) if MASK_AS_WORDS[cfg.arch] else ([], [])
         for x, (w, bit) in zip(elems, where):
             x["mword"], x["mbit"] = f"%mw{w}", bit
         max_ops, max_res = _tree("max", [x["reg"] for x in elems], f"%mx{r}_")
@@ -172,7 +172,7 @@ def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
                      "mask_words": [{"reg": f"%mw{w}", "base": w * MASK_WORD_BITS} for w in words],
                      "mtmp": "%mt", "word_ids": words})
     n_tmp = max(len(r["max_ops"]) for r in rows)
-    n_words = 1 + max(w for r in rows for w in r.pop("word_ids"))
+    n_words = 1 + max((w for r in rows for w in r.pop("word_ids")), default=-1)
 
     o_rescale = [(reg, f"%acc{(i >> 1) & 1}") for i, reg in enumerate(o_regs)]
     # O staging in 128B-swizzled SMEM (the TMA store's layout): 16-byte chunk c of row R sits at

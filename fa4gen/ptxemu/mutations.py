@@ -187,9 +187,9 @@ PTX_MUTATIONS: tuple[PtxMutation, ...] = (
     PtxMutation("mask_word_off_by_one", _SM100C, "the causal mask's first column word is built one column short "
                 "(the diagonal key masked)", ("mismatch",),
                 _sub(r"sub\.s32 %mw0, %lim, 0;", "sub.s32 %mw0, %lim, 1;", count=0), protocol=False),
-    PtxMutation("sm90_mask_word_base", _SM90C, "sm_90a: the second column word of the mask uses base 33, not 32",
-                ("mismatch",), _sub(r"sub\.s32 %mw1, %lim(\d), 32;", r"sub.s32 %mw1, %lim\1, 33;", count=0),
-                protocol=False),
+    PtxMutation("sm90_mask_off_by_one", _SM90C, "sm_90a: the causal mask compares col < lim with le->lt on the "
+                "diagonal column of row 0's fragment (one visible key masked)", ("mismatch",),
+                _sub(r"setp\.le\.s32 %pp6, %lim0, 0;", "setp.lt.s32 %pp6, %lim0, 0;", count=0), protocol=False),
     PtxMutation("sm90_swap_kv_full_barriers", _SM90, "steady state: the K wait polls v_full and the V wait k_full",
                 ("RACE", "mismatch", "DEADLOCK"),
                 _sub(r"(mad\.lo\.u32 %baddr, %kst, 8, %bar;\n\s*add\.u32 %baddr, %baddr, )32(;[\s\S]*?"
