@@ -200,3 +200,29 @@ def test_sass_has_packed_exp2_and_r2p_masks_without_spills(causal):
         assert c["R2P"] >= 128 // MASK_WORD_BITS, c  # at least one per mask word
         assert c["MUFU.EX2"] >= 128
     assert prof["per_role"]["correction"]["FMUL2"] > 0  # O rescale (and normalise, non-causal)
+
+
+# ---- three-input max and the packed row sum ----------------------------------------------------------
+def test_three_input_max_takes_the_largest_and_ignores_nan():
+    """max.f32 d, a, b, c (sm_100a, FMNMX3) as executed: the largest of three, a NaN operand loses."""
+    vals = np.array([[1.0, -2.0, 3.0], [np.nan, -1.0, -5.0], [-np.inf, -np.inf, -7.0], [4.0, np.nan, np.nan]],
+                    np.float32)
+    regs = "    .reg .f32 %f<4>;"
+    body = ["    ld.param.u64 %rd0, [inp];", "    ld.param.u64 %rd1, [out];", "    mul.wide.u32 %rd2, %tid, 12;",
+            "    add.s64 %rd0, %rd0, %rd2;", "    add.s64 %rd1, %rd1, %rd7;",
+            "    ld.global.f32 %f0, [%rd0];", "    ld.global.f32 %f1, [%rd0+4];", "    ld.global.f32 %f2, [%rd0+8];",
+            "    max.f32 %f3, %f0, %f1, %f2;", "    st.global.f32 [%rd1], %f3;"]
+    out = np.zeros(4, np.float32)
+    _, got = run_raw(_kernel(".param .u64 inp,\n    .param .u64 out", regs, "\n".join(body)), threads=4,
+                     args=(vals, out))
+    assert np.array_equal(got, np.array([3.0, -1.0, -7.0, 4.0], np.float32))
+
+
+def test_sm100_row_max_and_sum_use_the_packed_and_three_input_forms():
+    ptx = codegen.build(KernelConfig(), emit=("ptx",)).ptx
+    sm0 = ptx[ptx.index("// role softmax0"):ptx.index("// role softmax1")]
+    three = [ln for ln in sm0.splitlines() if ln.strip().startswith("max.f32 %mx") and ln.count(",") == 3]
+    assert len(three) >= 128 // 3  # one three-input max per three scores (a level's tail may take two)
+    assert sm0.count("add.rn.f32x2 %sqt") == 63  # 64 pairs -> 1 pair: 63 packed adds, then one scalar
+    _, _, row_sum_scalar = sm0.partition("add.rn.f32x2 %sqt62")
+    assert "add.f32 %sm0, %sm0, %sm1;" in row_sum_scalar

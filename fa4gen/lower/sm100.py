@@ -141,17 +141,21 @@ def _x2(x: float) -> str:
     return f"0x{bits:08X}{bits:08X}"
 
 
-def _pairwise(srcs: list[str], tmp: str) -> tuple[list[tuple[str, str, str]], str]:
-    """A balanced reduction tree over `srcs` as (dst, a, b) ops on fresh temporaries tmp0, tmp1..."""
+def _pairwise(srcs: list[str], tmp: str, arity: int = 2) -> tuple[list[tuple[str, ...]], str]:
+    """A balanced reduction tree over `srcs` as (dst, a, b[, c]) ops on fresh temporaries tmp0,
+    tmp1...: groups of `arity` sources per op (3: sm_100a's three-input max.f32, FMNMX3); a level's
+    last group may be smaller (2 sources), a single leftover passes up unchanged."""
     ops, level, n = [], list(srcs), 0
     while len(level) > 1:
         nxt = []
-        for i in range(0, len(level) - 1, 2):
-            ops.append((f"{tmp}{n}", level[i], level[i + 1]))
+        i = 0
+        while len(level) - i >= 2:
+            k = min(arity, len(level) - i)
+            ops.append((f"{tmp}{n}", *level[i:i + k]))
             nxt.append(f"{tmp}{n}")
             n += 1
-        if len(level) % 2:
-            nxt.append(level[-1])
+            i += k
+        nxt.extend(level[i:])
         level = nxt
     return ops, level[0]
 
@@ -710,10 +714,14 @@ class _RoleEmitter:
             if lo["emu"] != hi["emu"]:  # emulated_mask's pairs rule: (2i, 2i+1) share the exp path
                 raise Sm100LoweringError(f"{self.p}: columns {2 * i} and {2 * i + 1} take different exp paths")
             pairs.append({"lo": lo, "hi": hi, "emu": lo["emu"], "i": i})
-        max_ops, max_res = _pairwise([e["reg"] for e in elems], "%mx")
-        sum_ops, sum_res = _pairwise([e["reg"] for e in elems], "%sm")
+        # row max: three-input max.f32 (FMNMX3); row sum: packed add.rn.f32x2 over the (2i, 2i+1)
+        # pairs down to one pair, whose halves one scalar add joins (FADD2: half the adds)
+        max_ops, max_res = _pairwise([e["reg"] for e in elems], "%mx", arity=3)
+        sum2_ops, sum2_res = _pairwise([f"%sq{i}" for i in range(len(pairs))], "%sqt")
         self.ctx.family("f32", "%mx", len(max_ops))
-        self.ctx.family("f32", "%sm", len(sum_ops))
+        self.ctx.family("b64", "%sq", len(pairs))
+        self.ctx.family("b64", "%sqt", len(sum2_ops))
+        self.ctx.family("f32", "%sm", 2)
         for fam in ("%x", "%ej"):
             self.ctx.family("f32", fam, cfg.block_n)
         for fam in ("%ee", "%eb"):
@@ -722,8 +730,8 @@ class _RoleEmitter:
             self.ctx.family("b64", fam, cfg.block_n // 2)
         for k in ("k_s2", "k_n2", "k_mg2", "k_c02", "k_c12", "k_c22", "k_c32"):
             self.r("b64", k)
-        return {"elems": elems, "pairs": pairs, "max_ops": max_ops, "max_res": max_res, "sum_ops": sum_ops,
-                "sum_res": sum_res, "mask_words": [{"reg": wregs[w], "base": w * MASK_WORD_BITS} for w in words],
+        return {"elems": elems, "pairs": pairs, "max_ops": max_ops, "max_res": max_res,
+                "sum2_ops": sum2_ops, "sum2_res": sum2_res, "sum_halves": ("%sm0", "%sm1"), "mask_words": [{"reg": wregs[w], "base": w * MASK_WORD_BITS} for w in words],
                 "mtmp": self.r("b32", "mt"), "magic2": _x2(ROUND_MAGIC),
                 "poly2": [_x2(c) for c in EXP2_POLY],
                 "ref": self.r("f32", "ref"), "nrs": self.r("f32", "nrs"), "sum": self.r("f32", "sum"),

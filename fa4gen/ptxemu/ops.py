@@ -223,6 +223,13 @@ def compile_alu(ctx, ins, parts):
     if head in ("fma", "mad") and isf:
         a, b, c, d = R(1), R(2), R(3), Wr(0)
         return lambda w, m: d(w, sat_(fp.fma(a(w), b(w), c(w), rnd, ftz)), m)
+    if head in ("max", "min") and isf and len(ops_) == 4:
+        # three-input form (PTX ISA 8.8, sm_100a: FMNMX3): max(max(a, b), c), NaN loses like the two-input op
+        a, b, c, d = R(1), R(2), R(3), Wr(0)
+        f = np.fmax if head == "max" else np.fmin
+        fl = fp.ftz if ftz else (lambda x: x)
+        return lambda w, m: d(w, f(f(fl(np.asarray(a(w), _F32)), fl(np.asarray(b(w), _F32))),
+                                   fl(np.asarray(c(w), _F32))), m)
     if head in ("max", "min") and isf:
         a, b, d = R(1), R(2), Wr(0)
         f = np.fmax if head == "max" else np.fmin
