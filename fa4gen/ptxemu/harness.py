@@ -423,10 +423,13 @@ def judge(o, lse, q, k, v, cfg, scale):
         # The kernel's own arithmetic: reference.fa4_forward replays the FA4 algorithm as the
         # generated kernel computes it (the same exp2 split and cubic, the conditional rescale,
         # fp32 state). Measured on every default variant (2 seeds): sm_90a within 9e-5 + 2e-6*|LSE|
-        # of it; sm_100a up to ~9e-6 relative (~90 fp32 ulp; present before the packed softmax
-        # too; the cause is not pinned down: the modelled tcgen05 accumulation of S is the first
-        # suspect). An exponential computed wrongly on some columns moves LSE by 1e-3 and more
-        # (exp2_round_to_nearest: 3.7e-3) while O stays inside the dtype's tolerance.
+        # of it; sm_100a up to ~9e-6 relative in ~3% of rows. Cause (traced on the registers): S
+        # differs from the model's by an ulp (accumulation order), so the row's reference moves by
+        # an ulp and its largest element's x = s*scale - ref*scale lands just below 0 instead of
+        # on it; in an emulated column the cubic then evaluates p(1 - eps) / 2 = 1 - 8.6e-5 where
+        # p(0) = 1 is exact (the fit's endpoint error), and that element dominates the row sum.
+        # With emu_pairs = 0 the two agree to 3 ulp. An exponential computed wrongly moves LSE by
+        # 1e-3 and more (exp2_round_to_nearest: 3.7e-3) while O stays inside the dtype's tolerance.
         lse_model = _model_lse(q, k, v, cfg, scale)
         if lse_model is not None:
             with np.errstate(invalid="ignore"):
