@@ -183,13 +183,7 @@ def _attention_eager(torch, q, k, v, causal, softmax_scale, return_lse, check_gr
     """`attention` outside a compiled region (and the body of the custom op's real implementation):
     validate, get the kernel, launch on the current stream, record `last_call_info`."""
     t0 = time.perf_counter()
-    metas, errors = [], []
-    for t, n in ((q, "q"), (k, "k"), (v, "v")):
-        try:
-            metas.append(validate.tensor_meta(t, n))
-        except Fa4genInputError as e:
-            errors.append(e)
-    validate.raise_all(errors)  # every argument that is not a dense tensor, in one error
+    metas = validate.tensor_metas(q, k, v)  # every argument that is not a dense tensor, in one error
     problem = validate.check_problem(*metas, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse)
     dev = q.device
     if dev.index not in _arch_ok:
@@ -295,13 +289,7 @@ class PrebuiltKernel:
     def __call__(self, q, k, v, softmax_scale: float | None = None, return_lse: bool = False):
         import torch
 
-        metas, errors = [], []
-        for t, n in ((q, "q"), (k, "k"), (v, "v")):
-            try:
-                metas.append(validate.tensor_meta(t, n))
-            except Fa4genInputError as e:
-                errors.append(e)
-        validate.raise_all(errors)
+        metas = validate.tensor_metas(q, k, v)
         cfg = self.config
         p = validate.check_problem(*metas, causal=cfg.causal, softmax_scale=softmax_scale, return_lse=return_lse)
         got = (p.head_dim, p.dtype, p.gqa_ratio)

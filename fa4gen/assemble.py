@@ -231,16 +231,9 @@ PTXAS_TIMEOUT_DEFAULT_S = 120.0  # the largest kernel assembles in about a secon
 
 def ptxas_timeout_s() -> float:
     """Seconds one ptxas run may take: $FA4GEN_PTXAS_TIMEOUT, else 120."""
-    raw = os.environ.get(PTXAS_TIMEOUT_ENV)
-    if not raw:
-        return PTXAS_TIMEOUT_DEFAULT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"{PTXAS_TIMEOUT_ENV}={raw!r}: expected a number of seconds > 0")
-    return value
+    from .fsutil import env_seconds
+
+    return env_seconds(PTXAS_TIMEOUT_ENV, PTXAS_TIMEOUT_DEFAULT_S)
 
 
 @functools.lru_cache(maxsize=8)

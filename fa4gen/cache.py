@@ -42,7 +42,7 @@ from typing import Callable
 
 from .config import KernelConfig
 from .cubin import cubin_problem
-from .fsutil import atomic_write, clean_stale_tmp, pid_alive
+from .fsutil import atomic_write, clean_stale_tmp, pid_alive, env_seconds
 
 try:
     import fcntl
@@ -78,16 +78,7 @@ class CacheLockTimeout(CacheError):
 
 def lock_timeout_s() -> float:
     """Seconds to wait for a cache lock: $FA4GEN_LOCK_TIMEOUT, else 300."""
-    raw = os.environ.get(LOCK_TIMEOUT_ENV)
-    if not raw:
-        return LOCK_TIMEOUT_DEFAULT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(f"{LOCK_TIMEOUT_ENV}={raw!r}: expected a number of seconds >= 0")
-    return value
+    return env_seconds(LOCK_TIMEOUT_ENV, LOCK_TIMEOUT_DEFAULT_S, allow_zero=True)
 
 
 class EntryState(enum.Enum):

@@ -75,3 +75,19 @@ def clean_stale_tmp(directory: str | os.PathLike, max_age_s: float = STALE_TMP_S
         except (OSError, ValueError):
             continue
     return removed
+
+
+def env_seconds(name: str, default: float, *, allow_zero: bool = False) -> float:
+    """A duration from the environment variable `name` (seconds, finite, > 0 or >= 0 with
+    allow_zero), `default` when it is unset or empty; a ValueError naming the variable otherwise."""
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    ok = (value >= 0 if allow_zero else value > 0) and value != float("inf")
+    if not ok:
+        raise ValueError(f"{name}={raw!r}: expected a number of seconds {'>=' if allow_zero else '>'} 0")
+    return value

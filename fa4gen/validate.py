@@ -260,6 +260,18 @@ def canonical_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple
     return tuple(out)
 
 
+def tensor_metas(q, k, v) -> tuple[TensorMeta, TensorMeta, TensorMeta]:
+    """tensor_meta of q, k and v; every argument that is not a dense tensor reported in one error."""
+    metas, errors = [], []
+    for t, n in ((q, "q"), (k, "k"), (v, "v")):
+        try:
+            metas.append(tensor_meta(t, n))
+        except Fa4genInputError as e:
+            errors.append(e)
+    raise_all(errors)
+    return tuple(metas)
+
+
 def check_arch(capability: tuple[int, int], device_name: str = "this GPU") -> None:
     """Only compute capability 9.0 runs: sm_90a code is not forward compatible (the 'a' features,
     wgmma and setmaxnreg, exist on 9.0 alone), and no sm_100a kernel has run on a Blackwell GPU."""

@@ -497,6 +497,19 @@ def compile_cvt(ctx, ins, parts):
 
 
 # ---- memory -------------------------------------------------------------------------------------------
+def _gmem_slot(gm, a: int, nb: int, what: str, ins, w, lane):
+    """(base, buffer, name) of the allocation holding GMEM bytes [a, a + nb); faults when they lie
+    outside every allocation or are not nb-aligned."""
+    hit = gm.find(a, nb)
+    if hit is None:
+        raise Fault("GMEM_OOB", f"{what} of {nb} B outside every allocation", line=ins.line,
+                    warp=w.wid, lane=int(lane), addr=a, text=ins.text)
+    if a % nb:
+        raise Fault("GMEM_MISALIGNED", f"{what} of {nb} B not {nb}-byte aligned", line=ins.line,
+                    warp=w.wid, lane=int(lane), addr=a)
+    return hit
+
+
 def compile_ld_st(ctx, ins, parts):
     emu = ctx.emu
     head = parts[0]
@@ -558,14 +571,7 @@ def compile_ld_st(ctx, ins, parts):
                 full = [np.zeros(WARP, dt) for _ in range(vec)]
                 for a, lane in zip(addrs, lanes):
                     a = int(a)
-                    hit = gm.find(a, nb)
-                    if hit is None:
-                        raise Fault("GMEM_OOB", f"ld.global of {nb} B outside every allocation", line=ins.line,
-                                    warp=w.wid, lane=int(lane), addr=a, text=ins.text)
-                    if a % nb:
-                        raise Fault("GMEM_MISALIGNED", f"ld.global of {nb} B not {nb}-byte aligned", line=ins.line,
-                                    warp=w.wid, lane=int(lane), addr=a)
-                    base, buf, _ = hit
+                    base, buf, _ = _gmem_slot(gm, a, nb, "ld.global", ins, w, lane)
                     vals = buf[a - base: a - base + nb].copy().view(dt)
                     for i in range(vec):
                         full[i][lane] = vals[i]
@@ -614,14 +620,7 @@ def compile_ld_st(ctx, ins, parts):
             vals = np.stack([np.broadcast_to(np.asarray(r(w), dt), (WARP,))[lanes] for r in rs], axis=1)
             for j, (a, lane) in enumerate(zip(addrs, lanes)):
                 a = int(a)
-                hit = gm.find(a, nb)
-                if hit is None:
-                    raise Fault("GMEM_OOB", f"st.global of {nb} B outside every allocation", line=ins.line,
-                                warp=w.wid, lane=int(lane), addr=a, text=ins.text)
-                if a % nb:
-                    raise Fault("GMEM_MISALIGNED", f"st.global of {nb} B not {nb}-byte aligned", line=ins.line,
-                                warp=w.wid, lane=int(lane), addr=a)
-                base, buf, gname = hit
+                base, buf, gname = _gmem_slot(gm, a, nb, "st.global", ins, w, lane)
                 buf[a - base: a - base + nb] = vals[j].copy().view(np.uint8)
                 w.cta.emu.mark_gmem(gname, buf.size, np.arange(a - base, a - base + nb),
                                     w.cta.emu.writer_id(("st.global", w.wid, ins.line)), w.cta.ctaid)
