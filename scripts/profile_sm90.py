@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""One fa4gen sm_90a launch of a shape, for a profiler to wrap (ncu / nsys):
+
+    ncu --kernel-name fa4_fwd --launch-skip 1 --launch-count 1 --section SpeedOfLight \\
+        --section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats \\
+        python3 scripts/profile_sm90.py 4,4096,32,32,64 [--causal] [--dtype bf16] [--emu-pairs N]
+
+Builds (or takes from the cache) the kernel, runs it twice (the first launch warms up and is
+skipped by --launch-skip 1), synchronises. Prints the config name."""
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("shape", help="B,S,Hq,Hkv,D")
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    ap.add_argument("--emu-pairs", type=int, default=None)
+    a = ap.parse_args()
+    import torch
+
+    from fa4gen import api
+    from fa4gen.config import KernelConfig
+
+    b, s, hq, hkv, d = (int(x) for x in a.shape.split(","))
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for h in (hq, hkv, hkv))
+    cfg = KernelConfig(arch="sm_90a", head_dim=d, dtype=a.dtype, causal=a.causal, gqa_ratio=hq // hkv,
+                       emu_pairs=a.emu_pairs)
+    kern, _ = api.get_kernel(cfg, q.device)
+    o = torch.empty_like(q)
+    for _ in range(2):
+        kern(q, k, v, o, softmax_scale=d ** -0.5)
+    torch.cuda.synchronize()
+    print(cfg.name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
