@@ -65,6 +65,9 @@ SHAPES = (
     (1, 32768, 16, 16, 128, True),
     (2, 8192, 16, 16, 128, False, "fp16"),
 )
+# --suite gqa (the any-ratio issue): ratios 3, 5, 6, 7 beside the ratios that divide 128 around them
+# (2, 4, 8), one kv-head count (8), S 8192, D 128; non-causal and causal
+GQA_SHAPES = tuple((2, 8192, 8 * g, 8, 128, causal) for causal in (False, True) for g in (2, 3, 4, 5, 6, 7, 8))
 DEVICE = "cuda"
 IMPLS = ("fa4gen", "fa4gen_kernel", "previous", "cudnn", "flash", "fa4cute")
 PEERS = ("cudnn", "flash", "fa4cute")
@@ -362,7 +365,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
                     help="dtype of the SHAPES rows that name none (default bf16)")
-    ap.add_argument("--only", default="", help="comma-separated indices into SHAPES (default: all)")
+    ap.add_argument("--only", default="", help="comma-separated indices into the suite's shapes (default: all)")
+    ap.add_argument("--suite", choices=("main", "gqa"), default="main",
+                    help="main: SHAPES (BASELINES.md's table and the tracker's rows); gqa: GQA_SHAPES")
     ap.add_argument("--warmup-ms", type=int, default=25)
     ap.add_argument("--rep-ms", type=int, default=100)
     ap.add_argument("--budget-s", type=float, default=160.0,
@@ -379,7 +384,8 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("bench.attention: no CUDA GPU visible to torch; nothing measured", file=sys.stderr)
         return 2
-    shapes = SHAPES if not args.only else tuple(SHAPES[int(i)] for i in args.only.split(","))
+    suite = SHAPES if args.suite == "main" else GQA_SHAPES
+    shapes = suite if not args.only else tuple(suite[int(i)] for i in args.only.split(","))
     env = environment(["-m", "bench.attention", *argv])
     if args.no_fa4cute:
         fa4cute, fa4info = None, {"status": "left out (--no-fa4cute)"}
@@ -392,8 +398,8 @@ def main(argv=None):
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H%M%SZ")
     gpu = re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"]).strip("-")
-    path = out_dir / f"{stamp}_{gpu}.json"
-    result = {**env, "dtype": args.dtype, "fa4cute": fa4info, "baseline": args.baseline,
+    path = out_dir / (f"{stamp}_{gpu}.json" if args.suite == "main" else f"{stamp}_{gpu}_{args.suite}.json")
+    result = {**env, "suite": args.suite, "dtype": args.dtype, "fa4cute": fa4info, "baseline": args.baseline,
               "timing": f"triton do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms",
               "complete": False, "results": []}
     for i, shape in enumerate(shapes):
