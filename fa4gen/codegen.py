@@ -30,11 +30,14 @@ from .fsutil import atomic_write
 
 EMITS = ("ir", "ptx", "cubin", "sass")
 
-# The variants checked in under generated/ (scripts/regen_generated.py): head_dim x causal x GQA in bf16,
-# and one fp16 variant.
+# The default sm_100a matrix: head_dim x causal x GQA in bf16, and one fp16 variant.
 DEFAULT_MATRIX = tuple(
     [KernelConfig(head_dim=d, causal=c, gqa_ratio=g) for d in (64, 128) for c in (False, True) for g in (1, 4)]
     + [KernelConfig(dtype="fp16", causal=True, gqa_ratio=4)])
+# One sm_90a default variant beside it, so the PTX of both targets can be reviewed.
+SM90_REVIEW_CONFIG = KernelConfig(arch="sm_90a", head_dim=128, causal=True, gqa_ratio=1)
+# The variants checked in under generated/ (scripts/regen_generated.py): the sm_100a matrix + the sm_90a one.
+GENERATED_MATRIX = DEFAULT_MATRIX + (SM90_REVIEW_CONFIG,)
 # Manifest keys that legitimately differ between two regenerations of the same kernel: the content
 # hash covers a fingerprint of the generator's sources, and the assembler section exists only where
 # an assembler is installed.

@@ -65,6 +65,8 @@ class Major(IntEnum):
     MN = 1
 
 
+_MAJOR_WORD = {Major.K: "K-major", Major.MN: "MN-major"}
+
 # (lo bit, width) of each Table 42 field; bits 6, 23 and 29 are reserved and must be 0.
 _IDESC_FIELDS = {
     "sparsity_selector": (0, 2),
@@ -212,6 +214,22 @@ class TcgenInstrDesc:
                    sparse=bool(f["sparse"]), sparsity_selector=f["sparsity_selector"],
                    saturate=bool(f["saturate"]), max_shift=f["max_shift"],
                    cta_group=cta_group, ws=ws)
+
+    def describe(self) -> str:
+        """The fields in words, for a PTX comment beside the descriptor: "D f32, A bf16 K-major,
+        B bf16 MN-major, M 128, N 128" (plus negate/sparse/max_shift when set). `decode(v).describe()`
+        is what the lowering prints next to each tcgen05.mma, so the comment is the value's decoding."""
+        parts = [f"D {self.d_type.name.lower()}",
+                 f"A {self.a_type.name.lower()} {_MAJOR_WORD[self.a_major]}",
+                 f"B {self.b_type.name.lower()} {_MAJOR_WORD[self.b_major]}",
+                 f"M {self.m}", f"N {self.n}"]
+        if self.negate_a or self.negate_b:
+            parts.append("negate " + "+".join(x for x, f in (("A", self.negate_a), ("B", self.negate_b)) if f))
+        if self.sparse:
+            parts.append(f"sparse (selector {self.sparsity_selector})")
+        if self.max_shift:
+            parts.append(f"max_shift {self.max_shift}")
+        return ", ".join(parts)
 
     @classmethod
     def for_dtype(cls, dtype: str, m: int, n: int, *, b_major: Major = Major.K, **kw) -> "TcgenInstrDesc":
@@ -400,6 +418,18 @@ class SmemMatrixDesc:
             raise EncodingError(f"{value:#018x}: reserved/fixed-zero bits are set ({stray:#x})")
         return cls(arch, swizzle=Swizzle.from_tcgen05_code(_field(value, 61, 3)),
                    lbo_mode=LboMode(_field(value, 52, 1)), **common)
+
+    def describe(self) -> str:
+        """The fields in words, for a PTX comment: "128B swizzle, LBO 16 B, SBO 1024 B, base offset 0"
+        (start address first when nonzero; the sm_100a LBO mode when absolute). The lowering prints
+        `decode(v, arch).describe()` beside each descriptor constant it materialises."""
+        swz = {Swizzle.NONE: "no swizzle", Swizzle.B32: "32B swizzle", Swizzle.B64: "64B swizzle",
+               Swizzle.B128: "128B swizzle"}.get(self.swizzle, f"{self.swizzle.name[1:]} swizzle")
+        parts = [f"start {self.start_address:#x}"] if self.start_address else []
+        parts += [swz, f"LBO {self.lbo} B", f"SBO {self.sbo} B", f"base offset {self.base_offset}"]
+        if self.lbo_mode != LboMode.RELATIVE:
+            parts.append("LBO absolute")
+        return ", ".join(parts)
 
     # ---- the layouts the kernels use -------------------------------------------------------
     @classmethod

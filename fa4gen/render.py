@@ -13,7 +13,7 @@ from pathlib import Path
 
 import jinja2
 
-__all__ = ["render", "templates_dir", "environment"]
+__all__ = ["FILTERS", "render", "templates_dir", "environment"]
 
 
 def templates_dir() -> Path:
@@ -39,9 +39,24 @@ def templates_dir() -> Path:
     return path
 
 
+def _comment(note) -> str:
+    """`{{ note | comment }}`: " // note" after an instruction, or nothing for an empty note. The
+    notes are computed by the lowering (barrier, slot and phase names, decoded descriptors); a
+    comment never changes an instruction (fa4gen/check.py and the emulator strip them)."""
+    if not note:
+        return ""
+    note = str(note)
+    if "\n" in note or ";" in note:
+        raise ValueError(f"PTX comment {note!r}: one line, no ';' (line-based readers split on it)")
+    return " // " + note
+
+
+FILTERS = {"comment": _comment}  # what every environment rendering these templates needs
+
+
 @functools.lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -49,6 +64,8 @@ def environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.filters.update(FILTERS)
+    return env
 
 
 def render(template_name: str, ctx: dict) -> str:

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Regenerate generated/: the default sm_100a matrix as <name>.ptx + <name>.json, for review.
+"""Regenerate generated/: the default sm_100a matrix and one sm_90a variant as <name>.ptx + <name>.json, for review.
 
     python scripts/regen_generated.py [--out DIR] [--no-assemble]
 
-Each variant goes through the whole chain (fa4gen.codegen.build: IR, verify, lower, render and,
-when ptxas is available, assembly for sm_100a, whose resource report lands in the .json). The
+The variants are fa4gen.codegen.GENERATED_MATRIX: DEFAULT_MATRIX (sm_100a) plus SM90_REVIEW_CONFIG
+(sm_90a, D 128, causal, GQA 1). Each goes through the whole chain (fa4gen.codegen.build: IR, verify,
+lower, render and, when ptxas is available, assembly for its target, whose resource report lands in
+the .json). The
 cubins are not checked in. tests/test_sm100_emit.py regenerates into a temporary directory and
 diffs against the checked-in files, so a generator change that alters the PTX must come with a
 regenerated generated/.
@@ -34,12 +36,12 @@ def progress(done: int, total: int, label: str, width: int = 24) -> None:
 
 
 def regenerate(out_dir: Path, assemble: bool = True, quiet: bool = False) -> list[Path]:
-    """Write the default matrix into out_dir; returns the files written (.ptx and .json only)."""
+    """Write GENERATED_MATRIX into out_dir; returns the files written (.ptx and .json only)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     emit = ("ptx", "cubin") if assemble else ("ptx",)
     written = []
-    cfgs = codegen.DEFAULT_MATRIX
+    cfgs = codegen.GENERATED_MATRIX
     for i, cfg in enumerate(cfgs):
         if not quiet:
             progress(i, len(cfgs), cfg.name)

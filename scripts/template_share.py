@@ -4,8 +4,9 @@
     python scripts/template_share.py
 
 Every instruction line of every template macro is tagged with its file and macro (in a temporary
-copy of templates/), the kernels are rendered from that copy, and each PTX instruction line is
-attributed to the innermost macro that printed it (untagged lines come from the kernel's top-level
+copy of templates/; the tag follows the instruction's own comment where the lowering prints one),
+the kernels are rendered from that copy, and each PTX instruction line is attributed to the
+innermost macro that printed it (untagged lines come from the kernel's top-level
 template or a non-macro block). A sm_100a line counts as "executed on the H200" when it comes from a
 templates/common/ macro that the sm_90a kernels the GPU tests run also expand (both exp2 splits).
 """
@@ -40,7 +41,8 @@ def tagged_copy(src: Path, dst: Path) -> None:
             if re.search(r"\{%-?\s*endmacro", line):
                 macro = None
             s = line.rstrip()
-            if macro and s.endswith(";") and not s.lstrip().startswith("//"):
+            # an instruction line ends in ';', or in ';' + the lowering's comment (`{{ note | comment }}`)
+            if macro and re.search(r";(\{\{[^{}]*\|\s*comment\s*\}\})?$", s) and not s.lstrip().startswith("//"):
                 line = f"{s} //@m:{rel}:{macro}"
             out.append(line)
         f.write_text("\n".join(out) + "\n")

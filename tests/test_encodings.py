@@ -5,6 +5,8 @@ from the cited table, are the real check; the ptxas test only proves the values 
 immediates/registers of the instructions they feed.
 """
 
+import re
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -400,3 +402,53 @@ def test_wgmma_with_encoded_descriptors_assembles(tmp_path):
 """
     res = assemble(ptx, "sm_90a", name="enc_wgmma", keep_dir=tmp_path)
     assert res.kernel("enc_wgmma").spills == 0
+
+
+# ---- describe(): the decoded fields in words (the comments beside descriptors in the PTX) ----------
+
+def test_idesc_describe_reference():
+    """The two sm_100a instruction descriptors, read off Table 42 by hand."""
+    assert TcgenInstrDesc.decode(0x08200490).describe() == "D f32, A bf16 K-major, B bf16 K-major, M 128, N 128"
+    assert TcgenInstrDesc.decode(0x08210490).describe() == "D f32, A bf16 K-major, B bf16 MN-major, M 128, N 128"
+    assert TcgenInstrDesc.decode(0x08110010).describe() == "D f32, A f16 K-major, B f16 MN-major, M 128, N 64"
+
+
+@settings(max_examples=200, deadline=None)
+@given(_valid_idesc)
+def test_idesc_describe_round_trips_encode(d):
+    text = TcgenInstrDesc.decode(d.encode()).describe()
+    assert text == d.describe()
+    m = re.fullmatch(r"D (f16|f32), A (b?f16) (K|MN)-major, B (b?f16) (K|MN)-major, M (\d+), N (\d+)(, .*)?", text)
+    assert m, text
+    assert (AccumType[m.group(1).upper()], MmaType[m.group(2).upper()], Major[m.group(3)], MmaType[m.group(4).upper()],
+            Major[m.group(5)], int(m.group(6)), int(m.group(7))) == (d.d_type, d.a_type, d.a_major, d.b_type, d.b_major,
+                                                                     d.m, d.n)
+    assert ("negate" in text) == (d.negate_a or d.negate_b) and ("sparse" in text) == d.sparse
+
+
+def test_smem_desc_describe_reference():
+    k = SmemMatrixDesc.k_major_sw128("sm_100a", 0).encode()
+    v = SmemMatrixDesc.mn_major_sw128("sm_100a", 0, panel_stride=128 * 128).encode()
+    assert (k, v) == (0x4000404000010000, 0x4000404004000000)
+    assert SmemMatrixDesc.decode(k, "sm_100a").describe() == "128B swizzle, LBO 16 B, SBO 1024 B, base offset 0"
+    assert SmemMatrixDesc.decode(v, "sm_100a").describe() == "128B swizzle, LBO 16384 B, SBO 1024 B, base offset 0"
+    assert SmemMatrixDesc("sm_90a", 0x400, 16, 1024, Swizzle.NONE).describe() == \
+        "start 0x400, no swizzle, LBO 16 B, SBO 1024 B, base offset 0"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["sm_90a", "sm_100a"]), st.integers(0, (1 << 14) - 1), st.integers(0, (1 << 14) - 1),
+       st.integers(0, (1 << 14) - 1), st.sampled_from([Swizzle.NONE, Swizzle.B32, Swizzle.B64, Swizzle.B128]),
+       st.integers(0, 7))
+def test_smem_desc_describe_round_trips_encode(arch, start, lbo, sbo, swz, base):
+    if swz == Swizzle.NONE and arch == "sm_90a":
+        base = 0
+    d = SmemMatrixDesc(arch, start << 4, lbo=lbo << 4, sbo=sbo << 4, swizzle=swz, base_offset=base)
+    text = SmemMatrixDesc.decode(d.encode(), arch).describe()
+    assert text == d.describe()
+    m = re.fullmatch(r"(start (0x[0-9a-f]+), )?(no|32B|64B|128B) swizzle, LBO (\d+) B, SBO (\d+) B, base offset (\d)",
+                     text)
+    assert m, text
+    assert int(m.group(2) or "0", 16) == d.start_address
+    assert {"no": 0, "32B": 32, "64B": 64, "128B": 128}[m.group(3)] == swz.span_bytes
+    assert (int(m.group(4)), int(m.group(5)), int(m.group(6))) == (d.lbo, d.sbo, d.base_offset)

@@ -85,9 +85,9 @@ def test_barrier_and_region_layout_do_not_overlap():
 
 MUTATIONS = {
     "drop wait::st": ("{% macro wait_st(it) %}\n{{ tc.wait_st() }}", "{% macro wait_st(it) %}\n"),
-    "drop mbarrier wait": ("{{ mb.wait_parity(it.addr, it.parity, it.pred, it.uid) }}", ""),
-    "drop plain arrive": ("{% else %}\n{{ mb.arrive(it.addr) }}\n{% endif %}", "{% else %}\n{% endif %}"),
-    "drop tcgen05.commit": ("{{ tc.commit(\"%p_el\", it.addr) }}", ""),
+    "drop mbarrier wait": ("{{ mb.wait_parity(it.addr, it.parity, it.pred, it.uid, it.note) }}", ""),
+    "drop plain arrive": ("{% else %}\n{{ mb.arrive(it.addr, it.note) }}\n{% endif %}", "{% else %}\n{% endif %}"),
+    "drop tcgen05.commit": ("{{ tc.commit(\"%p_el\", it.addr, it.note) }}", ""),
     "wait::st after its arrive": ("{% macro wait_st(it) %}\n{{ tc.wait_st() }}",
                                   "{% macro wait_st(it) %}\n"),
 }
@@ -106,6 +106,7 @@ def _mutated_env(monkeypatch, old: str, new: str, extra=None):
                                                          jinja2.FileSystemLoader(str(root))]),
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True, autoescape=False)
+    env.filters.update(render_mod.FILTERS)
     monkeypatch.setattr(render_mod, "environment", lambda: env)
 
 
@@ -115,8 +116,8 @@ def test_mutated_template_fails_the_read_back(monkeypatch, name):
     extra = None
     if name == "wait::st after its arrive":
         # the arrive now emits wait::st after the mbarrier arrive: same instructions, wrong order
-        extra = [("{% else %}\n{{ mb.arrive(it.addr) }}\n{% endif %}",
-                  "{% else %}\n{{ mb.arrive(it.addr) }}\n{% if it.fence_before %}\n{{ tc.wait_st() }}\n{% endif %}"
+        extra = [("{% else %}\n{{ mb.arrive(it.addr, it.note) }}\n{% endif %}",
+                  "{% else %}\n{{ mb.arrive(it.addr, it.note) }}\n{% if it.fence_before %}\n{{ tc.wait_st() }}\n{% endif %}"
                   "\n{% endif %}")]
     _mutated_env(monkeypatch, old, new, extra)
     cfg = KernelConfig(causal=True, gqa_ratio=4)

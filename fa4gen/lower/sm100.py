@@ -326,6 +326,52 @@ class _RoleEmitter:
         pre = self.resolve(v, slot_dst="%qs") + [("mad.lo.u32", dst, "%qs", str(nbytes), "%smem")]
         return pre, dst, off + v.slot_base * nbytes
 
+    # ---- comments: the IR's names for what each instruction touches ---------------------------
+    # Printed after the instruction (templates: `{{ note | comment }}`), never part of it: one line,
+    # no ';', and no instruction mnemonic (tests count mnemonics in the raw text).
+    def slot_note(self, s) -> str:
+        """A slot operand in words: "1" (constant) or "%q_mma_k mod 3" (a ring State's slot)."""
+        kind, v = self.slot(s)
+        if kind == "const":
+            return str(v)
+        q = self.qreg(v.name)
+        return f"{v.slot_base} + {q} mod {v.depth}" if v.slot_base else f"{q} mod {v.depth}"
+
+    def bar_note(self, bname: str, s) -> str:
+        return f"{bname}[{self.slot_note(s)}]"
+
+    def phase_note(self, name: str) -> str:
+        """The parity a Wait passes, as the State's register says it (ir.core's phase convention:
+        try_wait.parity P passes once the barrier's phase of parity P has completed)."""
+        st = self.role.state(name)
+        q = self.qreg(name)
+        how = f"start phase {st.start_phase}" + (f", stride {st.stride}" if st.stride != 1 else "")
+        par = q if st.depth == 1 else f"({q} >= {st.depth})"
+        return f"phase parity {par}: state {name}, {how}"
+
+    @staticmethod
+    def block_note(ref: BlockRef) -> str:
+        """The K/V block a BlockRef names (blocks are visited in reverse: n-1, n-2, ..., 0)."""
+        return {BlockRef.FIRST: "n-1", BlockRef.CUR: "n-1-t", BlockRef.PREV: "n-t", BlockRef.LAST: "0"}[ref]
+
+    def what(self, text: str) -> None:
+        """Say what the current op's block computes, on its `// op N` marker."""
+        marker = next(it for it in reversed(self.items) if it["m"] == "marker")
+        marker["what"] = text
+
+    def state_users(self, name: str) -> list[str]:
+        """The barriers and regions whose slot a State walks, in program order."""
+        out = []
+        for op in walk_ops(self.role.program):
+            for f in ("state", "slot", "bar_slot", "dst_slot", "src_slot", "a_slot", "b_slot"):
+                if getattr(op, f, None) == name:
+                    key = {"dst_slot": "dst", "src_slot": "src", "a_slot": "a", "b_slot": "b",
+                           "bar_slot": "barrier"}.get(f, "barrier")
+                    target = getattr(op, key, None)
+                    if isinstance(target, str) and target not in out:
+                        out.append(target)
+        return out
+
     # ---- program walk ------------------------------------------------------------------------
     def run(self) -> dict:
         role = self.role
@@ -366,8 +412,16 @@ class _RoleEmitter:
                 self.emit("named_id", dst=bid, base=b.named_id + 4 * v)
 
     def init_state(self, st) -> None:
+        users = ", ".join(self.state_users(st.name))
+        if st.depth == 1:
+            shape = f"slot {st.slot_base}, phase parity = q"
+        else:
+            base = f"{st.slot_base} + " if st.slot_base else ""
+            shape = f"q in [0, {2 * st.depth}), slot = {base}q mod {st.depth}, phase parity = (q >= {st.depth})"
+        note = (f"state {st.name} ({users}): {shape}, start {st.start}, start phase {st.start_phase}"
+                + (f", stride {st.stride}" if st.stride != 1 else ""))
         self.emit("state_init", q=self.qreg(st.name),
-                  value=(st.start + st.depth * st.start_phase) % (2 * st.depth), state=st.name)
+                  value=(st.start + st.depth * st.start_phase) % (2 * st.depth), state=st.name, note=note)
 
     def stmts(self, stmts: tuple) -> None:
         for st in stmts:
@@ -428,26 +482,34 @@ class _RoleEmitter:
         handler = getattr(self, "op_" + type(op).__name__, None)
         if handler is None or type(op) not in OP_PTX:
             raise Sm100LoweringError(f"{self.p}: {type(op).__name__} has no sm_100a lowering")
-        self.emit("marker", index=idx, op=type(op).__name__)
+        self.emit("marker", index=idx, op=type(op).__name__, what="")
         handler(op)
 
     def op_Wait(self, op: Wait) -> None:
         _, after = fence_policy(self.pipe, self.role, op)
         pre, addr = self.bar_addr(op.barrier, op.state)
         ppre, par = self.parity(op.state)
+        note = f"wait {self.bar_note(op.barrier, op.state)}, {self.phase_note(op.state)}"
         self.emit("wait", pre=pre + ppre, addr=addr, parity=par, uid=self.ctx.uid(), pred="%p_w",
-                  fence_after=after)
+                  fence_after=after, note=note)
 
     def op_Arrive(self, op: Arrive) -> None:
         before, _ = fence_policy(self.pipe, self.role, op)
         elected = op.scope is Scope.ELECTED
         pre, addr = self.bar_addr(op.barrier, op.slot)
+        n = {Scope.ELECTED: 1, Scope.WARP: len(self.role.warps), Scope.ALL: self.role.threads}[op.scope]
+        who = {Scope.ELECTED: f"the elected lane of {self.p}", Scope.WARP: f"one lane per warp of {self.p}",
+               Scope.ALL: f"every thread of {self.p}"}[op.scope]
+        note = (f"arrive {self.bar_note(op.barrier, op.slot)}: {who}, {n} of the "
+                f"{self.pipe.barrier(op.barrier).count} arrivals per phase")
         self.emit("arrive", pre=pre, addr=addr, elected=elected, fence_before=before,
-                  skip=self.label("noel") if elected else "")
+                  skip=self.label("noel") if elected else "", note=note)
 
     def op_ExpectTx(self, op: ExpectTx) -> None:
         pre, addr = self.bar_addr(op.barrier, op.slot)
-        self.emit("expect_tx", pre=pre, addr=addr, bytes=op.bytes, skip=self.label("noel"))
+        note = (f"expect_tx {self.bar_note(op.barrier, op.slot)}: 1 arrival + {op.bytes} transaction bytes "
+                "(the TMA loads complete the phase)")
+        self.emit("expect_tx", pre=pre, addr=addr, bytes=op.bytes, skip=self.label("noel"), note=note)
 
     def block_reg(self, ref: BlockRef, dst: str) -> list[tuple]:
         """Instructions computing the K/V block index (blocks visited in reverse: n-1, n-2, ...)."""
@@ -476,7 +538,11 @@ class _RoleEmitter:
             tmap, rank = f"%tm{op.tensor}", 4
         else:
             raise Sm100LoweringError(f"TMA load of unknown tensor {op.tensor!r}")
-        boxes = [{"dst": f"{base}+{off + h * half_bytes}", "c0": h * HALF_COLS}
+        what = f"Q tile {op.qtile}" if op.tensor == "q" else f"{op.tensor.upper()} block {self.block_note(op.block)}"
+        into, bar = f"{op.dst}[{self.slot_note(op.dst_slot)}]", self.bar_note(op.barrier, op.bar_slot)
+        boxes = [{"dst": f"{base}+{off + h * half_bytes}", "c0": h * HALF_COLS,
+                  "note": f"load {what} cols {h * HALF_COLS}-{(h + 1) * HALF_COLS - 1} into {into}, "
+                          f"complete_tx on {bar}"}
                  for h in range(cfg.head_dim // HALF_COLS)]
         bpre, mbar = self.bar_addr(op.barrier, op.bar_slot)
         self.emit("tma_load", pre=pre + bpre, rank=rank, tmap=tmap, coords=coords, boxes=boxes, mbar=mbar,
@@ -496,7 +562,9 @@ class _RoleEmitter:
         half_bytes = panel_bytes(cfg)
         pre = pre + [("mad.lo.u32", "%c3", "%mpair", str(2 * cfg.seq_q_per_tile),
                       str(qtile * cfg.seq_q_per_tile)), ("mov.u32", "%c1", "0")]
-        boxes = [{"src": f"{base}+{off + h * half_bytes}", "c0": h * HALF_COLS}
+        src = f"{op.src}[{self.slot_note(op.src_slot)}]"
+        boxes = [{"src": f"{base}+{off + h * half_bytes}", "c0": h * HALF_COLS,
+                  "note": f"store O tile {qtile} cols {h * HALF_COLS}-{(h + 1) * HALF_COLS - 1} from {src}"}
                  for h in range(cfg.head_dim // HALF_COLS)]
         self.emit("tma_store", pre=pre, tmap="%tmo", coords=["%c0", "%c1", "%hkv", "%c3", "%b"], boxes=boxes,
                   skip=self.label("noel"))
@@ -520,25 +588,48 @@ class _RoleEmitter:
             pa, abase, aoff = self.smem_addr(op.a, op.a_slot, "%rda")
             pb, bbase, boff = self.smem_addr(op.b, op.b_slot, "%rdb")
             pre += pa + pb
+            idesc = TcgenInstrDesc.for_dtype(cfg.dtype, ROWS, d.cols).encode()
+            inote = _idesc_note(idesc)
             for i, k in enumerate(range(op.k_lo, op.k_hi, MMA_K)):
                 off = (k // HALF_COLS) * half_bytes + (k % HALF_COLS) * cfg.elem_bytes
-                steps.append({"a": off >> 4, "b": off >> 4, "acc": acc0 if i == 0 else "1"})
-            idesc = TcgenInstrDesc.for_dtype(cfg.dtype, ROWS, d.cols).encode()
+                steps.append({"a": off >> 4, "b": off >> 4, "acc": acc0 if i == 0 else "1",
+                              "note": f"k {k}-{k + MMA_K - 1} (+{off} B), {inote}"})
+            qa, kb = f"{op.a}[{self.slot_note(op.a_slot)}]", f"{op.b}[{self.slot_note(op.b_slot)}]"
+            self.what(f"{op.d} = {qa} x {kb}^T (QK: M {ROWS}, N {d.cols}, K {op.k_lo}-{op.k_hi - 1}, "
+                      f"{self.acc_note(op, acc0)}) into TMEM cols {d.col}-{d.col_end - 1}")
             self.emit("mma_ss", pre=pre, abase=abase, aoff=aoff, bbase=bbase, boff=boff, desc_hi=hex(_DESC_K_MAJOR),
-                      dcol=d.col, idesc=hex(idesc), steps=steps)
+                      dcol=d.col, idesc=hex(idesc), steps=steps,
+                      adesc_note=f"A desc {qa} K-major: {_sdesc_note(_DESC_K_MAJOR)}, start = address >> 4",
+                      bdesc_note=f"B desc {kb} (K) K-major: {_sdesc_note(_DESC_K_MAJOR)}, start = address >> 4")
             return
         a, b = pipe.region(op.a), pipe.region(op.b)
         if a.space is not Space.TMEM or a.dtype != "f16" or b.space is not Space.SMEM:
             raise Sm100LoweringError("PV MMA takes P from a 16-bit TMEM region and V from SMEM")
         pb, bbase, boff = self.smem_addr(op.b, op.b_slot, "%rdb")
         pre += pb
+        idesc = TcgenInstrDesc.for_dtype(cfg.dtype, ROWS, cfg.head_dim, b_major=Major.MN).encode()
+        inote = _idesc_note(idesc)
         for i, k in enumerate(range(op.k_lo, op.k_hi, MMA_K)):
             # V [keys, D], D contiguous: MN-major; 16 keys = 16 rows of 128 B inside each panel.
-            steps.append({"a": a.col + k // 2, "b": (k * HALF_COLS * cfg.elem_bytes) >> 4,
-                          "acc": acc0 if i == 0 else "1"})
-        idesc = TcgenInstrDesc.for_dtype(cfg.dtype, ROWS, cfg.head_dim, b_major=Major.MN).encode()
-        self.emit("mma_ts", pre=pre, bbase=bbase, boff=boff, desc_hi=hex(_desc_mn_major(half_bytes)), dcol=d.col,
-                  idesc=hex(idesc), steps=steps)
+            boff_k = k * HALF_COLS * cfg.elem_bytes
+            steps.append({"a": a.col + k // 2, "b": boff_k >> 4, "acc": acc0 if i == 0 else "1",
+                          "note": f"keys {k}-{k + MMA_K - 1}: A = {op.a} at TMEM col {a.col + k // 2}, "
+                                  f"B +{boff_k} B, {inote}"})
+        vb = f"{op.b}[{self.slot_note(op.b_slot)}]"
+        self.what(f"{op.d} += {op.a}[:, {op.k_lo}:{op.k_hi}] x {vb} (PV: M {ROWS}, N {cfg.head_dim}, "
+                  f"keys {op.k_lo}-{op.k_hi - 1}, {self.acc_note(op, acc0)}) into TMEM cols {d.col}-{d.col_end - 1}")
+        vdesc = _desc_mn_major(half_bytes)
+        self.emit("mma_ts", pre=pre, bbase=bbase, boff=boff, desc_hi=hex(vdesc), dcol=d.col,
+                  idesc=hex(idesc), steps=steps,
+                  bdesc_note=f"B desc {vb} (V) MN-major: {_sdesc_note(vdesc)}, start = address >> 4")
+
+    @staticmethod
+    def acc_note(op: Mma, acc0: str) -> str:
+        if acc0 == "0":
+            return "overwrite"
+        if acc0 == "1":
+            return "accumulate"
+        return "accumulate except on the task's first K/V block"
 
     def accumulate(self, op: Mma, pre: list) -> str:
         """enable-input-d of the first k step: 0, 1 or a predicate (not_first: block iteration != 0)."""
@@ -561,7 +652,8 @@ class _RoleEmitter:
 
     def op_Commit(self, op: Commit) -> None:
         pre, addr = self.bar_addr(op.barrier, op.slot)
-        self.emit("commit", pre=pre, addr=addr)
+        note = f"commit {self.bar_note(op.barrier, op.slot)}: 1 arrival once this thread's prior MMAs complete"
+        self.emit("commit", pre=pre, addr=addr, note=note)
 
     def tmem_cols(self, region: str, lo: int, hi: int) -> tuple[int, int]:
         r = self.pipe.region(region)
@@ -689,7 +781,8 @@ class _RoleEmitter:
 
     def op_Advance(self, op: Advance) -> None:
         st = self.role.state(op.state)
-        self.emit("advance", q=self.qreg(op.state), add=st.stride % (2 * st.depth), wrap=2 * st.depth)
+        self.emit("advance", q=self.qreg(op.state), add=st.stride % (2 * st.depth), wrap=2 * st.depth,
+                  note=f"advance state {op.state}: q += {st.stride % (2 * st.depth)} mod {2 * st.depth}")
 
     def op_Compute(self, op: Compute) -> None:
         fn = getattr(self, "compute_" + op.fn, None)
@@ -742,16 +835,28 @@ class _RoleEmitter:
         return self.block_reg(BlockRef.CUR, "%nb") + [("setp.ge.s32", "%p_mask", "%nb", "%nunm")]
 
     def compute_softmax_max(self, op: Compute) -> None:
+        cfg = self.cfg
+        mask = "causal mask and Skv tail" if cfg.causal else "Skv tail mask"
+        self.what(f"softmax_max (Q tile {op.qtile}): {mask} on blocks >= %nunm, row max of S "
+                  f"({cfg.block_n} cols), conditional rescale decision (threshold {cfg.rescale_threshold:g}: the "
+                  "reference max moves, acc_scale = 2^((old-new)*scale), only when the block max exceeds it by "
+                  "more, else acc_scale = 1)")
         self.emit("softmax_max", pre=self.masked_block(), row=self.row(), skip=self.label("nomask"),
                   threshold=_f32(-self.cfg.rescale_threshold))
 
     def compute_softmax_exp(self, op: Compute) -> None:
         row = self.row()
         has_emu = any(e["emu"] for e in row["elems"])
+        n_emu, n = sum(e["emu"] for e in row["elems"]), len(row["elems"])
+        split = (f"{n_emu} of {n} columns on the FMA cubic (packed f32x2), the rest on MUFU ex2, "
+                 f"masked blocks all {n} on MUFU" if n_emu else f"all {n} columns on MUFU ex2")
+        self.what(f"softmax_exp (Q tile {op.qtile}): P = 2^(S*scale - ref*scale) (packed f32x2 FMA), {split}")
         self.emit("softmax_exp", row=row, has_emu=has_emu, hw=self.label("exp_hw"), done=self.label("exp_done"),
                   poly=[_f32(c) for c in EXP2_POLY])
 
     def compute_row_sum(self, op: Compute) -> None:
+        self.what(f"row_sum (Q tile {op.qtile}): row_sum = row_sum * acc_scale + sum of P ({self.cfg.block_n} cols, "
+                  "this thread's share)")
         self.emit("row_sum", row=self.row())
 
     def _take(self, buf: str) -> list[int]:
@@ -762,6 +867,7 @@ class _RoleEmitter:
 
     def compute_rescale_o(self, op: Compute) -> None:
         cols = self._take("o")
+        self.what(f"correction: O{op.qtile}[{cols[0]}:{cols[-1] + 1}] *= acc_scale (packed f32x2)")
         self.computed.setdefault("o", []).extend(cols)  # stored back from the same registers
         acc = self.scalar("acc_scale")
         self.emit("rescale_o", regs=[self.buf("o", c) for c in cols], pairs=self._x2_pairs(cols, "%k_a2"),
@@ -776,6 +882,8 @@ class _RoleEmitter:
 
     def compute_normalize(self, op: Compute) -> None:
         cols = self._take("o")
+        self.what(f"normalize: O{op.qtile}[{cols[0]}:{cols[-1] + 1}] *= 1/row_sum (0 for a row without keys, "
+                  f"packed f32x2), cast to {self.cfg.dtype} pairs")
         rs = self.scalar(op.reads[1] if len(op.reads) > 1 else "row_sum")
         pairs = [(self.r("b32", f"ob{c // 2}"), self.buf("o", c + 1), self.buf("o", c)) for c in cols[::2]]
         self.packed = cols
@@ -785,10 +893,22 @@ class _RoleEmitter:
                   factors=[(self.r("b64", "k_i2"), inv)])
 
     def compute_store_lse(self, op: Compute) -> None:
+        self.what(f"store_lse (Q tile {op.qtile}): LSE = (ref*scale + log2(row_sum)) * ln 2 (-inf for a row "
+                  "without keys) to lse[b, head, seq], rows < Sq only")
         self.emit("store_lse", ln2=_f32(LN2), g=self.cfg.gqa_ratio, neg_inf=NEG_INF)
 
 
 _DESC_K_MAJOR = SmemMatrixDesc.k_major_sw128(DescArch.SM100A, 0).encode()
+
+
+def _idesc_note(value: int) -> str:
+    """The comment beside a tcgen05.mma: its instruction descriptor decoded (not the config's intent)."""
+    return "idesc: " + TcgenInstrDesc.decode(value).describe()
+
+
+def _sdesc_note(value: int) -> str:
+    """An SMEM matrix descriptor constant decoded (encodings.SmemMatrixDesc.decode)."""
+    return SmemMatrixDesc.decode(value, DescArch.SM100A).describe()
 
 
 def _desc_mn_major(panel_bytes: int) -> int:
@@ -843,8 +963,10 @@ def lower_sm100(pipe: Pipeline) -> dict:
         if b.kind is BarrierKind.NAMED:
             continue
         for s in range(b.slots):
+            tx = f", {b.tx_bytes} transaction bytes" if b.tx_bytes else ""
             inits.append({"addr": f"%bar+{layout.barriers[b.name] + 8 * s}", "count": b.count,
-                          "what": f"{b.name}[{s}] ({b.kind.value})"})
+                          "what": f"init {b.name}[{s}]: {b.kind.value}, {b.count} arrival{'s' if b.count != 1 else ''} "
+                                  f"per phase{tx}"})
     bar_base = min(layout.barriers.values())
     decls = []
     for kind, names in ctx.regs.items():

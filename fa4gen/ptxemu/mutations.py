@@ -254,7 +254,7 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
     PtxMutation("sscale_overwritten_early", _SM100, "softmax0 rewrites its sScale slot without waiting "
                 "softmax_corr_empty (the correction may not have read it yet)", ("RACE", "mismatch"),
                 lambda t, m: _sub(rf"\$Lwait\d+:\n\s*mbarrier\.try_wait\.parity\.shared::cta\.b64 %p_w, "
-                                  rf"\[%bar\+{_bar_off(m, 'softmax_corr_empty')}\], %q_softmax0_ce;\n\s*@!%p_w bra \$Lwait\d+;\n",
+                                  rf"\[%bar\+{_bar_off(m, 'softmax_corr_empty')}\], %q_softmax0_ce;[^\n]*\n\s*@!%p_w bra \$Lwait\d+;\n",
                                   "", nth=0)(t, m)),
     PtxMutation("dropped_setup_sync", _SM100, "no bar.sync between mbarrier.init / tcgen05.alloc and the roles",
                 ("RACE", "MBARRIER"), _sub(r"(\$L_alloc_done:\n\s*tcgen05\.fence::before_thread_sync;\n)\s*bar\.sync 0;\n",
@@ -268,7 +268,7 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
                 "o_ready before its next-task early p_o_rescale arrivals (the bug the emulator found)",
                 ("RACE", "mismatch"),
                 _sub(r"\$Lwait\d+:\n\s*mbarrier\.try_wait\.parity\.shared::cta\.b64 %p_w, \[%bar\+\d+\], "
-                     r"%q_correction_or(\d);\n\s*@!%p_w bra \$Lwait\d+;\n\s*tcgen05\.fence::after_thread_sync;\n", "",
+                     r"%q_correction_or(\d);[^\n]*\n\s*@!%p_w bra \$Lwait\d+;\n\s*tcgen05\.fence::after_thread_sync;\n", "",
                      count=2), persistent=True),
     PtxMutation("sm90_release_k_early", _SM90, "the consumers release K (k_empty) before their QK wgmma reads it",
                 ("RACE", "mismatch"), _release_k_early),
