@@ -396,7 +396,7 @@ def test_choice_on_the_measured_h200_is_a_measured_win():
 
 # ---- on the GPU: the order moves tasks, never changes results ---------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("gqa,sq,skv", [(1, 1000, 1000), (4, 700, 1300), (1, 1300, 600)])
+@pytest.mark.parametrize("gqa,sq,skv", [(1, 1000, 1000), (4, 700, 1300), (1, 1300, 600), (3, 700, 1300), (7, 1300, 600)])
 def test_gpu_results_do_not_depend_on_l2_group(gqa, sq, skv):
     torch = pytest.importorskip("torch")
     from fa4gen import api
