@@ -388,7 +388,9 @@ def test_emulate_cli_exit_codes(tmp_path):
     assert r.exit_code == 0, r.output
     assert "PASS" in r.output and "warp-instructions/s" in r.output
     bad = tmp_path / good.name
-    bad.write_text(good.read_text().replace("mul.f32 %o5, %o5, %inv;", "mul.f32 %o5, %o5, %inv;\n    mul.f32 %o5, %o5, %inv;", 1))
+    dup = "mul.rn.f32x2 %op0, %op0, %k_i2;"  # the O normalisation of columns 0, 1 (packed f32x2 since cb8f0c5)
+    assert dup in good.read_text()
+    bad.write_text(good.read_text().replace(dup, f"{dup}\n    {dup}", 1))
     r = runner.invoke(cli_main, ["emulate", str(bad), "--manifest", str(good.with_suffix(".json")), "--seeds", "1",
                                  "--quiet"])
     assert r.exit_code == 1 and "MISMATCH" in r.output and "the first bad element was written by" in r.output
