@@ -142,8 +142,9 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     """Attention forward, flash-attn layout: softmax(q kᵀ * softmax_scale) v per (batch, head).
 
     q: (B, Sq, Hq, D); k, v: (B, Skv, Hkv, D); float16 or bfloat16, all the same, on one CUDA device of
-    compute capability 9.0 (H100/H200). D is 64 or 128. Hq must be a multiple of Hkv with Hq/Hkv
-    dividing 128 (GQA/MQA: query head h reads kv head h // (Hq/Hkv)). softmax_scale defaults to
+    compute capability 9.0 (H100/H200). D is 64 or 128. Hq must be a multiple of Hkv, any ratio
+    G = Hq/Hkv (GQA/MQA: query head h reads kv head h // G; a ratio dividing 128 packs G heads per
+    128-row Q tile, any other ratio runs one head per tile, fa4gen.plan.gqa_pack). softmax_scale defaults to
     1/sqrt(D). causal=True masks bottom-right aligned: query i sees keys j <= i + Skv - Sq, so with
     Sq > Skv the first Sq - Skv rows see no key and get O = 0, LSE = -inf.
 

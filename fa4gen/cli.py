@@ -21,7 +21,8 @@ def _config_options(f):
         click.option("--dtype", type=click.Choice(["bf16", "fp16"]), default="bf16", show_default=True),
         click.option("--causal", is_flag=True, help="Bottom-right causal mask with block skipping and LPT order."),
         click.option("--gqa", "gqa", type=int, default=1, show_default=True,
-                     help="Query heads per KV head (GQA ratio); must divide 128."),
+                     help="Query heads per KV head (GQA ratio), any integer >= 1: a divisor of 128 packs the ratio's heads "
+                          "into one Q tile, any other ratio runs one head per tile."),
         click.option("--kv-stages", type=int, default=None, help="K/V SMEM ring depth (default: the arch's)."),
         click.option("--rescale-threshold", type=float, default=None,
                      help="Skip rescaling O while the reference max moved less than this (log2 units, default 8)."),

@@ -72,6 +72,7 @@ class ConfigError(ValueError):
 _INT_FIELDS = ("head_dim", "gqa_ratio", "block_m", "block_n", "q_stages", "kv_stages", "emu_pairs", "emu_start",
                "k_split")
 _STR_FIELDS = ("arch", "dtype")
+GQA_RATIO_MAX = 1 << 16  # Hq = Hkv * G and the task counts stay far inside the kernels' 32-bit arithmetic
 
 
 def _exact_int(name: str, value):
@@ -80,10 +81,6 @@ def _exact_int(name: str, value):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ConfigError(name, value, f"an integer, not {type(value).__name__}")
     return operator.index(value)
-
-
-def _divisors_of_128() -> tuple[int, ...]:
-    return tuple(1 << i for i in range(8))
 
 
 @dataclass(frozen=True)
@@ -128,8 +125,9 @@ class KernelConfig:
             raise ConfigError("head_dim", self.head_dim, f"one of {', '.join(map(str, HEAD_DIMS))}")
         if not isinstance(self.causal, bool):
             raise ConfigError("causal", self.causal, "True or False")
-        if isinstance(self.gqa_ratio, bool) or self.gqa_ratio not in _divisors_of_128():
-            raise ConfigError("gqa_ratio", self.gqa_ratio, "a divisor of 128 (1, 2, 4, ..., 128)")
+        if isinstance(self.gqa_ratio, bool) or not 1 <= self.gqa_ratio <= GQA_RATIO_MAX:
+            raise ConfigError("gqa_ratio", self.gqa_ratio, f"an integer in [1, {GQA_RATIO_MAX}] (query heads per "
+                                                           "KV head; plan.gqa_pack decides the Q tile's row packing)")
         if self.dtype not in DTYPES:
             raise ConfigError("dtype", self.dtype, f"one of {', '.join(DTYPES)}")
         if self.block_m != 128:
@@ -161,9 +159,21 @@ class KernelConfig:
 
     # ---- derived -------------------------------------------------------------------------------
     @property
+    def gqa_pack(self) -> int:
+        """Query heads packed into one 128-row Q tile (the rule is fa4gen.plan.gqa_pack)."""
+        from .plan import gqa_pack  # the rule lives in the plan; imported here only to answer
+
+        return gqa_pack(self.gqa_ratio)
+
+    @property
+    def head_groups(self) -> int:
+        """Tiles side by side in the head dimension per kv head: gqa_ratio / gqa_pack."""
+        return self.gqa_ratio // self.gqa_pack
+
+    @property
     def seq_q_per_tile(self) -> int:
-        """Sequence positions per 128-row Q tile: the rest of the rows are the GQA group's heads."""
-        return self.block_m // self.gqa_ratio
+        """Sequence positions per 128-row Q tile: the rest of the rows are the packed heads."""
+        return self.block_m // self.gqa_pack
 
     @property
     def p_chunks_first(self) -> int:

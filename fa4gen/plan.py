@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .config import K_SPLIT_DEFAULT, ConfigError, KernelConfig
+from .config import GQA_RATIO_MAX, K_SPLIT_DEFAULT, ConfigError, KernelConfig  # noqa: F401 (GQA_RATIO_MAX re-exported)
 
 ROWS = 128  # Q tile rows == K/V block keys == TMEM lanes (both targets)
 HALF_COLS = 64  # 16-bit elements per 128-byte swizzled row: one TMA box's inner extent, one SMEM panel
@@ -36,6 +36,48 @@ ABI_PARAMS: tuple[tuple[str, str], ...] = (
     ("l2_group", ".param .u32 l2_group"),
 )
 ABI_PARAM_NAMES: tuple[str, ...] = tuple(n for n, _ in ABI_PARAMS)
+
+
+# GQA row packing: the one rule deciding how a 128-row Q tile maps to (sequence position, query head).
+# P = G when G divides 128: row r of a tile holds position m * (128 / P) + r // P of query head
+# hkv * G + j * P + r % P (today's packing: the GQA group's heads share the tile and its K/V loads).
+# Otherwise P = 1: each tile holds 128 positions of one query head. Either way a task's tile is
+# (batch, kv head, head group j in [0, G / P), m block) and its query heads are hkv * G + j * P + (0..P-1);
+# the kernels index the (batch, head group) pairs as b * (Hkv * G / P) + hkv * (G / P) + j, and the
+# K/V head of head group hg is hg // (G / P). Recorded in the manifest as "gqa" (gqa_manifest).
+
+
+def gqa_pack(gqa_ratio: int) -> int:
+    """P, the query heads packed into one 128-row Q tile: G when G divides 128, else 1."""
+    g = int(gqa_ratio)
+    if g < 1:
+        raise PlanError(f"GQA ratio {g}: must be >= 1")
+    return g if ROWS % g == 0 else 1
+
+
+def head_groups(gqa_ratio: int) -> int:
+    """G / P: the head groups (tiles side by side in the head dimension) per kv head."""
+    return int(gqa_ratio) // gqa_pack(gqa_ratio)
+
+
+def seq_q_per_tile(gqa_ratio: int) -> int:
+    """Sequence positions per 128-row Q tile: 128 / P."""
+    return ROWS // gqa_pack(gqa_ratio)
+
+
+def gqa_manifest(gqa_ratio: int) -> dict:
+    """The manifest's record of the packing rule (read by the runtime and the emulator harness)."""
+    p = gqa_pack(gqa_ratio)
+    return {"ratio": int(gqa_ratio), "pack": p, "head_groups": int(gqa_ratio) // p,
+            "rule": "pack = ratio if 128 % ratio == 0 else 1; tile rows r -> position m * (128 / pack) + r // pack, "
+                    "query head hkv * ratio + j * pack + r % pack for head group j in [0, ratio / pack); "
+                    "kv head of head group index hg = hg // head_groups"}
+
+
+def qo_map_dims(cfg: KernelConfig) -> list[str]:
+    """Dimension names of the 5-D Q/O tensor maps (innermost first): the head axis splits into
+    (P heads of a tile, Hq / P head groups). P = G keeps the names of the packed view, (G, Hkv)."""
+    return ["D", "G", "Hkv", "Sq", "B"] if cfg.head_groups == 1 else ["D", "P", "Hg", "Sq", "B"]
 
 
 def tile_bytes(cfg: KernelConfig) -> int:

@@ -15,6 +15,7 @@ array whose values are bf16-representable (``round_to_dtype(x, 'bf16')`` makes o
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -345,9 +346,10 @@ def fa4_forward(q, k, v, cfg: KernelConfig, softmax_scale=None, stats: dict | No
     cfg.dtype's array convention, lse [B, Hq, Sq] float32 (LSE = ln(row_sum) + ref * scale, with
     row_sum relative to the final reference ref; -inf where no key is valid).
 
-    Per (batch, kv_head, m_block) Q tile of block_m rows: row r holds sequence position
-    m_block * seq_q_per_tile + r // G of head kv_head * G + r % G (rows past Sq are padding the kernel
-    computes and never stores; skipped here). K/V blocks n_block_max - 1 down to 0; masked blocks
+    Per (batch, kv_head, head group j, m_block) Q tile of block_m rows (fa4gen.plan.gqa_pack: P
+    heads per tile, G / P head groups per kv head): row r holds sequence position
+    m_block * seq_q_per_tile + r // P of head kv_head * G + j * P + r % P (rows past Sq are padding
+    the kernel computes and never stores; skipped here). K/V blocks n_block_max - 1 down to 0; masked blocks
     all use hardware ex2, others split per ``emulated_columns``. O = O * (1 / row_sum) in fp32
     (0 where row_sum is 0), then rounded to cfg.dtype.
     """
@@ -362,7 +364,7 @@ def fa4_forward(q, k, v, cfg: KernelConfig, softmax_scale=None, stats: dict | No
     q64, k64, v64 = (_as_compute(t, cfg.dtype, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
     scale = _default_scale(d, softmax_scale)
     sl2 = scale_log2_f32(scale)
-    g, sqt, bm, bn = cfg.gqa_ratio, cfg.seq_q_per_tile, cfg.block_m, cfg.block_n
+    g, pk, sqt, bm, bn = cfg.gqa_ratio, cfg.gqa_pack, cfg.seq_q_per_tile, cfg.block_m, cfg.block_n
     emu_cols = emulated_columns(cfg, apply_mask=False)
     n_emu = int(emu_cols.sum())
 
@@ -374,10 +376,10 @@ def fa4_forward(q, k, v, cfg: KernelConfig, softmax_scale=None, stats: dict | No
             k_bh = k64[bi, :, kvh, :]
             v_pad = np.zeros((-(-skv // bn) * bn, d))
             v_pad[:skv] = v64[bi, :, kvh, :]  # TMA zero-fills the tail rows of the last V block
-            for m in range(-(-sq // sqt)):
-                seq = m * sqt + rows // g
+            for j, m in itertools.product(range(g // pk), range(-(-sq // sqt))):
+                seq = m * sqt + rows // pk
                 valid = seq < sq
-                seq_v, head_v, warp_v = seq[valid], (kvh * g + rows % g)[valid], (rows // 32)[valid]
+                seq_v, head_v, warp_v = seq[valid], (kvh * g + j * pk + rows % pk)[valid], (rows // 32)[valid]
                 _bump(stats, "tiles", 1)
                 nmax = n_block_max(cfg, m, sq, skv)
                 if nmax == 0:

@@ -66,12 +66,44 @@ class MapGeometry:
     box: tuple[int, ...]
 
 
+def manifest_gqa(manifest: dict) -> tuple[int, int]:
+    """(GQA ratio G, heads per Q tile P) of a built kernel: the manifest's "gqa" record (the rule
+    is fa4gen.plan.gqa_pack); a manifest written before the record existed packed P = G."""
+    ratio = int(manifest["config"]["gqa_ratio"])
+    rec = manifest.get("gqa")
+    pack = int(rec["pack"]) if rec else ratio
+    if pack < 1 or ratio % pack:
+        raise RuntimeSetupError(f"the manifest packs {pack} heads per tile for GQA ratio {ratio}: not a divisor")
+    return ratio, pack
+
+
+@dataclass(frozen=True)
+class LaunchGeometry:
+    """What one launch covers: (batch, head group) pairs x m_blocks of 128 / pack positions."""
+    pack: int  # query heads per 128-row Q tile
+    head_groups: int  # tiles side by side in the head dimension per kv head (G / pack)
+    rows_per_tile: int  # sequence positions per Q tile (128 / pack)
+    num_m_blocks: int
+    num_bh: int  # batch * Hkv * head_groups: the pairs the scheduler orders
+    num_tasks: int  # in Q tiles (the kernel clamps it to its own task unit)
+
+
+def launch_geometry(manifest: dict, batch: int, num_heads_kv: int, seqlen_q: int) -> LaunchGeometry:
+    ratio, pack = manifest_gqa(manifest)
+    rows = 128 // pack
+    nmb = -(-int(seqlen_q) // rows)
+    num_bh = int(batch) * int(num_heads_kv) * (ratio // pack)
+    return LaunchGeometry(pack, ratio // pack, rows, nmb, num_bh, num_bh * nmb)
+
+
 def tensor_map_geometry(role: str, spec: dict, shape: tuple[int, ...], strides: tuple[int, ...],
-                        elem_bytes: int, gqa_ratio: int) -> MapGeometry:
+                        elem_bytes: int, pack: int) -> MapGeometry:
     """Global dims/strides of one tensor map from a [B, S, H, D] tensor (strides in elements).
 
-    Q and O use the 5-D GQA view (D, G, Hkv, Sq, B): the head axis of stride sH splits into
-    G (stride sH) and Hkv (stride G*sH). K and V use (D, Hkv, Skv, B).
+    Q and O use a 5-D view of the head axis (stride sH) split into the `pack` heads of one Q
+    tile (stride sH) and H / pack head groups (stride pack * sH): (D, G, Hkv, Sq, B) when the tile
+    packs the whole GQA group (pack = G), (D, P, Hg, Sq, B) otherwise (fa4gen.plan.gqa_pack).
+    K and V use (D, Hkv, Skv, B).
     """
     B, S, H, D = shape
     sB, sS, sH, sD = strides
@@ -80,11 +112,12 @@ def tensor_map_geometry(role: str, spec: dict, shape: tuple[int, ...], strides: 
     by_name = {
         "D": (D, 1), "B": (B, sB), "Sq": (S, sS), "Skv": (S, sS),
     }
-    if "G" in spec["dims"]:
-        if H % gqa_ratio:
-            raise RuntimeSetupError(f"{role}: {H} heads is not a multiple of the GQA ratio {gqa_ratio}")
-        by_name["G"] = (gqa_ratio, sH)
-        by_name["Hkv"] = (H // gqa_ratio, gqa_ratio * sH)
+    if "G" in spec["dims"] or "P" in spec["dims"]:
+        if H % pack:
+            raise RuntimeSetupError(f"{role}: {H} heads is not a multiple of the {pack} heads per Q tile")
+        inner, outer = ("G", "Hkv") if "G" in spec["dims"] else ("P", "Hg")
+        by_name[inner] = (pack, sH)
+        by_name[outer] = (H // pack, pack * sH)
     else:
         by_name["Hkv"] = (H, sH)
     try:
@@ -158,7 +191,7 @@ class Kernel:
         if cached is not None:
             return cached
         elem = t.element_size()
-        geo = tensor_map_geometry(role, spec, tuple(t.shape), tuple(t.stride()), elem, int(self._cfg["gqa_ratio"]))
+        geo = tensor_map_geometry(role, spec, tuple(t.shape), tuple(t.stride()), elem, manifest_gqa(self.manifest)[1])
         dtype = {"bf16": drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                  "fp16": drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}[spec["dtype"]]
         swz = {"128B": drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
@@ -191,15 +224,15 @@ class Kernel:
         hit = self._l2_cache.get(key)
         if hit is not None:
             return hit
-        G = int(self._cfg["gqa_ratio"])
+        geo = launch_geometry(self.manifest, batch, num_heads_kv, seqlen_q)
         per_task = int(self.manifest["grid"].get("tiles_per_task", 1))
-        num_m_blocks = -(-seqlen_q // (128 // G))
-        m_count = -(-num_m_blocks // per_task)
+        m_count = -(-geo.num_m_blocks // per_task)
+        # the scheduler's pairs are (batch, head group): head_groups of them per kv head
         choice = choose_l2_group(
             causal=bool(self._cfg["causal"]), persistent=self.manifest["grid"]["policy"] == "persistent",
-            l2_bytes=self.l2_bytes, batch=batch, num_heads_kv=num_heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-            head_dim=head_dim, elem_bytes=elem_bytes, m_count=m_count,
-            nctas=max(self.grid(batch * num_heads_kv * num_m_blocks), 1), seq_q_per_tile=128 // G,
+            l2_bytes=self.l2_bytes, batch=batch, num_heads_kv=num_heads_kv * geo.head_groups, seqlen_q=seqlen_q,
+            seqlen_k=seqlen_k, head_dim=head_dim, elem_bytes=elem_bytes, m_count=m_count,
+            nctas=max(self.grid(geo.num_tasks), 1), seq_q_per_tile=geo.rows_per_tile,
             tiles_per_task=per_task)
         if len(self._l2_cache) > 256:
             self._l2_cache.clear()
@@ -222,9 +255,8 @@ class Kernel:
             raise RuntimeSetupError(f"Hq={Hq} is not Hkv={Hkv} x the kernel's GQA ratio {G}")
         if softmax_scale is None:
             softmax_scale = 1.0 / math.sqrt(D)
-        rows_per_tile = 128 // G
-        num_m_blocks = -(-Sq // rows_per_tile)
-        num_tasks = B * Hkv * num_m_blocks
+        geo = launch_geometry(self.manifest, B, Hkv, Sq)
+        num_m_blocks, num_tasks = geo.num_m_blocks, geo.num_tasks
         if num_tasks == 0:
             return
         maps = {f"tmap_{r}": self._encode(r, t) for r, t in (("q", q), ("k", k), ("v", v), ("o", o))}

@@ -1,4 +1,8 @@
-"""The kernels' tile-scheduler order in Python: task index -> (m_block, batch*Hkv index).
+"""The kernels' tile-scheduler order in Python: task index -> (m_block, batch*Hkv*ng index).
+
+ng = G / P head groups per kv head (fa4gen.plan.gqa_pack): 1 when one Q tile packs the whole GQA
+group (P = G, G divides 128), G when it holds one query head (P = 1); `task_tile` splits the pair
+index into (batch, kv_head, head group).
 
 `task_coords` is the one definition of the order; templates/common/scheduler.ptx.j2 computes the
 same thing in PTX (tests/test_schedule.py interprets those instructions and compares them with this
@@ -31,7 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["BALANCE_TOLERANCE", "BALANCE_TOLERANCE_UNSHARED", "L2_BUDGET_FRACTION", "L2Choice", "choose_l2_group",
-           "clamp_l2_group", "cta_work", "l2_group_budget", "persistent_task", "task_coords", "tile_blocks"]
+           "clamp_l2_group", "cta_work", "l2_group_budget", "persistent_task", "task_coords", "task_tile",
+           "tile_blocks"]
 
 # Half of the device's L2 for the K/V of one section: the rest holds Q/O tiles in flight and
 # absorbs the Hopper L2's two partitions and hashed set conflicts (FA3/FA4 use ~40% of a B200's L2).
@@ -71,6 +76,22 @@ def task_coords(t, num_bh: int, m_count: int, l2_group: int, causal: bool):
     size = g + (left - g) * (left < 2 * g)  # section size: g, or everything left in the last one
     r = t - base * m_count
     return m_count - 1 - r // size, base + r % size
+
+
+def task_tile(t, batch: int, num_heads_kv: int, head_groups: int, m_count: int, l2_group: int, causal: bool):
+    """(m index, batch, kv_head, head group j) of task t, as the kernels decode it.
+
+    The scheduler orders (batch, head group) pairs: pair index b * (Hkv * ng) + kv_head * ng + j
+    with ng = head_groups = G / P (fa4gen.plan.gqa_pack; 1 when the tile packs the whole GQA group,
+    and then the pairs are (batch, kv_head) as before). The kernels keep the head group index
+    kv_head * ng + j in %hkv (the Q/O tensor maps' head-group coordinate) and divide it by ng for
+    the K/V maps' kv head. Vectorises like `task_coords`.
+    """
+    ng = int(head_groups)
+    m, bh = task_coords(t, batch * num_heads_kv * ng, m_count, l2_group, causal)
+    per_batch = num_heads_kv * ng
+    hg = bh % per_batch
+    return m, bh // per_batch, hg // ng, hg % ng
 
 
 def persistent_task(rnd, cta, nctas: int, causal: bool):

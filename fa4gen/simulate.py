@@ -23,7 +23,7 @@ from .passes.engine import DataModel, Engine, Finding, Scenario
 from .reference import (LN2, RowState, _as_compute, _check_shapes, _default_scale, block_needs_mask,
                         block_update, col_limits, n_block_max, round_to_dtype, scale_log2_f32)
 from .exp2 import emulated_columns
-from .schedule import task_coords
+from .schedule import task_tile
 
 
 def _to_bits(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -45,6 +45,7 @@ class Task:
     kv_head: int
     m_block: int  # covers Q tiles 2*m_block and 2*m_block + 1
     n_blocks: int
+    head_group: int = 0  # j in [0, G / P): the tile's query heads are kv_head * G + j * P + (0..P-1)
 
 
 def tiles_per_task(cfg: KernelConfig) -> int:
@@ -59,13 +60,14 @@ def schedule_tasks(cfg: KernelConfig, batch: int, hkv: int, sq: int, skv: int,
     the simulator has no L2)."""
     tpt = tiles_per_task(cfg)
     m_blocks = -(-sq // (tpt * cfg.seq_q_per_tile))
-    num_bh = batch * hkv
+    ng = cfg.head_groups
+    num_bh = batch * hkv * ng  # (batch, head group) pairs: hg = kv_head * ng + j
     g = num_bh if l2_group is None else l2_group
     tasks = []
     for t in range(num_bh * m_blocks):
-        m, bh = (int(x) for x in task_coords(t, num_bh, m_blocks, g, cfg.causal))
+        m, b, kvh, hgrp = (int(x) for x in task_tile(t, batch, hkv, ng, m_blocks, g, cfg.causal))
         n = max(max(n_block_max(cfg, tpt * m + j, sq, skv) for j in range(tpt)), 1)
-        tasks.append(Task(bh // hkv, bh % hkv, m, n))
+        tasks.append(Task(b, kvh, m, n, hgrp))
     return tasks
 
 
@@ -85,13 +87,13 @@ class NumpyData(DataModel):
         self.o = np.full((self.b, self.sq, self.hq, self.d), np.nan, np.float32)
         self.lse = np.full((self.b, self.hq, self.sq), np.nan, np.float32)
         rows = np.arange(128)
-        self.row_seq_off = rows // cfg.gqa_ratio
-        self.row_head_off = rows % cfg.gqa_ratio
+        self.row_seq_off = rows // cfg.gqa_pack
+        self.row_head_off = rows % cfg.gqa_pack
 
     # ---- geometry --------------------------------------------------------------------------------
     def tile_rows(self, task: Task, qtile: int):
         seq = (tiles_per_task(self.cfg) * task.m_block + qtile) * self.cfg.seq_q_per_tile + self.row_seq_off
-        head = task.kv_head * self.cfg.gqa_ratio + self.row_head_off
+        head = task.kv_head * self.cfg.gqa_ratio + task.head_group * self.cfg.gqa_pack + self.row_head_off
         return seq, head, seq < self.sq
 
     def kv_block(self, task: Task, t: int) -> int:

@@ -15,7 +15,7 @@ import numbers
 import struct
 from dataclasses import dataclass
 
-from .config import HEAD_DIMS
+from .config import GQA_RATIO_MAX, HEAD_DIMS
 
 LOG2E = 1.4426950408889634
 TMA_ALIGN = 16  # bytes: cuTensorMapEncodeTiled wants the base address and every stride 16-byte aligned
@@ -188,10 +188,8 @@ def check_shapes(q: TensorMeta, k: TensorMeta, v: TensorMeta) -> tuple[int, int,
         raise InputValueError(f"k and v have 0 heads but q has {hq}")
     if hkv > 0 and hq % hkv:
         raise InputValueError(f"q's heads ({hq}) must be a multiple of k/v's heads ({hkv}) for GQA")
-    if hq > 0 and 128 % (hq // hkv):
-        raise InputValueError(
-            f"GQA ratio {hq}/{hkv} = {hq // hkv} must divide 128 (one 128-row Q tile packs "
-            f"128/ratio positions x ratio heads): use 1, 2, 4, ..., 128")
+    if hq > 0 and hq // hkv > GQA_RATIO_MAX:
+        raise InputValueError(f"GQA ratio {hq}/{hkv} = {hq // hkv} exceeds {GQA_RATIO_MAX} query heads per kv head")
     for label, n in (("batch", b), ("seqlen_q", sq), ("seqlen_k", skv), ("heads_q", hq)):
         if n >= U32_PARAM_LIMIT:
             raise InputValueError(f"{label} = {n} does not fit the kernel's 32-bit parameters")

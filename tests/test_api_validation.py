@@ -108,9 +108,15 @@ def test_heads_not_multiple():
     raises(InputValueError, r"q's heads \(12\) must be a multiple of k/v's heads \(8\)", *qkv(hq=12, hkv=8))
 
 
-def test_gqa_ratio_must_divide_128():
-    raises(InputValueError, "GQA ratio 12/4 = 3 must divide 128", *qkv(hq=12, hkv=4))
-    raises(InputValueError, "GQA ratio 256/1 = 256 must divide 128", *qkv(hq=256, hkv=1))
+@pytest.mark.parametrize("hq,hkv", [(12, 4), (24, 8), (40, 8), (12, 2), (28, 4), (256, 1), (96, 8)])
+def test_any_integer_gqa_ratio_passes(hq, hkv):
+    """Llama-3.2-3B 24/8, Qwen2.5-14B 40/8, Qwen2-1.5B 12/2, Qwen2.5-7B 28/4, MQA 256/1: no ratio
+    needs to divide 128 (plan.gqa_pack runs one head per tile otherwise)."""
+    p = problem(*qkv(hq=hq, hkv=hkv))
+    assert p.gqa_ratio == hq // hkv
+    from fa4gen.api import config_for
+
+    assert config_for(p).gqa_ratio == hq // hkv
 
 
 @pytest.mark.parametrize("ratio", [1, 2, 4, 8, 16, 32, 64, 128])

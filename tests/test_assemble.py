@@ -362,3 +362,21 @@ def test_ptxas_from_the_nvcc_wheel_when_no_toolkit(monkeypatch):
         pytest.skip("nvidia-cuda-nvcc wheel not installed")
     assert A.find_ptxas() == wheel
     assert A.ptxas_version(wheel).startswith("13.0")
+
+
+# ---- GQA ratios that do not divide 128: the real kernels assemble without spills -------------------
+
+@pytest.mark.skipif(not HAVE_PTXAS, reason="ptxas not found")
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("g", [3, 6])
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])
+def test_unpacked_gqa_kernels_assemble_without_spills(arch, g, d, causal):
+    from fa4gen import codegen
+    from fa4gen.config import KernelConfig
+
+    cfg = KernelConfig(arch=arch, gqa_ratio=g, head_dim=d, causal=causal)
+    res = codegen.build(cfg, emit=("ptx",), verify=False)
+    out = assemble(res.ptx, arch, name=cfg.name, backend=Backend.PTXAS)  # default policy: spills are errors
+    k = out.kernel("fa4_fwd")
+    assert (k.spill_stores, k.spill_loads, k.stack_frame) == (0, 0, 0)

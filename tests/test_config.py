@@ -18,9 +18,10 @@ BAD_VALUES = [
     ("head_dim", True),
     ("causal", 1),
     ("causal", "yes"),
-    ("gqa_ratio", 3),
     ("gqa_ratio", 0),
-    ("gqa_ratio", 256),
+    ("gqa_ratio", -4),
+    ("gqa_ratio", (1 << 16) + 1),
+    ("gqa_ratio", 3.0),
     ("gqa_ratio", True),
     ("dtype", "fp32"),
     ("dtype", "float16"),
@@ -72,6 +73,7 @@ def test_defaults_are_resolved():
     assert (c.emu_pairs, c.emu_start, c.k_split) == (2, 0, 64)
     assert nc.p_chunks_first == 3 and c.p_chunks_first == 2
     assert KernelConfig(gqa_ratio=16).seq_q_per_tile == 8
+    assert KernelConfig(gqa_ratio=3).seq_q_per_tile == 128  # not a divisor of 128: one head per tile
     # an explicit default is the same config (same name, same hash)
     explicit = KernelConfig(emu_pairs=2, emu_start=1, k_split=96, rescale_threshold=8)
     assert explicit == nc and explicit.content_hash == nc.content_hash and explicit.name == nc.name
@@ -156,3 +158,16 @@ def test_from_dict_validates():
     d["head_dim"] = 96
     with pytest.raises(ConfigError, match="head_dim"):
         KernelConfig.from_dict(d)
+
+
+@pytest.mark.parametrize("g", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 40, 64, 96, 128, 256, 1 << 16])
+def test_any_integer_gqa_ratio_is_a_config_and_plan_gqa_pack_decides_the_packing(g):
+    from fa4gen.plan import gqa_manifest, gqa_pack, head_groups, seq_q_per_tile
+
+    cfg = KernelConfig(arch="sm_90a", causal=True, gqa_ratio=g)
+    p = g if 128 % g == 0 else 1
+    assert gqa_pack(g) == cfg.gqa_pack == p
+    assert head_groups(g) == cfg.head_groups == g // p
+    assert seq_q_per_tile(g) == cfg.seq_q_per_tile == 128 // p
+    assert cfg.name == f"fa4_sm90a_d128_bf16_causal_gqa{g}"
+    assert gqa_manifest(g) | {"rule": ""} == {"ratio": g, "pack": p, "head_groups": g // p, "rule": ""}

@@ -7,6 +7,8 @@ GQA {1, 2, 4, 8}) run twice each; the 16 (Sq, Skv) pairs drawn from {1, 17, 127,
 runs span both head dims, both dtypes, causal and not, and plain and x30 inputs. Batch is 3/2/1 by
 size, Hkv 3/2/1. Every run draws fresh random inputs, calls the Kernel directly with O and LSE
 pre-filled with NaN (so an element the kernel never writes is caught), and checks every element.
+`ANY_RATIO_CASES` (20 more runs) covers GQA ratios that do not divide 128 (3, 5, 6, 7, 12 with real
+models' head counts) over D 64/128 and causal/non-causal, Sq != Skv with tails.
 
 Tolerances (an elementwise bound, derived rather than tuned). The kernel differs from the fp32
 reference by rounding P to the input dtype before the PV MMA and rounding O at the end (unit
@@ -190,6 +192,64 @@ def test_kernel_matches_reference(c, exact_fp32):
     with torch.no_grad():
         o, lse = run_kernel_poisoned(q, k, v, c["causal"], scale, c["dtype"], c["emu"])
         check_against_reference(o, lse, q, k, v, c["causal"], scale, c["dtype"], label)
+
+
+# ---- GQA ratios that do not divide 128 (plan.gqa_pack: one query head per Q tile) ------------------
+# (G, Hkv): Llama-3.2-3B 24/8, Qwen2.5-14B 40/8, Qwen2-1.5B 12/2, Qwen2.5-7B 28/4, and 12/1. Each
+# ratio runs D 64/128 x causal/non-causal (20 kernel configs), on (Sq, Skv) pairs with Sq != Skv
+# (both ways) and tails on both lengths, dtypes and x30 inputs alternating.
+ANY_RATIO_HEADS = ((3, 8), (5, 8), (6, 2), (7, 4), (12, 1))
+ANY_RATIO_PAIRS = ((129, 127), (1000, 17), (300, 1000), (4096, 1000), (17, 1000), (1000, 4095), (257, 255),
+                   (1500, 700))
+
+
+def _any_ratio_cases():
+    out = []
+    for i, (g, hkv) in enumerate(ANY_RATIO_HEADS):
+        for j, (d, causal) in enumerate((d, c) for d in (64, 128) for c in (False, True)):
+            n = 4 * i + j
+            sq, skv = ANY_RATIO_PAIRS[n % len(ANY_RATIO_PAIRS)]
+            b = 2 if sq * skv <= 2_000_000 else 1
+            out.append(dict(d=d, dtype=("bf16", "fp16")[n % 2], causal=causal, g=g, b=b, hkv=hkv, sq=sq, skv=skv,
+                            x30=n % 3 == 0, emu=None))
+    return out
+
+
+ANY_RATIO_CASES = _any_ratio_cases()
+
+
+def test_any_ratio_case_table_covers_what_it_claims():
+    assert len({(c["g"], c["d"], c["causal"]) for c in ANY_RATIO_CASES}) == 20
+    assert {c["g"] for c in ANY_RATIO_CASES} == {3, 5, 6, 7, 12}
+    assert all(c["sq"] != c["skv"] and (c["sq"] % 128 or c["skv"] % 128) for c in ANY_RATIO_CASES)
+    assert any(c["causal"] and c["sq"] > c["skv"] for c in ANY_RATIO_CASES)
+    assert any(c["causal"] and c["sq"] < c["skv"] for c in ANY_RATIO_CASES)
+    assert all(128 % c["g"] for c in ANY_RATIO_CASES)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", ANY_RATIO_CASES, ids=case_id)
+def test_any_gqa_ratio_kernel_matches_reference(c, exact_fp32):
+    label = "anyratio-" + case_id(c)
+    q, k, v = make_inputs(c, label)
+    scale = 1.0 / math.sqrt(c["d"])
+    with torch.no_grad():
+        o, lse = run_kernel_poisoned(q, k, v, c["causal"], scale, c["dtype"], c["emu"])
+        check_against_reference(o, lse, q, k, v, c["causal"], scale, c["dtype"], label)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hq,hkv", [(24, 8), (12, 2), (256, 1)])
+def test_attention_with_any_ratio_equals_direct_kernel_bitwise(hq, hkv, exact_fp32):
+    """fa4gen.attention picks the ratio's config (api.config_for) and equals the kernel bit for bit;
+    MQA 256/1 runs 256 head groups of one head each."""
+    c = dict(d=128, dtype="bf16", causal=True, g=hq // hkv, b=2, hkv=hkv, sq=333, skv=700, x30=False)
+    q, k, v = make_inputs(c, f"api-any-ratio-{hq}-{hkv}")
+    with torch.no_grad():
+        o, lse = api.attention(q, k, v, causal=True, return_lse=True)
+        o2, lse2 = run_kernel_poisoned(q, k, v, True, 1 / math.sqrt(128), "bf16")
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+    check_against_reference(o, lse, q, k, v, True, 1 / math.sqrt(128), "bf16", f"api {hq}/{hkv}")
 
 
 @pytest.mark.gpu

@@ -108,3 +108,17 @@ def test_undeclared_names_are_reported_not_crashed_on():
         rep = verify(pipe)
         assert not rep.ok and rep.runs == 0  # the engine does not run on an ill-formed pipeline
         assert any(f.code == "IR_REF" and needle in f.message for f in rep.findings)
+
+
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])
+@pytest.mark.parametrize("g", [3, 5, 6, 7, 12, 256])
+def test_any_gqa_ratio_verifies_through_the_cli(arch, g):
+    """`fa4gen verify --gqa G` for ratios that do not divide 128 (one query head per tile)."""
+    from click.testing import CliRunner
+
+    from fa4gen.cli import main
+
+    for causal in ([], ["--causal"]):
+        r = CliRunner().invoke(main, ["verify", "--arch", arch, "--gqa", str(g), "--head-dim", "64", *causal])
+        assert r.exit_code == 0, r.output
+        assert "verify: OK" in r.output

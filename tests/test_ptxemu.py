@@ -77,6 +77,46 @@ def test_sm90_gpu_variants_emulate(cfg):
     assert rep.ok, rep.summary()
 
 
+# GQA ratios that do not divide 128 (plan.gqa_pack: one query head per tile, G head groups per kv
+# head): (G, D, causal, dtype, shapes B,Sq,Skv,Hq,Hkv) with tails on both lengths, Sq != Skv both
+# ways, two kv heads (the K/V head of head group hg is hg // G) and a batch of two.
+ANY_RATIO_VARIANTS = [
+    (3, 64, True, "bf16", ["1,150,97,6,2", "1,61,200,6,2"]),
+    (5, 128, False, "bf16", ["1,195,203,10,2"]),
+    (6, 128, True, "fp16", ["1,40,300,6,1", "2,70,129,12,2"]),
+    (7, 64, True, "bf16", ["1,130,260,14,2"]),
+    (12, 64, True, "bf16", ["1,70,129,12,1"]),
+]
+
+
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])
+@pytest.mark.parametrize("variant", ANY_RATIO_VARIANTS, ids=lambda v: f"gqa{v[0]}_d{v[1]}_{'c' if v[2] else 'nc'}")
+def test_any_gqa_ratio_emulates(variant, arch):
+    g, d, causal, dtype, shapes = variant
+    ptx, man = emitted(arch=arch, head_dim=d, dtype=dtype, causal=causal, gqa_ratio=g)
+    assert man["gqa"]["pack"] == 1 and man["gqa"]["head_groups"] == g
+    rep = emulate_file(Path(man["name"] + ".ptx"), ptx_text=ptx, manifest=man, seeds=1,
+                       shapes=[Shape.parse(x) for x in shapes])
+    assert rep.ok, rep.summary()
+
+
+def test_a_wrong_kv_head_of_an_unpacked_ratio_is_caught():
+    """The K/V head divide is what the emulator checks: dividing the head group by 4 instead of 3
+    reads kv head 0 for query head 3 (of kv head 1)."""
+    ptx, man = emitted(arch="sm_90a", head_dim=64, dtype="bf16", causal=True, gqa_ratio=3)
+    assert "div.u32 %c1, %hkv, 3;" in ptx
+    rep = emulate_file(Path("k.ptx"), ptx_text=ptx.replace("div.u32 %c1, %hkv, 3;", "div.u32 %c1, %hkv, 4;"),
+                       manifest=man, seeds=1, shapes=[Shape.parse("1,61,200,6,2")])
+    assert not rep.ok and {r.finding for r in rep.runs} == {"mismatch"}, rep.summary()
+
+
+def test_default_shapes_of_unpacked_ratios():
+    for arch in ("sm_100a", "sm_90a"):
+        _, man = emitted(arch=arch, head_dim=64, dtype="bf16", causal=True, gqa_ratio=5)
+        for s in default_shapes(man):
+            assert s.hq == 5 * s.hkv and s.sq % 128 and s.skv % 128
+
+
 def test_default_shapes_exercise_tails_masking_and_the_persistent_loop():
     for name in GOLDEN:
         man = json.loads((GEN / f"{name}.json").read_text())

@@ -336,3 +336,42 @@ def test_input_errors():
         fa4_forward(q, k, v, cfg, softmax_scale=-1.0)
     with pytest.raises(TypeError, match="fp16"):
         fa4_forward(q, k, v, KernelConfig(head_dim=64, gqa_ratio=2, dtype="fp16"))
+
+
+# ---- any integer GQA ratio (plan.gqa_pack: P = G when G divides 128, else one head per tile) ----
+ANY_RATIOS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("g", ANY_RATIOS)
+def test_any_gqa_ratio_matches_exact(g, d, causal):
+    """Sq != Skv both ways with tails on both lengths, two kv heads (so the kv head of each query
+    head, h // G, is exercised), both packings."""
+    rng = np.random.default_rng(1000 * g + d + causal)
+    sq, skv = (150, 97) if g % 2 else (129, 300)
+    hkv = 2 if g <= 16 else 1
+    q, k, v = _inputs(rng, 1, sq, skv, hkv, g, d, "bf16")
+    _check_against_exact(q, k, v, KernelConfig(head_dim=d, gqa_ratio=g, causal=causal))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+def test_mqa_with_more_than_128_query_heads(causal):
+    """MQA Hq = 256, Hkv = 1 (G = 256 does not divide 128: 256 head groups of one head each)."""
+    rng = np.random.default_rng(256)
+    q, k, v = _inputs(rng, 1, 9, 140, 1, 256, 64, "fp16")
+    _check_against_exact(q, k, v, KernelConfig(head_dim=64, gqa_ratio=256, causal=causal, dtype="fp16"))
+
+
+@pytest.mark.parametrize("g", [3, 5, 6, 7, 12])
+def test_unpacked_ratio_equals_per_head_g1_kernels(g):
+    """P = 1: every tile holds one query head, so the result is bit-identical to running each
+    query head h as G = 1 attention against kv head h // G (same tiles, same block order)."""
+    rng = np.random.default_rng(g)
+    q, k, v = _inputs(rng, 1, 200, 333, 2, g, 64, "bf16")
+    o, lse = fa4_forward(q, k, v, KernelConfig(head_dim=64, gqa_ratio=g, causal=True))
+    for h in range(q.shape[2]):
+        o1, lse1 = fa4_forward(q[:, :, h:h + 1], k[:, :, h // g:h // g + 1], v[:, :, h // g:h // g + 1],
+                               KernelConfig(head_dim=64, gqa_ratio=1, causal=True))
+        np.testing.assert_array_equal(o[:, :, h:h + 1], o1)
+        np.testing.assert_array_equal(lse[:, h:h + 1], lse1)

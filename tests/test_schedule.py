@@ -23,7 +23,8 @@ from fa4gen.config import KernelConfig
 from fa4gen.lower.sm90 import build_sm90
 from fa4gen.lower.sm100 import build_sm100
 from fa4gen.schedule import (BALANCE_TOLERANCE, BALANCE_TOLERANCE_UNSHARED, L2_BUDGET_FRACTION, choose_l2_group,
-                             clamp_l2_group, cta_work, l2_group_budget, persistent_task, task_coords, tile_blocks)
+                             clamp_l2_group, cta_work, l2_group_budget, persistent_task, task_coords, task_tile,
+                             tile_blocks)
 from fa4gen.simulate import schedule_tasks
 
 MASK = 0xFFFFFFFF
@@ -139,10 +140,11 @@ def task_sample(ntasks: int, rng: random.Random, k: int = 160) -> list[int]:
 def check_decode(seg: Ptx, causal: bool, *, pairs: bool, gqa: int, seed: int = 0, n_sizes: int = 40) -> int:
     """Run the decode block over many tasks and sizes; returns how many tasks were compared."""
     rng = random.Random(seed)
-    sqt = 128 // gqa
+    cfg = KernelConfig(gqa_ratio=gqa)
+    sqt, ng = cfg.seq_q_per_tile, cfg.head_groups
     compared = 0
     for batch, hkv, num_m, g in sizes(seed, n_sizes):
-        nbh = batch * hkv
+        nbh = batch * hkv * ng  # (batch, head group) pairs
         per_task = 2 if pairs else 1
         nmb = num_m * per_task - (rng.random() < 0.5 and per_task == 2)  # odd num_m_blocks on sm_100a too
         sq = nmb * sqt - rng.randrange(sqt)
@@ -152,8 +154,11 @@ def check_decode(seg: Ptx, causal: bool, *, pairs: bool, gqa: int, seed: int = 0
         for t in task_sample(nbh * num_m, rng):
             out = seg.run({**regs, "%task": t})
             m, bh = task_coords(t, nbh, num_m, g, causal)
+            m2, b, kvh, j = task_tile(t, batch, hkv, ng, num_m, g, causal)
+            assert (m2, b * hkv * ng + kvh * ng + j) == (m, bh)
             got_m = out["%mpair" if pairs else "%mb"]
-            assert (got_m, out["%b"], out["%hkv"]) == (m, bh // hkv, bh % hkv), (batch, hkv, num_m, g, t)
+            # %hkv holds the head group kv_head * ng + j (the kv head itself when ng = 1)
+            assert (got_m, out["%b"], out["%hkv"]) == (m, b, kvh * ng + j), (batch, hkv, num_m, g, t)
             if pairs:
                 want_n = max(int(tile_blocks(2 * m + 1, sq, skv, sqt, causal)), 1)
                 assert out["%n"] == want_n, (batch, hkv, num_m, g, t, sq, skv)
@@ -179,6 +184,51 @@ def test_sm100_decode_equals_task_coords(causal):
     segs = segments(sm100(causal, gqa=4), "decode")
     assert segs and len({tuple(map(repr, s.code)) for s in segs}) == 1  # every role decodes alike
     assert check_decode(segs[0], causal, pairs=True, gqa=4) > 3000
+
+
+@pytest.mark.parametrize("gqa", [3, 5, 6, 7, 12, 256])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+def test_unpacked_ratio_decode_equals_task_tile(causal, gqa):
+    """G not dividing 128 (one query head per tile, G head groups per kv head): both targets'
+    decode yields (m, batch, head group) of fa4gen.schedule.task_tile."""
+    segs = segments(sm90(causal, gqa), "decode")
+    assert len(segs) == 2
+    for seg in segs:
+        assert check_decode(seg, causal, pairs=False, gqa=gqa, n_sizes=15) > 800
+    segs = segments(sm100(causal, gqa), "decode")
+    assert segs and len({tuple(map(repr, s.code)) for s in segs}) == 1
+    assert check_decode(segs[0], causal, pairs=True, gqa=gqa, n_sizes=15) > 800
+
+
+def _kv_head_sources(ptx: str) -> list[str]:
+    """For each K/V TMA load (4-D), the instruction that last wrote its head coordinate."""
+    lines = ptx.splitlines()
+    out = []
+    for i, ln in enumerate(lines):
+        m = re.search(r"\[%tm[kv], \{%c0, (%\w+),", ln)
+        if not m:
+            continue
+        reg = m.group(1)
+        for prev in reversed(lines[:i]):
+            p = prev.strip()
+            if re.match(rf"[a-z][\w.]* {re.escape(reg)},", p):
+                out.append(p)
+                break
+        else:
+            out.append(f"(never written: {reg})")
+    return out
+
+
+@pytest.mark.parametrize("gqa", [1, 4, 3, 6, 12])
+@pytest.mark.parametrize("build", [sm90, sm100], ids=["sm90", "sm100"])
+def test_kv_loads_use_the_kv_head_of_the_head_group(build, gqa):
+    ng = KernelConfig(gqa_ratio=gqa).head_groups
+    srcs = _kv_head_sources(build(True, gqa))
+    assert srcs
+    if ng == 1:  # the head group is the kv head
+        assert all(s == "mov.u32 %c1, %hkv;" or s.startswith("rem.u32 %hkv,") for s in srcs), srcs
+    else:
+        assert set(srcs) == {f"div.u32 %c1, %hkv, {ng};"}, srcs
 
 
 @pytest.mark.parametrize("build", [sm90, sm100], ids=["sm90", "sm100"])
@@ -346,7 +396,7 @@ def test_choice_on_the_measured_h200_is_a_measured_win():
 
 # ---- on the GPU: the order moves tasks, never changes results ---------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("gqa,sq,skv", [(1, 1000, 1000), (4, 700, 1300), (1, 1300, 600)])
+@pytest.mark.parametrize("gqa,sq,skv", [(1, 1000, 1000), (4, 700, 1300), (1, 1300, 600), (3, 700, 1300), (7, 1300, 600)])
 def test_gpu_results_do_not_depend_on_l2_group(gqa, sq, skv):
     torch = pytest.importorskip("torch")
     from fa4gen import api

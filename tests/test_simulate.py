@@ -94,3 +94,56 @@ def test_sm90_hazard_mutation_reported_by_simulator():
     q, k, v = _inputs(rng, 1, 128, 384, 1, 1, 64, "fp16")
     res = simulate(by_name("sm90_pack_p_before_pv_done").apply(build_pipeline(cfg)), q, k, v, seed=0)
     assert any(f.code == "HAZARD_WAR" and f.subject == "P" for f in res.findings)
+
+
+# ---- any integer GQA ratio: the programs over the (batch, kv head, head group, m block) tasks ----
+ANY_RATIO_CASES = [
+    # causal, gqa, sq, skv, d, dtype, batch, hkv
+    (True, 3, 150, 97, 64, "bf16", 1, 2),  # Sq > Skv: rows without keys
+    (False, 5, 130, 203, 128, "bf16", 1, 2),
+    (True, 6, 40, 300, 64, "fp16", 2, 1),  # Sq < Skv
+    (False, 7, 129, 129, 64, "bf16", 1, 2),
+    (True, 12, 200, 333, 128, "bf16", 1, 1),
+]
+
+
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])
+@pytest.mark.parametrize("case", ANY_RATIO_CASES, ids=str)
+def test_any_ratio_simulator_equals_reference(case, arch):
+    causal, g, sq, skv, d, dtype, b, hkv = case
+    cfg = KernelConfig(arch=arch, causal=causal, gqa_ratio=g, head_dim=d, dtype=dtype)
+    assert cfg.head_groups == g  # none of these divides 128: one query head per tile
+    rng = np.random.default_rng(sum(case[1:5]))
+    q, k, v = _inputs(rng, b, sq, skv, hkv, g, d, dtype)
+    res = simulate(cfg, q, k, v, seed=1, num_ctas=2)
+    assert res.findings == []
+    assert not np.isnan(res.o).any() and not np.isnan(res.lse).any(), "output not fully written"
+    o_ref, lse_ref = fa4_forward(q, k, v, cfg)
+    o, o_ref = res.o.astype(np.float64), o_ref.astype(np.float64)
+    ulp = np.spacing(np.abs(o_ref).astype(np.float16 if dtype == "fp16" else np.float32)).astype(np.float64)
+    if dtype == "bf16":
+        ulp = np.maximum(np.abs(o_ref) * 2.0 ** -7, 2.0 ** -133)
+    assert np.all(np.abs(o - o_ref) <= ulp + 1e-7)
+    assert np.array_equal(np.isinf(lse_ref), np.isinf(res.lse))
+    fin = np.isfinite(lse_ref)
+    np.testing.assert_allclose(res.lse[fin], lse_ref[fin], rtol=1e-5, atol=1e-5)
+    o_exact, _ = attention_exact(q, k, v, causal)
+    assert np.max(np.abs(o - o_exact)) < 2e-2
+
+
+def test_mqa_256_heads_on_sm90_simulator():
+    cfg = KernelConfig(arch="sm_90a", causal=True, gqa_ratio=256, head_dim=64)
+    rng = np.random.default_rng(256)
+    q, k, v = _inputs(rng, 1, 5, 70, 1, 256, 64, "bf16")
+    res = simulate(cfg, q, k, v, seed=0, num_ctas=3)
+    assert res.findings == []
+    o_ref, lse_ref = fa4_forward(q, k, v, cfg)
+    np.testing.assert_array_equal(res.o, o_ref)
+    np.testing.assert_array_equal(res.lse, lse_ref)
+
+
+def test_unpacked_schedule_covers_every_head_group_once():
+    cfg = KernelConfig(causal=True, gqa_ratio=6)
+    tasks = schedule_tasks(cfg, 2, 3, 700, 900, l2_group=4)
+    seen = sorted((t.batch, t.kv_head, t.head_group, t.m_block) for t in tasks)
+    assert seen == [(b, h, j, m) for b in range(2) for h in range(3) for j in range(6) for m in range(3)]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from ..assemble import PTX_VERSION
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import (ABI_PARAMS, ABI_PARAM_NAMES, HALF_COLS, MASK_WORD_BITS, REGS_PER_SM, ROWS, SMEM_ALIGN,
+from ..plan import (ABI_PARAMS, ABI_PARAM_NAMES, HALF_COLS, gqa_manifest, qo_map_dims, MASK_WORD_BITS, REGS_PER_SM, ROWS, SMEM_ALIGN,
                     mask_words, panel_bytes)
 from ..encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, check_tmem_alloc
 from ..exp2 import EXP2_POLY, FRAG_COLS, ROUND_MAGIC, emulated_mask
@@ -473,7 +473,7 @@ class _RoleEmitter:
         computes = [op for op in walk_ops(role.program) if isinstance(op, Compute)]
         if any(c.fn == "softmax_max" for c in computes):
             self.emit("softmax_task_setup", tile=role.qtile, causal=cfg.causal, sqt=cfg.seq_q_per_tile,
-                      log2_g=cfg.gqa_ratio.bit_length() - 1, g=cfg.gqa_ratio, neg_inf=NEG_INF, zero=ZERO)
+                      log2_p=cfg.gqa_pack.bit_length() - 1, p=cfg.gqa_pack, neg_inf=NEG_INF, zero=ZERO)
 
     # ---- ops ---------------------------------------------------------------------------------
     def op(self, op) -> None:
@@ -534,7 +534,10 @@ class _RoleEmitter:
             tmap, rank = "%tmq", 5
         elif op.tensor in ("k", "v"):
             pre = pre + self.block_reg(op.block, "%c2") + [("shl.b32", "%c2", "%c2", "7")]
-            coords = ["%c0", "%hkv", "%c2", "%b"]
+            kvh = "%hkv"
+            if cfg.head_groups > 1:  # %hkv is the head group: its kv head is %hkv / (G / P)
+                pre, kvh = pre + [("div.u32", "%c1", "%hkv", str(cfg.head_groups))], "%c1"
+            coords = ["%c0", kvh, "%c2", "%b"]
             tmap, rank = f"%tm{op.tensor}", 4
         else:
             raise Sm100LoweringError(f"TMA load of unknown tensor {op.tensor!r}")
@@ -985,6 +988,8 @@ def lower_sm100(pipe: Pipeline) -> dict:
         "head_dim": cfg.head_dim,
         "dtype": cfg.dtype,
         "G": cfg.gqa_ratio,
+        "P": cfg.gqa_pack,
+        "NG": cfg.head_groups,
         "sqt": cfg.seq_q_per_tile,
         "kv_stages": cfg.kv_stages,
         "k_split": cfg.k_split,
@@ -1010,9 +1015,9 @@ def lower_sm100(pipe: Pipeline) -> dict:
 
 
 def tensor_maps(cfg: KernelConfig) -> dict:
-    qo_dims = ["D", "G", "Hkv", "Sq", "B"]
+    qo_dims = qo_map_dims(cfg)
     kv_dims = ["D", "Hkv", "Skv", "B"]
-    qo_box = [HALF_COLS, cfg.gqa_ratio, 1, cfg.seq_q_per_tile, 1]  # one 128-row tile, 64 columns
+    qo_box = [HALF_COLS, cfg.gqa_pack, 1, cfg.seq_q_per_tile, 1]  # one 128-row tile, 64 columns
     kv_box = [HALF_COLS, 1, ROWS, 1]
     return {
         "q": {"dims": qo_dims, "box": qo_box, "swizzle": "128B", "dtype": cfg.dtype},
@@ -1026,6 +1031,7 @@ def manifest_sm100(pipe: Pipeline) -> dict:
     """The ABI part of the manifest (docs/ABI.md); codegen adds the pipeline summary and reports."""
     cfg = pipe.config
     layout = smem_layout(pipe)
+    hg, hgu = (f" * {cfg.head_groups}", "head group, ") if cfg.head_groups > 1 else ("", "")
     return {
         "name": cfg.name,
         "config": cfg.to_dict(),
@@ -1037,17 +1043,18 @@ def manifest_sm100(pipe: Pipeline) -> dict:
         "dynamic_smem_bytes": layout.total,
         "grid": {
             "policy": "one_per_task" if cfg.causal else "persistent",
-            "task_unit": "two 128-row Q tiles in flight: (batch, kv_head, pair of m_blocks)",
-            "num_tasks": "batch * num_heads_kv * ceil(num_m_blocks / 2)",
+            "task_unit": f"two 128-row Q tiles in flight: (batch, kv_head, {hgu}pair of m_blocks)",
+            "num_tasks": f"batch * num_heads_kv{hg} * ceil(num_m_blocks / 2)",
             "tiles_per_task": 2,
             "order": ("LPT in sections of l2_group (batch, kv_head) pairs: m_block pairs heaviest first, "
                       "the section's pairs fastest" if cfg.causal
                       else "linear: m_block pair fastest, task += gridDim.x"),
             "grid_x": ("num_tasks" if cfg.causal else "min(num_tasks, SM count read from the device)"),
-            "note": "the kernel clamps num_tasks to batch * num_heads_kv * ceil(num_m_blocks / 2): "
+            "note": f"the kernel clamps num_tasks to batch * num_heads_kv{hg} * ceil(num_m_blocks / 2): "
                     "a grid sized in single Q tiles only adds idle CTAs",
         },
         "tensor_maps": tensor_maps(cfg),
+        "gqa": gqa_manifest(cfg.gqa_ratio),
         "params": list(ABI_PARAM_NAMES),
         "smem_layout": {
             "regions": {k: {"offset": v[0], "bytes_per_slot": v[1], "slots": v[2]} for k, v in layout.regions.items()},

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import (ABI_PARAMS, ABI_PARAM_NAMES, HALF_COLS, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS, SM90_CONSUMER_REGS,
+from ..plan import (ABI_PARAMS, ABI_PARAM_NAMES, HALF_COLS, gqa_manifest, qo_map_dims, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS, SM90_CONSUMER_REGS,
                     SM90_EPI_BAR_ID, SM90_PRODUCER_REGS, SM90_SCHED_BAR_ID, SM90_SMEM_ALIGN as SMEM_ALIGN,
                     SM90_SMEM_LIMIT as SMEM_LIMIT, SmemPlan, mask_words, panel_bytes, smem_plan, tile_bytes)
 from ..render import render
@@ -136,6 +136,7 @@ def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
         raise Sm90LoweringError("probes write a 128-key S row into O: head_dim must be 128")
     D = cfg.head_dim
     G = cfg.gqa_ratio
+    P = cfg.gqa_pack  # heads per tile (plan.gqa_pack): G when G divides 128, else 1
     sqt = cfg.seq_q_per_tile
     plan = smem_plan(cfg)
     halves = D // HALF_COLS
@@ -208,7 +209,9 @@ def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
         "probe": opt.probe.value,
         "causal": cfg.causal,
         "G": G,
-        "log2_G": G.bit_length() - 1,
+        "P": P,
+        "NG": cfg.head_groups,
+        "log2_P": P.bit_length() - 1,
         "sqt": sqt,
         "head_dim": D,
         "halves": halves,
@@ -243,11 +246,11 @@ def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
         "threshold": f"0f{_f32_hex(-cfg.rescale_threshold)}",
         "ln2": f"0f{_f32_hex(LN2)}",
         "poly": [f"0f{_f32_hex(c)}" for c in _EXP2_POLY],
-        # O store box: 64 rows = one consumer WG (see manifest): G <= 64 -> (G, 64/G) else (64, 1).
-        "o_box_g": min(G, WG_ROWS),
-        "o_box_s": max(WG_ROWS // G, 1),
-        "o_wg_g_step": WG_ROWS if G > WG_ROWS else 0,
-        "o_wg_s_step": WG_ROWS // G if G <= WG_ROWS else 0,
+        # O store box: 64 rows = one consumer WG (see manifest): P <= 64 -> (P, 64/P) else (64, 1).
+        "o_box_g": min(P, WG_ROWS),
+        "o_box_s": max(WG_ROWS // P, 1),
+        "o_wg_g_step": WG_ROWS if P > WG_ROWS else 0,
+        "o_wg_s_step": WG_ROWS // P if P <= WG_ROWS else 0,
     }
     return ctx
 
@@ -261,9 +264,9 @@ def _f32_hex(x: float) -> str:
 def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
     opt = options or Sm90Options()
     plan = smem_plan(cfg)
-    G = cfg.gqa_ratio
+    P = cfg.gqa_pack
     dtype = cfg.dtype
-    qo_dims = ["D", "G", "Hkv", "Sq", "B"]
+    qo_dims = qo_map_dims(cfg)
     kv_dims = ["D", "Hkv", "Skv", "B"]
     return {
         "name": cfg.name if opt == Sm90Options() else f"{cfg.name}_{_options_tag(opt)}",
@@ -277,17 +280,19 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
         # Persistent for both: causal tasks come heaviest first inside L2 sections (the kernel's
         # task decode, fa4gen/schedule.py), dealt round-robin to the resident CTAs, odd rounds reversed.
         "grid": {"policy": "persistent" if opt.persistent else "one_per_task",
-                 "task_unit": "one 128-row Q tile: (batch, kv_head, m_block)", "tiles_per_task": 1,
+                 "task_unit": ("one 128-row Q tile: (batch, kv_head, m_block)" if cfg.head_groups == 1 else
+                               "one 128-row Q tile: (batch, kv_head, head group, m_block)"), "tiles_per_task": 1,
                  "order": ("LPT in sections of l2_group (batch, kv_head) pairs: m_block heaviest first, "
                            "the section's pairs fastest; snake deal" if cfg.causal
                            else "linear: m_block fastest")},
         "tensor_maps": {
-            "q": {"dims": qo_dims, "box": [HALF_COLS, G, 1, cfg.seq_q_per_tile, 1], "swizzle": "128B", "dtype": dtype},
+            "q": {"dims": qo_dims, "box": [HALF_COLS, P, 1, cfg.seq_q_per_tile, 1], "swizzle": "128B", "dtype": dtype},
             "k": {"dims": kv_dims, "box": [HALF_COLS, 1, ROWS, 1], "swizzle": "128B", "dtype": dtype},
             "v": {"dims": kv_dims, "box": [HALF_COLS, 1, ROWS, 1], "swizzle": "128B", "dtype": dtype},
-            "o": {"dims": qo_dims, "box": [HALF_COLS, min(G, WG_ROWS), 1, max(WG_ROWS // G, 1), 1],
+            "o": {"dims": qo_dims, "box": [HALF_COLS, min(P, WG_ROWS), 1, max(WG_ROWS // P, 1), 1],
                   "swizzle": "128B", "dtype": dtype},
         },
+        "gqa": gqa_manifest(cfg.gqa_ratio),
         "params": list(ABI_PARAM_NAMES),
         "sm90": {"kv_stages": plan.kv_stages, "q_stages": plan.q_stages, "pingpong": opt.pingpong, "probe": opt.probe.value,
                  "producer_regs": opt.producer_regs, "consumer_regs": opt.consumer_regs},

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import reference
 from ..encodings import TensorMapSpec
-from ..runtime import tensor_map_geometry
+from ..runtime import launch_geometry, manifest_gqa, tensor_map_geometry
 from . import units
 from .machine import SMEM_BASE, Emulator, Fault, GlobalMemory
 from .parse import PtxSyntaxError, parse
@@ -103,8 +103,8 @@ def load_manifest(ptx_path: Path, manifest_path: Path | None) -> dict:
 def default_shapes(man: dict) -> list[Shape]:
     """Small shapes with tails on both lengths, GQA packing, and (causal) Sq != Skv both ways."""
     cfg = man["config"]
-    g = int(cfg["gqa_ratio"])
-    rows = 128 // g
+    g, pack = manifest_gqa(man)
+    rows = 128 // pack
     per_task = int(man["grid"].get("tiles_per_task", 1))
     hkv = 2 if g <= 2 else 1
     sq = rows * per_task + rows // 2 + 3  # a second task whose tiles are partly / wholly past Sq
@@ -186,16 +186,15 @@ class Launch:
         if [p.name for p in mod.params] != list(man["params"]):
             raise UsageError(f"the PTX declares parameters {[p.name for p in mod.params]}, the manifest lists "
                              f"{man['params']}: they must agree")
-        rows_per_tile = 128 // g
-        num_m_blocks = -(-shape.sq // rows_per_tile)
-        num_tasks = shape.b * shape.hkv * num_m_blocks
+        lg = launch_geometry(man, shape.b, shape.hkv, shape.sq)  # the runtime's own arithmetic
+        num_m_blocks, num_tasks = lg.num_m_blocks, lg.num_tasks
         scale = 1.0 / math.sqrt(d)
         scalars = {
             "lse_ptr": ("<Q", self.lse_addr), "batch": ("<I", shape.b), "seqlen_q": ("<I", shape.sq),
             "seqlen_k": ("<I", shape.skv), "num_heads_kv": ("<I", shape.hkv),
             "scale_log2": ("<f", scale * math.log2(math.e)), "num_m_blocks": ("<I", num_m_blocks),
             "num_tasks": ("<I", num_tasks),
-            "l2_group": ("<I", l2_group if l2_group is not None else 1 + seed % max(shape.b * shape.hkv, 1)),
+            "l2_group": ("<I", l2_group if l2_group is not None else 1 + seed % max(lg.num_bh, 1)),
         }
         self.scale = scale
         for p in mod.params:
@@ -209,7 +208,7 @@ class Launch:
                 spec = man["tensor_maps"][role]
                 t = tensors.get(role, o_init)
                 strides = tuple(int(s) for s in np.cumprod((1,) + t.shape[::-1][:-1])[::-1])
-                geo = tensor_map_geometry(role, spec, tuple(t.shape), strides, 2, g)
+                geo = tensor_map_geometry(role, spec, tuple(t.shape), strides, 2, lg.pack)
                 tms = TensorMapSpec(dtype=spec["dtype"], dims=tuple(spec["dims"]), box=geo.box, swizzle=spec["swizzle"])
                 args = tms.validate(geo.dims, geo.strides, self.addr[role])
                 blob += units.encode_tensor_map(args, self.addr[role])
