@@ -68,7 +68,7 @@ def gpu(out: Path) -> None:
     import torch
     from fa4gen.assemble import assemble
     from fa4gen.ptxemu.harness import Shape, make_inputs
-    from fa4gen.runtime import Kernel
+    from fa4gen.runtime import Kernel, launch_geometry
 
     out.mkdir(parents=True, exist_ok=True)
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -95,7 +95,7 @@ def gpu(out: Path) -> None:
             blobs[key + "|o"] = o.view(torch.int16).cpu().numpy().view(np.uint16)
             blobs[key + "|lse"] = lse.cpu().numpy()
             meta["cases"].append(dict(name=name, shape=s, seed=seed, l2_group=l2g, ptx_sha256=_sha(ptx_path),
-                                      grid=kern.grid(shape.b * shape.hkv * -(-shape.sq // (128 // cfg["gqa_ratio"]))),
+                                      grid=kern.grid(launch_geometry(man, shape.b, shape.hkv, shape.sq).num_tasks),
                                       config=cfg))
             print(f"gpu: {key} done", flush=True)
     np.savez_compressed(out / "crosscheck_gpu.npz", **{k.replace("|", "__"): v for k, v in blobs.items()})
