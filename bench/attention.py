@@ -354,8 +354,9 @@ def markdown(rows) -> str:
 
 def _write(path: Path, result: dict) -> None:
     path.write_text(json.dumps(result, indent=1) + "\n")
-    if os.environ.get("OUT") and Path(os.environ["OUT"]).is_dir():
-        shutil.copy(path, Path(os.environ["OUT"]) / path.name)
+    out = os.environ.get("OUT")
+    if out and Path(out).is_dir() and Path(out).resolve() != path.parent.resolve():  # --out-dir $OUT: already there
+        shutil.copy(path, Path(out) / path.name)
 
 
 def main(argv=None):

@@ -164,3 +164,15 @@ def test_main_dry_run_on_cpu(tmp_path, monkeypatch, clean_import_state, capsys):
         assert "fa4gen" in r["notes"] and "\n" not in r["notes"]["fa4gen"]
         assert "fa4cute" not in r.get("notes", {})
     assert "| FA4-CuTe |" in out and "budget spent" in out and "FA4-CuTe column empty" not in out
+
+
+def test_write_into_out_itself_does_not_copy_onto_itself(tmp_path, monkeypatch):
+    """`--out-dir $OUT` (the device tool's folder): the result is written there once, no SameFileError."""
+    monkeypatch.setenv("OUT", str(tmp_path))
+    path = tmp_path / "r.json"
+    bench._write(path, {"a": 1})
+    assert path.read_text().strip().startswith("{")
+    other = tmp_path / "sub"
+    other.mkdir()
+    bench._write(other / "r2.json", {"b": 2})  # a different folder: copied into $OUT too
+    assert (tmp_path / "r2.json").exists()
