@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 from ..assemble import PTX_VERSION
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import (ABI_PARAMS, ABI_PARAM_NAMES, HALF_COLS, gqa_manifest, qo_map_dims, MASK_WORD_BITS, REGS_PER_SM, ROWS, SMEM_ALIGN,
-                    mask_words, panel_bytes)
+from ..plan import (ABI_PARAMS, ABI_PARAM_NAMES, HALF_COLS, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS,
+                    SMEM_ALIGN, gqa_manifest, mask_words, panel_bytes, qo_map_dims)
 from ..encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, check_tmem_alloc
 from ..exp2 import EXP2_POLY, FRAG_COLS, ROUND_MAGIC, emulated_mask
 from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
@@ -796,14 +796,16 @@ class _RoleEmitter:
     # ---- computes ----------------------------------------------------------------------------
     def row(self) -> dict:
         cfg = self.cfg
-        words, where = mask_words(range(cfg.block_n))
+        words, where = mask_words(range(cfg.block_n)) if MASK_AS_WORDS[cfg.arch] else ([], [])
         wregs = {w: self.r("b32", f"mw{w}") for w in words}
         elems = []
         for j in range(cfg.block_n):
             frag = j // FRAG_COLS
             emu = bool(emulated_mask(cfg, frag, False)[j % FRAG_COLS])
-            elems.append({"reg": self.buf("s", j), "col": j, "emu": emu, "i": j,
-                          "mword": wregs[where[j][0]], "mbit": where[j][1]})
+            e = {"reg": self.buf("s", j), "col": j, "emu": emu, "i": j}
+            if words:
+                e["mword"], e["mbit"] = wregs[where[j][0]], where[j][1]
+            elems.append(e)
         pairs = []
         for i in range(cfg.block_n // 2):
             lo, hi = elems[2 * i], elems[2 * i + 1]
