@@ -829,7 +829,8 @@ class _RoleEmitter:
         for k in ("k_s2", "k_n2", "k_mg2", "k_c02", "k_c12", "k_c22", "k_c32"):
             self.r("b64", k)
         return {"elems": elems, "pairs": pairs, "max_ops": max_ops, "max_res": max_res,
-                "sum2_ops": sum2_ops, "sum2_res": sum2_res, "sum_halves": ("%sm0", "%sm1"), "mask_words": [{"reg": wregs[w], "base": w * MASK_WORD_BITS} for w in words],
+                "sum2_ops": sum2_ops, "sum2_res": sum2_res, "sum_halves": ("%sm0", "%sm1"),
+                "mask_words": [{"reg": wregs[w], "base": w * MASK_WORD_BITS} for w in words],
                 "mtmp": self.r("b32", "mt"), "magic2": _x2(ROUND_MAGIC),
                 "poly2": [_x2(c) for c in EXP2_POLY],
                 "ref": self.r("f32", "ref"), "nrs": self.r("f32", "nrs"), "sum": self.r("f32", "sum"),
