@@ -157,6 +157,22 @@ def _median_ms(fn, warmup_ms, rep_ms):
     return statistics.median(times)
 
 
+def interleaved_ms(fns: dict, rounds: int, warmup_ms: int, rep_ms: int, timer=None) -> dict:
+    """Time several callables alternately (A, B, C, A, B, C ...) for `rounds` rounds of
+    `_median_ms` each, so that drift (clocks, heat) falls on all of them alike. Returns
+    name -> (median over the rounds in ms, (min / median, max / median) over the rounds)."""
+    timer = timer or _median_ms
+    per = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            per[name].append(timer(fn, warmup_ms, rep_ms))
+    out = {}
+    for name, times in per.items():
+        med = statistics.median(times)
+        out[name] = (med, (round(min(times) / med, 4), round(max(times) / med, 4)))
+    return out
+
+
 def _sdpa(backend_name, q, k, v, causal):
     """A callable running SDPA with one backend on (B, S, H, D) tensors, and a note. GQA goes
     through enable_gqa; if the backend refuses it, K/V heads are expanded (noted: more traffic)."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.attention import SHAPES, environment, shape_dtype, tflops  # noqa: E402
+from bench.attention import SHAPES, environment, interleaved_ms, shape_dtype, tflops  # noqa: E402
 
 EXTRA = ((8, 2000, 16, 16, 128, False), (8, 2000, 16, 16, 128, True))
 
@@ -39,7 +38,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     import torch
-    import triton.testing
 
     from fa4gen import api
     from fa4gen.config import KernelConfig
@@ -68,18 +66,14 @@ def main(argv=None) -> int:
             f()
         torch.cuda.synchronize()
         same = bool(torch.equal(o_new, o_old))
-        per = {"new": [], "old": []}
-        for _ in range(a.rounds):
-            for name in ("new", "old"):
-                per[name].append(triton.testing.do_bench(fns[name], warmup=25, rep=a.rep_ms, return_mode="median"))
-        med = {n: statistics.median(v) for n, v in per.items()}
+        timed = interleaved_ms(fns, a.rounds, 25, a.rep_ms)
+        med = {n: t[0] for n, t in timed.items()}
         row = dict(shape=list(shape), name=cfg.name, outputs_bitwise_equal=same,
                    new_ms=med["new"], old_ms=med["old"],
                    new_tflops=round(tflops(b, hq, s, s, d, causal, med["new"]), 1),
                    old_tflops=round(tflops(b, hq, s, s, d, causal, med["old"]), 1),
                    ratio_new_over_old=round(med["old"] / med["new"], 4),
-                   spread_new=[round(min(per["new"]) / med["new"], 4), round(max(per["new"]) / med["new"], 4)],
-                   spread_old=[round(min(per["old"]) / med["old"], 4), round(max(per["old"]) / med["old"], 4)])
+                   spread_new=list(timed["new"][1]), spread_old=list(timed["old"][1]))
         rows.append(row)
         print(f"  {shape}: new {row['new_tflops']} old {row['old_tflops']} TFLOP/s, new/old {row['ratio_new_over_old']}"
               f" (spread new {row['spread_new']}, old {row['spread_old']}), bitwise equal {same}", flush=True)

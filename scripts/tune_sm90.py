@@ -18,7 +18,6 @@ import argparse
 import datetime as _dt
 import itertools
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.attention import SHAPES, environment, shape_dtype, tflops  # noqa: E402
+from bench.attention import SHAPES, environment, interleaved_ms, shape_dtype, tflops  # noqa: E402
 
 ISSUE14 = ((4, 4096, 32, 32, 64, False), (4, 4096, 32, 32, 64, True), (1, 32768, 16, 16, 128, True),
            (2, 8192, 16, 16, 128, False, "fp16"), (2, 8192, 16, 16, 128, False), (16, 1024, 16, 16, 128, False))
@@ -50,7 +49,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     import torch
-    import triton.testing
 
     from fa4gen import api
     from fa4gen.config import KernelConfig
@@ -77,21 +75,18 @@ def main(argv=None) -> int:
         for _, kern, o in kernels.values():
             kern(q, k, v, o, softmax_scale=sc)
         torch.cuda.synchronize()
-        ref = kernels[json.dumps(candidates(d)[0])][2] if json.dumps(candidates(d)[0]) in kernels else None
-        default_key = next((key for key, (cfg, _, _) in kernels.items()
-                            if cfg == KernelConfig(**base)), None)
-        ref = kernels[default_key][2] if default_key else ref
-        per = {key: [] for key in kernels}
-        for _ in range(a.rounds):
-            for key, (_, kern, o) in kernels.items():
-                per[key].append(triton.testing.do_bench(lambda: kern(q, k, v, o, softmax_scale=sc), warmup=10,
-                                                        rep=a.rep_ms, return_mode="median"))
+        # outputs are compared with the default config's (the first candidate's if the default is refused)
+        default_key = next((key for key, (cfg, _, _) in kernels.items() if cfg == KernelConfig(**base)), None)
+        first = json.dumps(candidates(d)[0])
+        ref_key = default_key or (first if first in kernels else None)
+        ref = kernels[ref_key][2] if ref_key else None
+        timed = interleaved_ms({key: (lambda kern=kern, o=o: kern(q, k, v, o, softmax_scale=sc))
+                                for key, (_, kern, o) in kernels.items()}, a.rounds, 10, a.rep_ms)
         res = []
         for key, (cfg, _, o) in kernels.items():
-            med = statistics.median(per[key])
+            med, spread = timed[key]
             res.append(dict(knobs=json.loads(key), name=cfg.name, default=key == default_key, ms=med,
-                            tflops=round(tflops(b, hq, s, s, d, causal, med), 1),
-                            spread=[round(min(per[key]) / med, 4), round(max(per[key]) / med, 4)],
+                            tflops=round(tflops(b, hq, s, s, d, causal, med), 1), spread=list(spread),
                             max_abs_diff_vs_default=None if ref is None else float((o.float() - ref.float()).abs().max())))
         res.sort(key=lambda r: r["ms"])
         dflt = next((r for r in res if r["default"]), None)

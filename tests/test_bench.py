@@ -176,3 +176,16 @@ def test_write_into_out_itself_does_not_copy_onto_itself(tmp_path, monkeypatch):
     other.mkdir()
     bench._write(other / "r2.json", {"b": 2})  # a different folder: copied into $OUT too
     assert (tmp_path / "r2.json").exists()
+
+
+def test_interleaved_ms_alternates_and_reports_median_and_spread():
+    calls = []
+    times = iter([1.0, 10.0, 3.0, 30.0, 2.0, 20.0])
+
+    def timer(fn, warmup_ms, rep_ms):
+        calls.append((fn, warmup_ms, rep_ms))
+        return next(times)
+
+    out = bench.interleaved_ms({"a": "A", "b": "B"}, 3, 5, 50, timer=timer)
+    assert [c[0] for c in calls] == ["A", "B"] * 3 and {c[1:] for c in calls} == {(5, 50)}
+    assert out["a"] == (2.0, (0.5, 1.5)) and out["b"] == (20.0, (0.5, 1.5))
