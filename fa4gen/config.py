@@ -98,6 +98,7 @@ class KernelConfig:
     emu_pairs: int | None = None  # None: the seed's value
     emu_start: int | None = None  # None: the seed's value for this causal mode
     k_split: int | None = None  # None: 96 non-causal, 64 causal
+    varlen: bool = False  # packed variable-length batches (cu_seqlens): docs/ABI.md "Varlen"
 
     def __post_init__(self):
         def fix(name, value):
@@ -113,12 +114,14 @@ class KernelConfig:
             v = getattr(self, name)
             if v is not None or name not in ("emu_pairs", "emu_start", "k_split"):
                 fix(name, _exact_int(name, v))
-        if type(self.causal) is not bool:
-            import numpy as np
+        for name in ("causal", "varlen"):
+            flag = getattr(self, name)
+            if type(flag) is not bool:
+                import numpy as np
 
-            if not isinstance(self.causal, np.bool_):
-                raise ConfigError("causal", self.causal, "True or False")
-            fix("causal", bool(self.causal))
+                if not isinstance(flag, np.bool_):
+                    raise ConfigError(name, flag, "True or False")
+                fix(name, bool(flag))
         if self.arch not in ARCHS:
             raise ConfigError("arch", self.arch, f"one of {', '.join(ARCHS)}")
         if isinstance(self.head_dim, bool) or self.head_dim not in HEAD_DIMS:
@@ -189,8 +192,10 @@ class KernelConfig:
         parts = ["fa4", self.arch.replace("_", ""), f"d{self.head_dim}", self.dtype]
         parts.append("causal" if self.causal else "noncausal")
         parts.append(f"gqa{self.gqa_ratio}")
+        if self.varlen:
+            parts.append("varlen")
         defaults = KernelConfig(arch=self.arch, head_dim=self.head_dim, causal=self.causal,
-                                gqa_ratio=self.gqa_ratio, dtype=self.dtype)
+                                gqa_ratio=self.gqa_ratio, dtype=self.dtype, varlen=self.varlen)
         if self != defaults:  # tuned variants must never share a name with the default one
             parts.append(self.content_hash[:8])
         return "_".join(parts)

@@ -35,7 +35,53 @@ ABI_PARAMS: tuple[tuple[str, str], ...] = (
     ("num_tasks", ".param .u32 num_tasks"),
     ("l2_group", ".param .u32 l2_group"),
 )
-ABI_PARAM_NAMES: tuple[str, ...] = tuple(n for n, _ in ABI_PARAMS)
+# Appended for varlen kernels (KernelConfig.varlen; docs/ABI.md "Varlen"): sequence b's query rows
+# are [cu_seqlens_q[b], cu_seqlens_q[b+1]) of the packed (total_q, Hq, D) tensors, its keys
+# [cu_seqlens_k[b], ...) of (total_k, Hkv, D), at most seqused_k[b] of them when that pointer is not 0.
+# O is written through o_ptr by the threads (a TMA store would write the rows of the next sequence
+# that share the tile); `batch` is B, seqlen_q / seqlen_k the caller's max_seqlen (not trusted),
+# num_tasks the host's bound on the tasks (varlen_task_bound).
+VARLEN_ABI_PARAMS: tuple[tuple[str, str], ...] = (
+    ("cu_seqlens_q", ".param .u64 cu_seqlens_q"),
+    ("cu_seqlens_k", ".param .u64 cu_seqlens_k"),
+    ("seqused_k", ".param .u64 seqused_k"),
+    ("o_ptr", ".param .u64 o_ptr"),
+    ("total_q", ".param .u32 total_q"),
+    ("total_k", ".param .u32 total_k"),
+)
+ABI_PARAM_NAMES: tuple[str, ...] = tuple(n for n, _ in ABI_PARAMS + VARLEN_ABI_PARAMS)
+
+
+def abi_params(cfg: KernelConfig) -> tuple[tuple[str, str], ...]:
+    """The entry's parameters, in signature order: the dense ABI, plus the varlen ones for varlen."""
+    return ABI_PARAMS + (VARLEN_ABI_PARAMS if cfg.varlen else ())
+
+
+# Varlen task order (one rule; fa4gen/schedule.py varlen_task and the PTX decode in
+# templates/common/scheduler.ptx.j2 implement it): sequences in index order; inside sequence b,
+# its (head group, m unit) tasks with the m unit fastest, heaviest (last) m unit first when causal.
+# An m unit is `tiles_per_task` Q tiles of 128 / P positions; sequence b has
+# ceil(len_q(b) / (tiles_per_task * 128 / P)) of them, for each of the Hkv * G / P head groups.
+# Offsets are clamped on the device: start = min(cu[b], total), end = min(max(cu[b+1], start), total),
+# so no sequence reaches outside its tensor whatever the offsets hold.
+VARLEN_ORDER = {False: "varlen: sequences in order; per sequence its head groups, m units fastest",
+                True: "varlen: sequences in order; per sequence its head groups, m units fastest and heaviest "
+                      "first; snake deal"}
+
+
+def varlen_manifest(cfg: KernelConfig) -> dict:
+    """The manifest's record of a varlen kernel's layout (read by the runtime and the harness)."""
+    return {"q": "(total_q, Hq, D): sequence b's rows [cu_seqlens_q[b], cu_seqlens_q[b+1])",
+            "k": "(total_k, Hkv, D): rows [cu_seqlens_k[b], ...), at most seqused_k[b] of them",
+            "o": "(total_q, Hq, D) through o_ptr", "lse": "(Hq, total_q) fp32",
+            "tensor_maps": "the packed tensors as a batch of one (B = 1, Sq = total_q, Skv = total_k)",
+            "clamp": "start = min(cu[b], total), end = min(max(cu[b+1], start), total)"}
+
+
+def varlen_task_bound(batch: int, total_q: int, groups: int, unit_rows: int) -> int:
+    """An upper bound on the varlen tasks, from what the host knows without reading cu_seqlens:
+    sum_b ceil(l_b / u) <= (total_q + B * (u - 1)) / u for lengths l_b summing to total_q."""
+    return int(groups) * ((int(total_q) + int(batch) * (int(unit_rows) - 1)) // int(unit_rows))
 
 
 # GQA row packing: the one rule deciding how a 128-row Q tile maps to (sequence position, query head).
@@ -76,7 +122,8 @@ def gqa_manifest(gqa_ratio: int) -> dict:
 
 def qo_map_dims(cfg: KernelConfig) -> list[str]:
     """Dimension names of the 5-D Q/O tensor maps (innermost first): the head axis splits into
-    (P heads of a tile, Hq / P head groups). P = G keeps the names of the packed view, (G, Hkv)."""
+    (P heads of a tile, Hq / P head groups). P = G keeps the names of the packed view, (G, Hkv).
+    Varlen kernels use the same maps over the packed tensors seen as a batch of one: B = 1, Sq = total."""
     return ["D", "G", "Hkv", "Sq", "B"] if cfg.head_groups == 1 else ["D", "P", "Hg", "Sq", "B"]
 
 

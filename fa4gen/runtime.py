@@ -96,6 +96,16 @@ def launch_geometry(manifest: dict, batch: int, num_heads_kv: int, seqlen_q: int
     return LaunchGeometry(pack, ratio // pack, rows, nmb, num_bh, num_bh * nmb)
 
 
+def varlen_num_tasks(manifest: dict, batch: int, num_heads_kv: int, total_q: int) -> int:
+    """The num_tasks bound a varlen launch passes (fa4gen.plan.varlen_task_bound): every real task
+    of any cu_seqlens with these B and total_q is below it; the kernel stops at its own count."""
+    from .plan import varlen_task_bound
+
+    ratio, pack = manifest_gqa(manifest)
+    unit = int(manifest["grid"].get("tiles_per_task", 1)) * (128 // pack)
+    return varlen_task_bound(batch, total_q, int(num_heads_kv) * (ratio // pack), unit)
+
+
 def tensor_map_geometry(role: str, spec: dict, shape: tuple[int, ...], strides: tuple[int, ...],
                         elem_bytes: int, pack: int) -> MapGeometry:
     """Global dims/strides of one tensor map from a [B, S, H, D] tensor (strides in elements).
@@ -239,12 +249,66 @@ class Kernel:
         self._l2_cache[key] = choice
         return choice
 
-    def __call__(self, q, k, v, o, lse=None, softmax_scale: float | None = None, l2_group: int | None = None) -> None:
-        """Launch on torch's current stream. `l2_group` overrides the L2 section size the runtime
-        derives from the device's L2 (any value is safe: the kernel clamps it to [1, B*Hkv])."""
+    def varlen(self, q, k, v, o, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, lse=None,
+               seqused_k=None, softmax_scale: float | None = None) -> None:
+        """Launch a varlen kernel (manifest "varlen") on torch's current stream: q, o (total_q, Hq, D),
+        k, v (total_k, Hkv, D), cu_seqlens int32 (B + 1,), seqused_k int32 (B,) or None, lse
+        (Hq, total_q) fp32 or None. Validated by the caller (fa4gen.api.attention_varlen); the
+        kernel clamps every offset into the packed tensors."""
+        if "varlen" not in self.manifest:
+            raise RuntimeSetupError(f"{self.manifest['name']} is not a varlen kernel")
+        if q.device.index != self.device:
+            raise RuntimeSetupError(f"kernel was loaded on cuda:{self.device}, tensors are on {q.device}: "
+                                    "load one Kernel per device")
+        Tq, Hq, D = q.shape
+        Tk, Hkv = k.shape[0], k.shape[1]
+        B = int(cu_seqlens_q.shape[0]) - 1
+        G = int(self._cfg["gqa_ratio"])
+        if Hq != Hkv * G:
+            raise RuntimeSetupError(f"Hq={Hq} is not Hkv={Hkv} x the kernel's GQA ratio {G}")
+        if softmax_scale is None:
+            softmax_scale = 1.0 / math.sqrt(D)
+        num_tasks = varlen_num_tasks(self.manifest, B, Hkv, Tq)
+        if num_tasks == 0:
+            return
+        # the packed tensors seen as a batch of one (docs/ABI.md "Varlen")
+        maps = {f"tmap_{r}": self._encode(r, t.unsqueeze(0)) for r, t in (("q", q), ("k", k), ("v", v), ("o", o))}
+        scalars = {
+            "lse_ptr": ctypes.c_uint64(0 if lse is None else lse.data_ptr()),
+            "batch": ctypes.c_uint32(B), "seqlen_q": ctypes.c_uint32(max_seqlen_q),
+            "seqlen_k": ctypes.c_uint32(max_seqlen_k), "num_heads_kv": ctypes.c_uint32(Hkv),
+            "scale_log2": ctypes.c_float(softmax_scale * math.log2(math.e)),
+            "num_m_blocks": ctypes.c_uint32(0), "num_tasks": ctypes.c_uint32(num_tasks),
+            "l2_group": ctypes.c_uint32(1),
+            "cu_seqlens_q": ctypes.c_uint64(cu_seqlens_q.data_ptr()),
+            "cu_seqlens_k": ctypes.c_uint64(cu_seqlens_k.data_ptr()),
+            "seqused_k": ctypes.c_uint64(0 if seqused_k is None else seqused_k.data_ptr()),
+            "o_ptr": ctypes.c_uint64(o.data_ptr()), "total_q": ctypes.c_uint32(Tq), "total_k": ctypes.c_uint32(Tk),
+        }
+        self._launch(maps, scalars, num_tasks, q.device)
+
+    def _launch(self, maps: dict, scalars: dict, num_tasks: int, device) -> None:
         import torch
 
         drv = _driver()
+        # void* per parameter, in the manifest's (ABI) order; the driver copies the values during
+        # the launch call, so `scalars` and `maps` only need to outlive it.
+        ptrs = [maps[p].getPtr() if p in maps else ctypes.addressof(scalars[p]) for p in self._params]
+        argv = (ctypes.c_void_p * len(ptrs))(*ptrs)
+        config = drv.CUlaunchConfig()
+        config.gridDimX = self.grid(num_tasks)
+        config.gridDimY = config.gridDimZ = 1
+        config.blockDimX = int(self.manifest["threads_per_cta"])
+        config.blockDimY = config.blockDimZ = 1
+        config.sharedMemBytes = int(self.manifest["dynamic_smem_bytes"])
+        config.hStream = drv.CUstream(torch.cuda.current_stream(device).cuda_stream)
+        config.numAttrs = 0
+        config.attrs = []
+        _check("cuLaunchKernelEx", drv.cuLaunchKernelEx(config, self._function, ctypes.addressof(argv), 0))
+
+    def __call__(self, q, k, v, o, lse=None, softmax_scale: float | None = None, l2_group: int | None = None) -> None:
+        """Launch on torch's current stream. `l2_group` overrides the L2 section size the runtime
+        derives from the device's L2 (any value is safe: the kernel clamps it to [1, B*Hkv])."""
         if q.device.index != self.device:
             raise RuntimeSetupError(f"kernel was loaded on cuda:{self.device}, tensors are on {q.device}: "
                                     "load one Kernel per device")
@@ -269,17 +333,6 @@ class Kernel:
             "num_m_blocks": ctypes.c_uint32(num_m_blocks), "num_tasks": ctypes.c_uint32(num_tasks),
             "l2_group": ctypes.c_uint32(max(min(int(l2_group), 0xFFFFFFFF), 0)),
         }
-        # void* per parameter, in the manifest's (ABI) order; the driver copies the values during
-        # the launch call, so `scalars` and `maps` only need to outlive it.
-        ptrs = [maps[p].getPtr() if p in maps else ctypes.addressof(scalars[p]) for p in self._params]
-        argv = (ctypes.c_void_p * len(ptrs))(*ptrs)
-        config = drv.CUlaunchConfig()
-        config.gridDimX = self.grid(num_tasks)
-        config.gridDimY = config.gridDimZ = 1
-        config.blockDimX = int(self.manifest["threads_per_cta"])
-        config.blockDimY = config.blockDimZ = 1
-        config.sharedMemBytes = int(self.manifest["dynamic_smem_bytes"])
-        config.hStream = drv.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
-        config.numAttrs = 0
-        config.attrs = []
-        _check("cuLaunchKernelEx", drv.cuLaunchKernelEx(config, self._function, ctypes.addressof(argv), 0))
+        if "varlen" in self.manifest:
+            raise RuntimeSetupError(f"{self.manifest['name']} is a varlen kernel: launch it with Kernel.varlen")
+        self._launch(maps, scalars, num_tasks, q.device)

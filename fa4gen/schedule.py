@@ -175,3 +175,54 @@ def choose_l2_group(*, causal: bool, persistent: bool, l2_bytes: int, batch: int
             how = "whole rounds per section" if g in aligned else "sections balanced within tolerance"
             return L2Choice(g, budget, how)
     return L2Choice(num_bh, budget, "no section size keeps the persistent deal balanced: one section")
+
+
+# ---- varlen (fa4gen.plan "Varlen task order") --------------------------------------------------------
+U32 = 0xFFFFFFFF
+
+
+def varlen_spans(cu_seqlens, total: int):
+    """[(start, length)] per sequence, clamped exactly as the kernels clamp device-side offsets
+    (unsigned 32-bit): start = min(cu[b], total), end = min(max(cu[b + 1], start), total)."""
+    cu = [int(x) & U32 for x in cu_seqlens]
+    out = []
+    for b in range(len(cu) - 1):
+        s = min(cu[b], total)
+        e = min(max(cu[b + 1], s), total)
+        out.append((s, e - s))
+    return out
+
+
+def varlen_task(task: int, cu_q, cu_k, total_q: int, total_k: int, groups: int, unit_rows: int, causal: bool,
+                seqused_k=None):
+    """What varlen task `task` computes, as the kernels decode it: (b, head group, m unit,
+    q_start, q_len, k_start, k_len), or None past the last sequence's tasks.
+
+    groups: head groups per sequence (Hkv * G / P); unit_rows: query positions per task
+    (tiles_per_task * 128 / P)."""
+    qs, ks = varlen_spans(cu_q, total_q), varlen_spans(cu_k, total_k)
+    base = 0
+    for b, (q0, ql) in enumerate(qs):
+        units = -(-ql // unit_rows)
+        n = units * groups
+        if task < base + n:
+            r = task - base
+            m = r % units
+            k0, kl = ks[b]
+            if seqused_k is not None:
+                kl = min(kl, int(seqused_k[b]) & U32)
+            return b, r // units, (units - 1 - m) if causal else m, q0, ql, k0, kl
+        base += n
+    return None
+
+
+def varlen_tasks(cu_q, cu_k, total_q: int, total_k: int, groups: int, unit_rows: int, causal: bool,
+                 seqused_k=None) -> list:
+    """Every varlen task in order (the list varlen_task indexes)."""
+    out, t = [], 0
+    while True:
+        x = varlen_task(t, cu_q, cu_k, total_q, total_k, groups, unit_rows, causal, seqused_k)
+        if x is None:
+            return out
+        out.append(x)
+        t += 1

@@ -49,6 +49,8 @@ BAD_VALUES = [
     ("k_split", 128),
     ("k_split", 160),
     ("k_split", True),
+    ("varlen", 1),
+    ("varlen", "yes"),
 ]
 
 
@@ -102,7 +104,7 @@ def test_tuned_variant_names_carry_the_hash():
 
 ALTERNATIVES = {
     "arch": "sm_90a", "head_dim": 64, "causal": True, "gqa_ratio": 2, "dtype": "fp16",
-    "kv_stages": 2, "rescale_threshold": 0.0, "emu_pairs": 1, "emu_start": 2, "k_split": 32,
+    "kv_stages": 2, "rescale_threshold": 0.0, "emu_pairs": 1, "emu_start": 2, "k_split": 32, "varlen": True,
 }
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from ..assemble import PTX_VERSION
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import (ABI_PARAMS, ABI_PARAM_NAMES, HALF_COLS, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS,
+from ..plan import (abi_params, HALF_COLS, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS,
                     SMEM_ALIGN, gqa_manifest, mask_words, panel_bytes, qo_map_dims)
 from ..encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, check_tmem_alloc
 from ..exp2 import EXP2_POLY, FRAG_COLS, ROUND_MAGIC, emulated_mask
@@ -984,7 +984,7 @@ def lower_sm100(pipe: Pipeline) -> dict:
         "ptx_version": PTX_VERSION,
         "target": TARGET,
         "entry": ENTRY,
-        "param_decls": [decl for _, decl in ABI_PARAMS],
+        "param_decls": [decl for _, decl in abi_params(cfg)],
         "threads": pipe.threads,
         "maxnreg": REGS_PER_SM_PARTITION // pipe.threads,
         "causal": cfg.causal,
@@ -1058,7 +1058,7 @@ def manifest_sm100(pipe: Pipeline) -> dict:
         },
         "tensor_maps": tensor_maps(cfg),
         "gqa": gqa_manifest(cfg.gqa_ratio),
-        "params": list(ABI_PARAM_NAMES),
+        "params": [n for n, _ in abi_params(cfg)],
         "smem_layout": {
             "regions": {k: {"offset": v[0], "bytes_per_slot": v[1], "slots": v[2]} for k, v in layout.regions.items()},
             "barriers": dict(layout.barriers),

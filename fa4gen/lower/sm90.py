@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import (ABI_PARAMS, ABI_PARAM_NAMES, HALF_COLS, gqa_manifest, qo_map_dims, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS, SM90_CONSUMER_REGS,
+from ..plan import (VARLEN_ORDER, abi_params, varlen_manifest, HALF_COLS, gqa_manifest, qo_map_dims, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS, SM90_CONSUMER_REGS,
                     SM90_EPI_BAR_ID, SM90_PRODUCER_REGS, SM90_SCHED_BAR_ID, SM90_SMEM_ALIGN as SMEM_ALIGN,
                     SM90_SMEM_LIMIT as SMEM_LIMIT, SmemPlan, mask_words, panel_bytes, smem_plan, tile_bytes)
 from ..render import render
@@ -201,13 +201,19 @@ def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
         "ptx_version": PTX_VERSION,
         "target": "sm_90a",
         "entry": ENTRY,
-        "param_decls": [decl for _, decl in ABI_PARAMS],
+        "param_decls": [decl for _, decl in abi_params(cfg)],
         "threads": THREADS,
         "producer_regs": opt.producer_regs,
         "consumer_regs": opt.consumer_regs,
         "pingpong": opt.pingpong,
         "probe": opt.probe.value,
         "causal": cfg.causal,
+        "varlen": cfg.varlen,
+        "log2_sqt": sqt.bit_length() - 1,
+        # varlen O store by the threads (templates/sm90/fa4_fwd.ptx.j2): 16-byte chunks per row,
+        # rows one pass of the WG's 128 threads covers, passes over the WG's 64 rows
+        "vl": {"cpr": D // 8, "cpr_shift": (D // 8).bit_length() - 1, "row_step": 128 // (D // 8),
+               "iters": WG_ROWS // (128 // (D // 8)), "row_shift": (2 * D).bit_length() - 1},
         "G": G,
         "P": P,
         "NG": cfg.head_groups,
@@ -282,7 +288,7 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
         "grid": {"policy": "persistent" if opt.persistent else "one_per_task",
                  "task_unit": ("one 128-row Q tile: (batch, kv_head, m_block)" if cfg.head_groups == 1 else
                                "one 128-row Q tile: (batch, kv_head, head group, m_block)"), "tiles_per_task": 1,
-                 "order": ("LPT in sections of l2_group (batch, kv_head) pairs: m_block heaviest first, "
+                 "order": (VARLEN_ORDER[cfg.causal] if cfg.varlen else "LPT in sections of l2_group (batch, kv_head) pairs: m_block heaviest first, "
                            "the section's pairs fastest; snake deal" if cfg.causal
                            else "linear: m_block fastest")},
         "tensor_maps": {
@@ -293,7 +299,8 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
                   "swizzle": "128B", "dtype": dtype},
         },
         "gqa": gqa_manifest(cfg.gqa_ratio),
-        "params": list(ABI_PARAM_NAMES),
+        **({"varlen": varlen_manifest(cfg)} if cfg.varlen else {}),
+        "params": [n for n, _ in abi_params(cfg)],
         "sm90": {"kv_stages": plan.kv_stages, "q_stages": plan.q_stages, "pingpong": opt.pingpong, "probe": opt.probe.value,
                  "producer_regs": opt.producer_regs, "consumer_regs": opt.consumer_regs},
     }

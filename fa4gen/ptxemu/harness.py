@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import reference
 from ..encodings import TensorMapSpec
-from ..runtime import launch_geometry, manifest_gqa, tensor_map_geometry
+from ..runtime import launch_geometry, manifest_gqa, tensor_map_geometry, varlen_num_tasks
 from . import units
 from .machine import SMEM_BASE, Emulator, Fault, GlobalMemory
 from .parse import PtxSyntaxError, parse
@@ -51,6 +51,50 @@ class Shape:
         if len(vals) != 5 or any(v < 1 for v in vals):
             raise UsageError(f"--shape {s!r}: five positive integers B,Sq,Skv,Hq,Hkv")
         return cls(*vals)
+
+
+@dataclass
+class VarShape:
+    """A varlen batch: per-sequence query and key lengths (packed), optional seqused_k."""
+    lens_q: tuple
+    lens_k: tuple
+    hq: int
+    hkv: int
+    seqused_k: tuple | None = None
+
+    def __post_init__(self):
+        self.lens_q, self.lens_k = tuple(int(x) for x in self.lens_q), tuple(int(x) for x in self.lens_k)
+        if self.seqused_k is not None:
+            self.seqused_k = tuple(int(x) for x in self.seqused_k)
+
+    @property
+    def b(self) -> int:
+        return len(self.lens_q)
+
+    @property
+    def used_k(self) -> tuple:
+        """Keys each sequence attends to: its length, capped by seqused_k."""
+        if self.seqused_k is None:
+            return self.lens_k
+        return tuple(min(a, u) for a, u in zip(self.lens_k, self.seqused_k))
+
+    def __str__(self):
+        pairs = " ".join(f"{a}:{b}" for a, b in zip(self.lens_q, self.lens_k))
+        used = f" seqused_k={','.join(map(str, self.seqused_k))}" if self.seqused_k is not None else ""
+        return f"varlen [{pairs}] Hq={self.hq} Hkv={self.hkv}{used}"
+
+    @classmethod
+    def parse(cls, s: str) -> "VarShape":
+        """'LQ:LK,LQ:LK,...;HQ,HKV' (e.g. '131:200,0:17,40:0;4,1')."""
+        try:
+            seqs, heads = s.split(";")
+            pairs = [tuple(int(x) for x in p.split(":")) for p in seqs.split(",")]
+            hq, hkv = (int(x) for x in heads.split(","))
+        except ValueError:
+            raise UsageError(f"--lens {s!r}: LQ:LK,LQ:LK,...;HQ,HKV (e.g. 131:200,0:17,40:0;4,1)") from None
+        if not pairs or any(len(p) != 2 or min(p) < 0 for p in pairs) or hq < 1 or hkv < 1:
+            raise UsageError(f"--lens {s!r}: lengths >= 0 as LQ:LK pairs, then HQ,HKV >= 1")
+        return cls(tuple(p[0] for p in pairs), tuple(p[1] for p in pairs), hq, hkv)
 
 
 @dataclass
@@ -100,13 +144,19 @@ def load_manifest(ptx_path: Path, manifest_path: Path | None) -> dict:
     return man
 
 
-def default_shapes(man: dict) -> list[Shape]:
-    """Small shapes with tails on both lengths, GQA packing, and (causal) Sq != Skv both ways."""
+def default_shapes(man: dict) -> list:
+    """Small shapes with tails on both lengths, GQA packing, and (causal) Sq != Skv both ways.
+    Varlen kernels: ragged batches with a zero-length sequence, one with no keys, q_len != k_len
+    both ways, a sequence of more than one task, and (second shape) seqused_k."""
     cfg = man["config"]
     g, pack = manifest_gqa(man)
     rows = 128 // pack
     per_task = int(man["grid"].get("tiles_per_task", 1))
     hkv = 2 if g <= 2 else 1
+    if cfg.get("varlen"):
+        long_q = rows * per_task + rows // 2 + 3
+        return [VarShape((long_q, 0, 40, 9, 70), (200, 17, 0, 130, 30), g * hkv, hkv),
+                VarShape((5, rows + 1, 0), (140, 129, 0), g * hkv, hkv, seqused_k=(3, 100, 0))]
     sq = rows * per_task + rows // 2 + 3  # a second task whose tiles are partly / wholly past Sq
     if cfg["causal"]:
         return [Shape(1, sq, sq + 70, g * hkv, hkv), Shape(1, 150, 97, g, 1)]
@@ -125,6 +175,17 @@ def make_inputs(shape: Shape, dtype: str, head_dim: int, seed: int):
     rows = rng.choice(shape.sq, size=max(1, shape.sq // 16), replace=False)
     q[:, rows] *= 30.0
     return tuple(reference.round_to_dtype(x, dtype) for x in (q, k, v))
+
+
+def make_varlen_inputs(shape: VarShape, dtype: str, head_dim: int, seed: int):
+    """Packed q (total_q, Hq, D), k, v (total_k, Hkv, D): each sequence drawn like make_inputs."""
+    qs, ks, vs = [], [], []
+    for i, (lq, lk) in enumerate(zip(shape.lens_q, shape.lens_k)):
+        q, k, v = make_inputs(Shape(1, max(lq, 1), max(lk, 1), shape.hq, shape.hkv), dtype, head_dim, seed * 1009 + i)
+        qs.append(q[0, :lq])
+        ks.append(k[0, :lk])
+        vs.append(v[0, :lk])
+    return tuple(np.concatenate(x, axis=0) for x in (qs, ks, vs))
 
 
 def _np_dtype_bytes(dtype: str, x: np.ndarray) -> np.ndarray:
@@ -171,12 +232,15 @@ class Launch:
         if shape.hq != shape.hkv * g:
             raise UsageError(f"shape {shape}: Hq must be Hkv x the kernel's GQA ratio {g}")
         self.gmem = GlobalMemory()
+        varlen = isinstance(shape, VarShape)
+        if varlen != bool(cfg.get("varlen")):
+            raise UsageError(f"shape {shape}: the kernel is {'' if cfg.get('varlen') else 'not '}a varlen kernel")
         tensors = {"q": q, "k": k, "v": v}
         o_init = np.full(q.shape, np.nan)
         self.addr = {}
         for name, x in list(tensors.items()) + [("o", o_init)]:
             self.addr[name] = self.gmem.add(name, _np_dtype_bytes(self.dtype, x))
-        lse_shape = (shape.b, shape.hq, shape.sq)
+        lse_shape = (shape.hq, q.shape[0]) if varlen else (shape.b, shape.hq, shape.sq)
         self.lse_addr = self.gmem.add("lse", np.full(lse_shape, np.nan, np.float32)) if with_lse else 0
         self.o_shape = q.shape
         self.lse_shape = lse_shape
@@ -186,16 +250,34 @@ class Launch:
         if [p.name for p in mod.params] != list(man["params"]):
             raise UsageError(f"the PTX declares parameters {[p.name for p in mod.params]}, the manifest lists "
                              f"{man['params']}: they must agree")
-        lg = launch_geometry(man, shape.b, shape.hkv, shape.sq)  # the runtime's own arithmetic
-        num_m_blocks, num_tasks = lg.num_m_blocks, lg.num_tasks
         scale = 1.0 / math.sqrt(d)
-        scalars = {
-            "lse_ptr": ("<Q", self.lse_addr), "batch": ("<I", shape.b), "seqlen_q": ("<I", shape.sq),
-            "seqlen_k": ("<I", shape.skv), "num_heads_kv": ("<I", shape.hkv),
-            "scale_log2": ("<f", scale * math.log2(math.e)), "num_m_blocks": ("<I", num_m_blocks),
-            "num_tasks": ("<I", num_tasks),
-            "l2_group": ("<I", l2_group if l2_group is not None else 1 + seed % max(lg.num_bh, 1)),
-        }
+        if varlen:
+            lg = launch_geometry(man, 1, shape.hkv, 1)
+            num_tasks = varlen_num_tasks(man, shape.b, shape.hkv, q.shape[0])  # the runtime's own bound
+            cu = {n: np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+                  for n, lens in (("q", shape.lens_q), ("k", shape.lens_k))}
+            self.cu = cu
+            used = self.gmem.add("seqused_k", np.asarray(shape.seqused_k, np.int32)) if shape.seqused_k else 0
+            scalars = {
+                "lse_ptr": ("<Q", self.lse_addr), "batch": ("<I", shape.b),
+                "seqlen_q": ("<I", max(shape.lens_q)), "seqlen_k": ("<I", max(shape.lens_k)),
+                "num_heads_kv": ("<I", shape.hkv), "scale_log2": ("<f", scale * math.log2(math.e)),
+                "num_m_blocks": ("<I", 0), "num_tasks": ("<I", num_tasks), "l2_group": ("<I", 1),
+                "cu_seqlens_q": ("<Q", self.gmem.add("cu_seqlens_q", cu["q"])),
+                "cu_seqlens_k": ("<Q", self.gmem.add("cu_seqlens_k", cu["k"])),
+                "seqused_k": ("<Q", used), "o_ptr": ("<Q", self.addr["o"]),
+                "total_q": ("<I", q.shape[0]), "total_k": ("<I", k.shape[0]),
+            }
+        else:
+            lg = launch_geometry(man, shape.b, shape.hkv, shape.sq)  # the runtime's own arithmetic
+            num_m_blocks, num_tasks = lg.num_m_blocks, lg.num_tasks
+            scalars = {
+                "lse_ptr": ("<Q", self.lse_addr), "batch": ("<I", shape.b), "seqlen_q": ("<I", shape.sq),
+                "seqlen_k": ("<I", shape.skv), "num_heads_kv": ("<I", shape.hkv),
+                "scale_log2": ("<f", scale * math.log2(math.e)), "num_m_blocks": ("<I", num_m_blocks),
+                "num_tasks": ("<I", num_tasks),
+                "l2_group": ("<I", l2_group if l2_group is not None else 1 + seed % max(lg.num_bh, 1)),
+            }
         self.scale = scale
         for p in mod.params:
             align = max(p.align, 1)
@@ -207,8 +289,9 @@ class Launch:
                 role = p.name[5:]
                 spec = man["tensor_maps"][role]
                 t = tensors.get(role, o_init)
-                strides = tuple(int(s) for s in np.cumprod((1,) + t.shape[::-1][:-1])[::-1])
-                geo = tensor_map_geometry(role, spec, tuple(t.shape), strides, 2, lg.pack)
+                tshape = (1,) + t.shape if varlen else t.shape  # varlen: the packed tensor as a batch of one
+                strides = tuple(int(s) for s in np.cumprod((1,) + tshape[::-1][:-1])[::-1])
+                geo = tensor_map_geometry(role, spec, tshape, strides, 2, lg.pack)
                 tms = TensorMapSpec(dtype=spec["dtype"], dims=tuple(spec["dims"]), box=geo.box, swizzle=spec["swizzle"])
                 args = tms.validate(geo.dims, geo.strides, self.addr[role])
                 blob += units.encode_tensor_map(args, self.addr[role])
@@ -220,6 +303,7 @@ class Launch:
         self.params, self.offsets, self.sizes = bytes(blob), offsets, sizes
         pol = man["grid"]["policy"]
         self.nctas = min(num_tasks, ctas) if pol == "persistent" else num_tasks
+        self.nctas = max(self.nctas, 1)
         self.num_tasks = num_tasks
 
     def barrier_names(self) -> dict:
@@ -302,7 +386,10 @@ def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2
     cfg = man["config"]
     mod = mod or parse(ptx_text)
     d = int(cfg["head_dim"])
-    q, k, v = inputs if inputs is not None else make_inputs(shape, cfg["dtype"], d, seed)
+    varlen = isinstance(shape, VarShape)
+    if inputs is None:
+        inputs = (make_varlen_inputs if varlen else make_inputs)(shape, cfg["dtype"], d, seed)
+    q, k, v = inputs
     launch = Launch(mod, man, shape, q, k, v, ctas=ctas, seed=seed, l2_group=l2_group)
     entry_regs = entry_registers(mod, man, int(man["threads_per_cta"]))
     t0 = time.perf_counter()
@@ -326,10 +413,13 @@ def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2
     res.seconds = time.perf_counter() - t0
     o, lse = launch.output()
     res.o, res.lse = o, lse
-    res.ok, res.report, res.max_err = judge(o, lse, q, k, v, cfg, launch.scale)
+    if varlen:
+        res.ok, res.report, res.max_err = judge_varlen(o, lse, q, k, v, cfg, launch.scale, shape)
+    else:
+        res.ok, res.report, res.max_err = judge(o, lse, q, k, v, cfg, launch.scale)
     res.kind = "ok" if res.ok else "mismatch"
     res.finding = "" if res.ok else "mismatch"
-    if not res.ok:
+    if not res.ok and not varlen:
         res.report += "\n" + _writer_report(emu, man, o, q, k, v, cfg, launch.scale)
     if emu.findings:
         uniq = list({str(f): f for f in emu.findings}.values())
@@ -446,6 +536,24 @@ def judge(o, lse, q, k, v, cfg, scale):
             if not (o[rows] == 0).all():
                 msgs.append("O: rows that see no key are not exactly 0")
     return (not msgs), "\n".join(msgs), max_err
+
+
+def judge_varlen(o, lse, q, k, v, cfg, scale, shape: VarShape):
+    """judge() per sequence on its own rows (a dense batch of one), keys capped by seqused_k; every
+    row of o and lse belongs to exactly one sequence, so an unwritten or stray row shows up there."""
+    msgs, worst = [], 0.0
+    q0 = k0 = 0
+    for i, (lq, lk, uk) in enumerate(zip(shape.lens_q, shape.lens_k, shape.used_k)):
+        if lq:
+            sl = slice(q0, q0 + lq)
+            ok, rep_, err = judge(o[None, sl], None if lse is None else lse[None, :, sl], q[None, sl],
+                                  k[None, k0:k0 + uk], v[None, k0:k0 + uk], cfg, scale)
+            worst = max(worst, err)
+            if not ok:
+                msgs.append(f"sequence {i} (rows {q0}-{q0 + lq - 1}, {lq} queries, {uk} keys):")
+                msgs.extend("  " + ln for ln in rep_.splitlines())
+        q0, k0 = q0 + lq, k0 + lk
+    return (not msgs), "\n".join(msgs), worst
 
 
 def _ranges(idx) -> str:
