@@ -57,9 +57,11 @@ def last_call_info() -> CallInfo | None:
     return getattr(_local, "info", None)
 
 
-def config_for(problem: Problem) -> KernelConfig:
+def config_for(problem) -> KernelConfig:
+    """The kernel of a validated Problem (dense) or VarlenProblem (varlen)."""
     return KernelConfig(arch=RUNTIME_ARCH, head_dim=problem.head_dim, causal=problem.causal,
-                        gqa_ratio=problem.gqa_ratio, dtype=problem.dtype)
+                        gqa_ratio=problem.gqa_ratio, dtype=problem.dtype,
+                        varlen=isinstance(problem, validate.VarlenProblem))
 
 
 def build(cfg: KernelConfig) -> tuple[bytes, dict]:
@@ -112,8 +114,9 @@ _fast: dict[tuple, tuple[tuple[str, int], LoadInfo]] = {}
 _arch_ok: set[int] = set()
 
 
-def _kernel_for(problem: Problem, dev):
-    key = (problem.head_dim, problem.causal, problem.gqa_ratio, problem.dtype, dev.index)
+def _kernel_for(problem, dev):
+    key = (problem.head_dim, problem.causal, problem.gqa_ratio, problem.dtype, dev.index,
+           isinstance(problem, validate.VarlenProblem))
     known = _fast.get(key)
     if known is not None:
         kernel = KERNELS.peek(known[0])
@@ -213,6 +216,81 @@ def _attention_eager(torch, q, k, v, causal, softmax_scale, return_lse, check_gr
     kernel, kinfo = _kernel_for(problem, dev)
     with torch.cuda.device(dev):
         kernel(q, k, v, o, lse=lse, softmax_scale=problem.softmax_scale)
+    return done(True, kinfo, tuple(why))
+
+
+# ---- varlen ------------------------------------------------------------------------------------
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                     softmax_scale: float | None = None, return_lse: bool = False, seqused_k=None):
+    """Attention over a packed batch of variable-length sequences (flash-attn's varlen conventions).
+
+    q: (total_q, Hq, D); k, v: (total_k, Hkv, D); float16 or bfloat16, on one CUDA device of compute
+    capability 9.0. cu_seqlens_q / cu_seqlens_k: int32 (B + 1,) on the same device; sequence b's
+    queries are rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q, its keys rows
+    [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k and v, of which only the first seqused_k[b] are used
+    when seqused_k (int32 (B,)) is given. A sequence may have length 0. GQA as in `attention`.
+    causal=True is bottom-right aligned per sequence (query i of a sequence with Lq queries and Lk
+    keys sees keys j <= i + Lk - Lq); rows that see no key get O = 0 and LSE = -inf.
+
+    max_seqlen_q / max_seqlen_k: the longest sequence (flash-attn's arguments). The kernel does not
+    depend on them (its scheduler reads the lengths on the device); they are checked where the host
+    can: B sequences of at most max_seqlen_q rows must be able to hold total_q rows.
+
+    Returns o (total_q, Hq, D) and, with return_lse, lse (Hq, total_q) float32. Rows of q outside
+    every sequence are not written.
+
+    Raises a `fa4gen.validate.Fa4genInputError` for every problem visible without a device sync
+    (wrong dtype, device or length of cu_seqlens or seqused_k, inconsistent sizes). The offsets
+    themselves stay on the device: non-monotonic or out-of-range values are clamped by the kernel
+    (start = min(cu[b], total), end = min(max(cu[b+1], start), total)), so it never reads or writes
+    outside its tensors, whatever they hold.
+    """
+    try:
+        import torch
+    except ImportError as e:
+        raise validate.InputTypeError("fa4gen.attention_varlen needs torch (pip install torch)") from e
+    t0 = time.perf_counter()
+    metas, errors = [], []
+    for t, n in ((q, "q"), (k, "k"), (v, "v"), (cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k"),
+                 (seqused_k, "seqused_k")):
+        if t is None and n == "seqused_k":
+            metas.append(None)
+            continue
+        try:
+            metas.append(validate.tensor_meta(t, n))
+        except Fa4genInputError as e:
+            metas.append(None)
+            errors.append(e)
+    validate.raise_all(errors)
+    qm, km, vm, cqm, ckm, sum_ = metas
+    problem = validate.check_varlen_problem(qm, km, vm, cqm, ckm, max_seqlen_q, max_seqlen_k, seqused_k=sum_,
+                                            causal=causal, softmax_scale=softmax_scale, return_lse=return_lse)
+    dev = q.device
+    if dev.index not in _arch_ok:
+        validate.check_arch(torch.cuda.get_device_capability(dev), torch.cuda.get_device_name(dev))
+        _arch_ok.add(dev.index)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise validate.InputValueError(FORWARD_ONLY.replace("fa4gen.attention", "fa4gen.attention_varlen"))
+    o = torch.empty(problem.out_shape, dtype=q.dtype, device=dev)
+    lse = torch.empty(problem.lse_shape, dtype=torch.float32, device=dev) if return_lse else None
+
+    def done(launched, kernel_info=None, copied=()):
+        _local.info = CallInfo(problem, launched, kernel_info, tuple(copied), time.perf_counter() - t0)
+        return (o, lse) if return_lse else o
+
+    if problem.is_empty:
+        return done(False)
+    if problem.no_keys:
+        o.zero_()
+        if lse is not None:
+            lse.fill_(float("-inf"))
+        return done(False)
+    why = dict(problem.relayout)
+    q, k, v = (_tma_ready(t, n, why.get(n)) for t, n in ((q, "q"), (k, "k"), (v, "v")))
+    kernel, kinfo = _kernel_for(problem, dev)
+    with torch.cuda.device(dev):
+        kernel.varlen(q, k, v, o, cu_seqlens_q, cu_seqlens_k, problem.max_seqlen_q, problem.max_seqlen_k, lse=lse,
+                      seqused_k=seqused_k, softmax_scale=problem.softmax_scale)
     return done(True, kinfo, tuple(why))
 
 

@@ -23,6 +23,10 @@ def _config_options(f):
         click.option("--gqa", "gqa", type=int, default=1, show_default=True,
                      help="Query heads per KV head (GQA ratio), any integer >= 1: a divisor of 128 packs the ratio's heads "
                           "into one Q tile, any other ratio runs one head per tile."),
+        click.option("--varlen", is_flag=True,
+                     help="Variable-length batches: packed (total, H, D) tensors with cu_seqlens offsets "
+                          "(fa4gen.attention_varlen); per-sequence causal, a varlen tile scheduler, O stored "
+                          "row by row so no tile writes the next sequence."),
         click.option("--kv-stages", type=int, default=None, help="K/V SMEM ring depth (default: the arch's)."),
         click.option("--rescale-threshold", type=float, default=None,
                      help="Skip rescaling O while the reference max moved less than this (log2 units, default 8)."),
@@ -32,8 +36,8 @@ def _config_options(f):
     return f
 
 
-def _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold) -> KernelConfig:
-    kw = dict(arch=arch, head_dim=head_dim, dtype=dtype, causal=causal, gqa_ratio=gqa)
+def _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, varlen=False) -> KernelConfig:
+    kw = dict(arch=arch, head_dim=head_dim, dtype=dtype, causal=causal, gqa_ratio=gqa, varlen=varlen)
     if kv_stages is not None:
         kw["kv_stages"] = kv_stages
     if rescale_threshold is not None:
@@ -114,8 +118,8 @@ def _unusable_out_dir(out_dir: Path) -> str | None:
                    "scripts/regen_generated.py writes).")
 @click.option("--emit", type=click.Choice(["ir", "ptx", "cubin", "sass"]), multiple=True,
               help="Artifacts to write besides the manifest (repeatable). Default: ptx and cubin.")
-def build(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, out, emit):
-    cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold)
+def build(arch, head_dim, dtype, causal, gqa, varlen, kv_stages, rescale_threshold, out, emit):
+    cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, varlen)
     out_dir = Path(out)
     problem = _unusable_out_dir(out_dir)
     if problem:
@@ -141,7 +145,7 @@ def build(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, out,
 @_config_options
 @click.option("--mutation", default=None, help="Apply a corpus mutation (see --list-mutations).")
 @click.option("--list-mutations", is_flag=True, help="List the broken-pipeline corpus of --arch and exit.")
-def verify(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, mutation, list_mutations):
+def verify(arch, head_dim, dtype, causal, gqa, varlen, kv_stages, rescale_threshold, mutation, list_mutations):
     from .codegen import pipeline_summary
     from .ir import build_pipeline
     from .passes import verify as run_verify
@@ -152,7 +156,7 @@ def verify(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, mut
         for m in corpus[arch]:
             click.echo(f"{m.name:28s} {m.code:14s} {m.culprit:12s} {m.what}")
         return
-    cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold)
+    cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, varlen)
     if mutation:
         mine = [m for m in corpus[arch] if m.name == mutation]
         if not mine:
@@ -201,6 +205,10 @@ def _load_ptx(path: Path, manifest: str | None, mutation: str | None) -> tuple[s
 @click.option("--shape", "shapes", multiple=True, metavar="B,Sq,Skv,Hq,Hkv",
               help="Problem shape (repeatable). Default: small shapes with tails on both lengths, GQA "
                    "packing and, for causal kernels, Sq < Skv and Sq > Skv (rows that see no key).")
+@click.option("--lens", "lens", multiple=True, metavar="LQ:LK,...;HQ,HKV",
+              help="Varlen kernels: a ragged batch (repeatable), per-sequence query:key lengths then the "
+                   "heads, e.g. '131:200,0:17,40:0;4,1'. Default: ragged batches with a zero-length "
+                   "sequence, one with no keys, q_len != k_len both ways, and one with seqused_k.")
 @click.option("--seeds", type=click.IntRange(1, 1000), default=2, show_default=True,
               help="Seeds per shape: inputs and completion orders both change with the seed.")
 @click.option("--seed0", type=click.IntRange(0), default=0, show_default=True, help="First seed.")
@@ -215,7 +223,8 @@ def _load_ptx(path: Path, manifest: str | None, mutation: str | None) -> tuple[s
 @click.option("--mutation", default=None, help="Apply a PTX corpus mutation to the file first (see --list-mutations).")
 @click.option("--list-mutations", is_flag=True, help="List the PTX mutation corpus and exit.")
 @click.option("--quiet", is_flag=True, help="Only the verdict line and reports.")
-def emulate(ptx_file, manifest, shapes, seeds, seed0, ctas, step_limit, persistent, mutation, list_mutations, quiet):
+def emulate(ptx_file, manifest, shapes, lens, seeds, seed0, ctas, step_limit, persistent, mutation, list_mutations,
+            quiet):
     from .ptxemu import harness
     from .ptxemu.mutations import PTX_MUTATIONS
     from .ptxemu.parse import PtxSyntaxError
@@ -227,7 +236,11 @@ def emulate(ptx_file, manifest, shapes, seeds, seed0, ctas, step_limit, persiste
     path = Path(ptx_file)
     try:
         text, man = _load_ptx(path, manifest, mutation)
-        shp = [harness.Shape.parse(s) for s in shapes] or None
+        varlen = bool(man["config"].get("varlen"))
+        if (shapes and varlen) or (lens and not varlen):
+            raise harness.UsageError("--shape is for dense kernels, --lens for varlen ones; this kernel is "
+                                     + ("varlen" if varlen else "dense"))
+        shp = [harness.Shape.parse(s) for s in shapes] + [harness.VarShape.parse(s) for s in lens] or None
         if persistent:
             man = dict(man, grid=dict(man["grid"], policy="persistent"))
     except harness.UsageError as e:

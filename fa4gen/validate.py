@@ -321,3 +321,150 @@ def check_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, *, causal=False, 
     return Problem(batch=b, seqlen_q=sq, seqlen_k=skv, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=dtype,
                    causal=causal, softmax_scale=scale, return_lse=return_lse, device=device,
                    relayout=tuple(relayout))
+
+
+# ---- varlen (fa4gen.attention_varlen) ------------------------------------------------------------
+@dataclass(frozen=True)
+class VarlenProblem:
+    """A validated varlen call: packed q (total_q, Hq, D), k/v (total_k, Hkv, D), B sequences."""
+
+    batch: int
+    total_q: int
+    total_k: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    max_seqlen_q: int
+    max_seqlen_k: int
+    dtype: str
+    causal: bool
+    softmax_scale: float
+    return_lse: bool
+    device: str
+    has_seqused_k: bool
+    relayout: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def gqa_ratio(self) -> int:
+        return self.heads_q // self.heads_kv if self.heads_kv else 0
+
+    @property
+    def out_shape(self) -> tuple[int, int, int]:
+        return (self.total_q, self.heads_q, self.head_dim)
+
+    @property
+    def lse_shape(self) -> tuple[int, int]:
+        return (self.heads_q, self.total_q)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.batch == 0 or self.total_q == 0 or self.heads_q == 0
+
+    @property
+    def no_keys(self) -> bool:
+        return not self.is_empty and self.total_k == 0
+
+
+def check_varlen_shapes(q: TensorMeta, k: TensorMeta, v: TensorMeta) -> tuple[int, int, int, int, int]:
+    """(total_q, total_k, Hq, Hkv, D) of packed q (total_q, Hq, D), k/v (total_k, Hkv, D)."""
+    for m in (q, k, v):
+        if len(m.shape) != 3:
+            raise InputValueError(f"{m.name} must have 3 dims (total_tokens, heads, head_dim) for attention_varlen, "
+                                  f"got shape {m.shape}")
+    if k.shape != v.shape:
+        raise InputValueError(f"k and v must have the same shape, got k {k.shape} and v {v.shape}")
+    tq, hq, d = q.shape
+    tk, hkv, dk = k.shape
+    if d != dk:
+        raise InputValueError(f"q and k must have the same head_dim, got {d} and {dk}")
+    if d not in HEAD_DIMS:
+        raise InputValueError(
+            f"head_dim {d} is not supported; fa4gen generates head_dim {' and '.join(map(str, HEAD_DIMS))}")
+    if hq > 0 and hkv == 0:
+        raise InputValueError(f"k and v have 0 heads but q has {hq}")
+    if hkv > 0 and hq % hkv:
+        raise InputValueError(f"q's heads ({hq}) must be a multiple of k/v's heads ({hkv}) for GQA")
+    if hq > 0 and hq // hkv > GQA_RATIO_MAX:
+        raise InputValueError(f"GQA ratio {hq}/{hkv} = {hq // hkv} exceeds {GQA_RATIO_MAX} query heads per kv head")
+    for label, n in (("total_q", tq), ("total_k", tk), ("heads_q", hq)):
+        if n >= U32_PARAM_LIMIT:
+            raise InputValueError(f"{label} = {n} does not fit the kernel's 32-bit parameters")
+    if tq * hq * d * 2 >= 1 << 48 or tk * hkv * d * 2 >= 1 << 48:
+        raise InputValueError("q or k is too large to address")
+    return tq, tk, hq, hkv, d
+
+
+def check_offsets_meta(m: TensorMeta | None, name: str, length: int | None, device: str | None) -> int:
+    """An int32, 1-D, contiguous offsets/lengths tensor on the inputs' device; returns its length."""
+    if m is None:
+        raise InputTypeError(f"{name} must be a torch.Tensor of int32, got None")
+    if m.dtype != "int32":
+        raise InputTypeError(f"{name} must have dtype int32, got {m.dtype}")
+    if len(m.shape) != 1:
+        raise InputValueError(f"{name} must be 1-D, got shape {m.shape}")
+    if length is not None and m.shape[0] != length:
+        raise InputValueError(f"{name} must have {length} entries, got {m.shape[0]}")
+    if device is not None and m.device != device:
+        raise DeviceError(f"{name} must be on {device} with q, k and v, got {m.device} (the kernel reads it; "
+                          "move it with .to(q.device))")
+    if m.shape[0] > 1 and m.strides[0] != 1:
+        raise InputValueError(f"{name} must be contiguous (stride 1), got stride {m.strides[0]}")
+    if m.data_ptr % 4:
+        raise InputValueError(f"{name}'s data pointer is not 4-byte aligned")
+    return m.shape[0]
+
+
+def _check_max_seqlen(name: str, value, batch: int | None, total: int | None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InputTypeError(f"{name} must be an int, got {type(value).__name__}")
+    n = int(value)
+    if n < 0 or n >= U32_PARAM_LIMIT:
+        raise InputValueError(f"{name} must be in [0, 2^31), got {n}")
+    if batch is not None and total is not None and n * batch < total:
+        raise InputValueError(
+            f"{name}={n} is smaller than a real sequence length: {batch} sequences of at most {n} rows cannot "
+            f"hold the {total} rows given")
+    return n
+
+
+def check_varlen_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cu_q: TensorMeta | None,
+                         cu_k: TensorMeta | None, max_seqlen_q, max_seqlen_k, *, seqused_k: TensorMeta | None = None,
+                         causal=False, softmax_scale=None, return_lse=False) -> VarlenProblem:
+    """Everything the host can check without reading the offsets (no device sync); every problem in
+    one error. What it cannot see (non-monotonic or out-of-range offsets on the device) the kernel
+    clamps: no sequence reads or writes outside q, k, v, o or lse."""
+    metas = (q, k, v)
+    errors = []
+
+    def attempt(fn, *args):
+        try:
+            return fn(*args)
+        except Fa4genInputError as e:
+            errors.append(e)
+            return None
+
+    device = attempt(check_devices, metas)
+    dtype = attempt(check_dtypes, metas)
+    shapes = attempt(check_varlen_shapes, q, k, v)
+    attempt(check_flags, causal, return_lse)
+    d = shapes[4] if shapes else (q.shape[-1] if q.shape and q.shape[-1] > 0 else HEAD_DIMS[-1])
+    scale = attempt(check_softmax_scale, softmax_scale, d)
+    nq = attempt(check_offsets_meta, cu_q, "cu_seqlens_q", None, device)
+    batch = nq - 1 if nq else None
+    if nq == 0:
+        errors.append(InputValueError("cu_seqlens_q must have B + 1 >= 1 entries, got 0"))
+    attempt(check_offsets_meta, cu_k, "cu_seqlens_k", nq, device)
+    if seqused_k is not None:
+        attempt(check_offsets_meta, seqused_k, "seqused_k", batch, device)
+    tq, tk = (shapes[0], shapes[1]) if shapes else (None, None)
+    mq = attempt(_check_max_seqlen, "max_seqlen_q", max_seqlen_q, batch, tq)
+    mk = attempt(_check_max_seqlen, "max_seqlen_k", max_seqlen_k, batch if seqused_k is None else None, tk)
+    if batch == 0 and tq:
+        errors.append(InputValueError(f"cu_seqlens_q describes no sequence but q has {tq} rows"))
+    raise_all(errors)
+    tq, tk, hq, hkv, d = shapes
+    relayout = tuple((m.name, why) for m in metas if (why := tma_layout_problem(m)) is not None)
+    return VarlenProblem(batch=batch, total_q=tq, total_k=tk, heads_q=hq, heads_kv=hkv, head_dim=d,
+                         max_seqlen_q=mq, max_seqlen_k=mk, dtype=dtype, causal=causal, softmax_scale=scale,
+                         return_lse=return_lse, device=device, has_seqused_k=seqused_k is not None,
+                         relayout=relayout)

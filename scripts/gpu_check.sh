@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The one command to run on a GPU machine (H100/H200): environment, prebuild of the 32 sm_90a
-# variants into the cubin cache, `pytest -m gpu`, then the benchmark; ends with one summary line.
+# The one command to run on a GPU machine (H100/H200): environment, prebuild of the 32 dense and 32
+# varlen sm_90a variants into the cubin cache, `pytest -m gpu`, then the benchmark; ends with one summary line.
 #   bash scripts/gpu_check.sh            (from anywhere; runs from the checkout, no install)
 # Environment: FA4GEN_CACHE_DIR (default: a fresh temporary directory, so every run builds),
 # OUT (when set, logs and the benchmark's JSON are copied there), GPU_CHECK_SKIP_BENCH=1.
@@ -40,7 +40,7 @@ else
     echo "fa4cute peer: none ($fa4_site absent; scripts/fa4_peer.sh stage1 + stage2 bring it)"
 fi
 
-say "prebuild: 32 sm_90a variants -> $FA4GEN_CACHE_DIR"
+say "prebuild: 64 sm_90a variants (32 dense, 32 varlen) -> $FA4GEN_CACHE_DIR"
 "$PY" - <<'EOF' 2>&1 | tee "$LOGS/prebuild.txt"
 import itertools, os, time
 from concurrent.futures import ProcessPoolExecutor
@@ -49,15 +49,16 @@ def one(key):
     from fa4gen import api
     from fa4gen.cache import CubinCache
     from fa4gen.config import KernelConfig
-    d, dt, causal, g = key
-    cfg = KernelConfig(arch="sm_90a", head_dim=d, dtype=dt, causal=causal, gqa_ratio=g)
+    d, dt, causal, g, varlen = key
+    cfg = KernelConfig(arch="sm_90a", head_dim=d, dtype=dt, causal=causal, gqa_ratio=g, varlen=varlen)
     try:
         r = CubinCache().get_or_build(cfg, api.build)
         return cfg.name, "hit" if r.hit else "built", r.build_s, len(r.cubin), ""
     except Exception as e:
         return cfg.name, "FAILED", 0.0, 0, f"{type(e).__name__}: {str(e)[:300]}"
 
-keys = list(itertools.product((64, 128), ("fp16", "bf16"), (False, True), (1, 2, 4, 8)))
+keys = (list(itertools.product((64, 128), ("fp16", "bf16"), (False, True), (1, 2, 4, 8), (False,)))
+        + list(itertools.product((64, 128), ("fp16", "bf16"), (False, True), (1, 3, 4, 8), (True,))))
 t0 = time.perf_counter()
 with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as ex:
     rows = list(ex.map(one, keys))
@@ -75,7 +76,7 @@ say "pytest -m gpu"
 # The outer timeouts keep the whole script under the device tool's 10-minute command limit.
 watchdog=()
 "$PY" -c "import pytest_timeout" 2>/dev/null && watchdog=(--timeout=120 --timeout-method=thread)
-timeout 330 "$PY" -m pytest -m gpu tests -rfEs --durations=10 -p no:cacheprovider "${watchdog[@]}" \
+timeout 420 "$PY" -m pytest -m gpu tests -rfEs --durations=10 -p no:cacheprovider "${watchdog[@]}" \
     --junitxml="$LOGS/gpu_tests.xml" 2>&1 | tee "$LOGS/pytest_gpu.txt"
 rc_tests=${PIPESTATUS[0]}
 tests_line=$(grep -E "[0-9]+ (passed|failed|error|errors|skipped|deselected)" "$LOGS/pytest_gpu.txt" | tail -n 1)

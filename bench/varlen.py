@@ -1,0 +1,200 @@
+"""Varlen throughput (issue 12): fa4gen's varlen kernel on ragged batches, beside fa4gen's dense kernel
+at equal work and FA4-CuTe's flash_attn_varlen_func, same run, same GPU.
+
+    python -m bench.varlen [--out-dir DIR] [--only 0,3] [--budget-s 200]
+
+Mixes (seeded, deterministic; 32768 tokens each): `uniform`, lengths uniform in [1, 8192]; `heavy`,
+a heavy-tailed mix (85% of sequences log-uniform in [16, 512], 15% in [2048, 8192]). Each at H 16
+(Hq = Hkv), D 128 and 64, causal and not, bf16.
+
+TFLOP/s count only the real work: sum over sequences of 4 * Lq * Lk * H * D (causal: the visible
+pairs, Lq * Lk - Lq * (Lq - 1) / 2 for Lq = Lk). `dense (equal work)` runs fa4gen's dense kernel on
+B x S with the same tokens and the same FLOPs: S = sum L^2 / sum L rounded to 64, B = tokens / S.
+`fa4gen` times fa4gen.attention_varlen (validation, allocation, launch); `fa4gen_kernel` the loaded
+kernel into a preallocated output. Every implementation's O is compared with fa4gen's (max |diff|).
+Timing: triton do_bench median (bench.attention._median_ms), warm-up first.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import itertools
+import math
+import re
+import sys
+import time
+from pathlib import Path
+
+from bench.attention import ROOT, _median_ms, _one_line, _write, environment, load_fa4cute
+
+TOKENS = 32768
+HEADS = 16
+
+
+def mix_lengths(kind: str, tokens: int = TOKENS, seed: int = 0) -> list[int]:
+    import random
+
+    rng = random.Random(f"{kind}-{seed}")
+    out, left = [], tokens
+    while left > 0:
+        if kind == "uniform":
+            n = rng.randint(1, 8192)
+        elif kind == "heavy":
+            lo, hi = (16, 512) if rng.random() < 0.85 else (2048, 8192)
+            n = int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+        else:
+            raise ValueError(kind)
+        n = min(n, left)
+        out.append(n)
+        left -= n
+    return out
+
+
+MIXES = tuple((kind, d, causal) for kind in ("uniform", "heavy") for d in (128, 64) for causal in (False, True))
+
+
+def real_flop(lens, h, d, causal) -> float:
+    pairs = sum(L * L - (L * (L - 1)) // 2 if causal else L * L for L in lens)
+    return 4.0 * pairs * h * d
+
+
+def equal_work_dense(lens) -> tuple[int, int]:
+    """(B, S) with the mix's tokens and the same sum of L^2 (so the same FLOPs, causal or not)."""
+    s = max(64, int(round(sum(L * L for L in lens) / sum(lens) / 64)) * 64)
+    return max(1, round(sum(lens) / s)), s
+
+
+def run_mix(kind, d, causal, warmup_ms, rep_ms, fa4_varlen=None):
+    import torch
+
+    from fa4gen import api
+    from fa4gen.config import KernelConfig
+
+    lens = mix_lengths(kind)
+    total = sum(lens)
+    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
+    maxlen = max(lens)
+    dt = torch.bfloat16
+    q, k, v = (torch.randn(total, HEADS, d, device="cuda", dtype=dt) for _ in range(3))
+    flop = real_flop(lens, HEADS, d, causal)
+    row = {"mix": kind, "head_dim": d, "causal": causal, "heads": HEADS, "tokens": total, "sequences": len(lens),
+           "max_len": maxlen, "real_tflop": round(flop / 1e12, 4)}
+    ms, outs, notes = {}, {}, {}
+
+    def tf(x):
+        return round(flop / (x * 1e-3) / 1e12, 1) if x else None
+
+    try:
+        outs["fa4gen"] = api.attention_varlen(q, k, v, cu, cu, maxlen, maxlen, causal=causal)
+        ms["fa4gen"] = _median_ms(lambda: api.attention_varlen(q, k, v, cu, cu, maxlen, maxlen, causal=causal),
+                                  warmup_ms, rep_ms)
+        cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, dtype="bf16", varlen=True)
+        kernel, _ = api.get_kernel(cfg)
+        o = torch.empty_like(q)
+        ms["fa4gen_kernel"] = _median_ms(lambda: kernel.varlen(q, k, v, o, cu, cu, maxlen, maxlen,
+                                                               softmax_scale=d ** -0.5), warmup_ms, rep_ms)
+    except Exception as e:  # noqa: BLE001 - a failing row is reported, the others still run
+        notes["fa4gen"] = _one_line(e)
+    b_eq, s_eq = equal_work_dense(lens)
+    row["dense_shape"] = [b_eq, s_eq]
+    try:
+        qd, kd, vd = (torch.randn(b_eq, s_eq, HEADS, d, device="cuda", dtype=dt) for _ in range(3))
+        cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, dtype="bf16")
+        dk, _ = api.get_kernel(cfg)
+        od = torch.empty_like(qd)
+        dms = _median_ms(lambda: dk(qd, kd, vd, od, softmax_scale=d ** -0.5), warmup_ms, rep_ms)
+        dflop = 4.0 * b_eq * HEADS * s_eq * s_eq * d * ((s_eq + 1) / (2 * s_eq) if causal else 1.0)
+        row["dense_kernel_tflops"] = round(dflop / (dms * 1e-3) / 1e12, 1)
+    except Exception as e:  # noqa: BLE001
+        notes["dense"] = _one_line(e)
+    if fa4_varlen is not None:
+        try:
+            def fn():
+                r = fa4_varlen(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=maxlen, max_seqlen_k=maxlen,
+                               causal=causal)
+                return r[0] if isinstance(r, (tuple, list)) else r
+
+            t0 = time.perf_counter()
+            outs["fa4cute"] = fn()
+            torch.cuda.synchronize()
+            row["fa4cute_first_call_s"] = round(time.perf_counter() - t0, 2)
+            fn()
+            ms["fa4cute"] = _median_ms(fn, warmup_ms, rep_ms)
+        except Exception as e:  # noqa: BLE001
+            notes["fa4cute"] = _one_line(e)
+    for name in ("fa4gen", "fa4gen_kernel", "fa4cute"):
+        row[f"{name}_ms"] = round(ms[name], 4) if name in ms else None
+        row[f"{name}_tflops"] = tf(ms.get(name))
+    if "fa4gen" in outs and "fa4cute" in outs:
+        row["max_diff_vs_fa4cute"] = round((outs["fa4gen"].float() - outs["fa4cute"].float()).abs().max().item(), 5)
+    kt, dt_, ft = row["fa4gen_kernel_tflops"], row.get("dense_kernel_tflops"), row["fa4cute_tflops"]
+    row["vs_dense"] = round(kt / dt_, 3) if kt and dt_ else None
+    row["vs_fa4cute"] = round(kt / ft, 3) if kt and ft else None
+    if notes:
+        row["notes"] = notes
+    return row
+
+
+def markdown(rows) -> str:
+    def c(x):
+        return "-" if x is None else f"{x}"
+
+    lines = ["| mix | D | causal | seqs (max) | fa4gen | fa4gen kernel | dense, equal work (B x S) | FA4-CuTe varlen | "
+             "kernel / dense | kernel / FA4-CuTe |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['mix']} | {r['head_dim']} | {'yes' if r['causal'] else 'no'} | {r['sequences']} "
+                     f"({r['max_len']}) | {c(r['fa4gen_tflops'])} | {c(r['fa4gen_kernel_tflops'])} | "
+                     f"{c(r.get('dense_kernel_tflops'))} ({r['dense_shape'][0]} x {r['dense_shape'][1]}) | "
+                     f"{c(r['fa4cute_tflops'])} | {c(r['vs_dense'])} | {c(r['vs_fa4cute'])} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default="", help="comma-separated indices into MIXES (default: all)")
+    ap.add_argument("--warmup-ms", type=int, default=25)
+    ap.add_argument("--rep-ms", type=int, default=100)
+    ap.add_argument("--budget-s", type=float, default=200.0, help="start no new mix after this many seconds")
+    ap.add_argument("--no-fa4cute", action="store_true")
+    ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench.varlen: no CUDA GPU visible to torch; nothing measured", file=sys.stderr)
+        return 2
+    env = environment(["-m", "bench.varlen", *argv])
+    fa4_varlen, info = (None, {"status": "left out (--no-fa4cute)"}) if args.no_fa4cute else load_fa4cute()
+    if fa4_varlen is not None:
+        from flash_attn.cute.interface import flash_attn_varlen_func as fa4_varlen
+    print(f"  fa4cute: {info['status']}", flush=True)
+    mixes = MIXES if not args.only else tuple(MIXES[int(i)] for i in args.only.split(","))
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H%M%SZ")
+    gpu = re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"]).strip("-")
+    path = out_dir / f"{stamp}_{gpu}_varlen.json"
+    result = {**env, "suite": "varlen", "fa4cute": info, "tokens": TOKENS, "heads": HEADS, "dtype": "bf16",
+              "timing": f"triton do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms",
+              "complete": False, "results": []}
+    for i, (kind, d, causal) in enumerate(mixes):
+        if time.perf_counter() - t0 > args.budget_s:
+            result["skipped"] = [list(m) for m in mixes[i:]]
+            break
+        row = run_mix(kind, d, causal, args.warmup_ms, args.rep_ms, fa4_varlen)
+        result["results"].append(row)
+        result["complete"] = i == len(mixes) - 1
+        _write(path, result)
+        print(f"  {kind} d{d} {'causal' if causal else 'full'}: kernel {row['fa4gen_kernel_tflops']}, dense "
+              f"{row.get('dense_kernel_tflops')}, fa4cute {row['fa4cute_tflops']} TFLOP/s"
+              + (f"  notes: {row['notes']}" if row.get("notes") else ""), flush=True)
+    print()
+    print(markdown(result["results"]))
+    print(f"\nwrote {path} ({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
