@@ -12,7 +12,9 @@ pairs, Lq * Lk - Lq * (Lq - 1) / 2 for Lq = Lk). `dense (equal work)` runs fa4ge
 B x S with the same tokens and the same FLOPs: S = sum L^2 / sum L rounded to 64, B = tokens / S.
 `fa4gen` times fa4gen.attention_varlen (validation, allocation, launch); `fa4gen_kernel` the loaded
 kernel into a preallocated output. Every implementation's O is compared with fa4gen's (max |diff|).
-Timing: triton do_bench median (bench.attention._median_ms), warm-up first.
+Timing: triton do_bench median (bench.attention._median_ms), warm-up first; the varlen kernel, the
+dense kernel and FA4-CuTe alternate for --rounds rounds (bench.attention.interleaved_ms: median
+over the rounds, min/max over median recorded as `*_spread`).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.attention import ROOT, _median_ms, _one_line, _write, environment, load_fa4cute
+from bench.attention import ROOT, _median_ms, _one_line, _write, environment, interleaved_ms, load_fa4cute
 
 TOKENS = 32768
 HEADS = 16
@@ -64,7 +66,7 @@ def equal_work_dense(lens) -> tuple[int, int]:
     return max(1, round(sum(lens) / s)), s
 
 
-def run_mix(kind, d, causal, warmup_ms, rep_ms, fa4_varlen=None):
+def run_mix(kind, d, causal, warmup_ms, rep_ms, fa4_varlen=None, rounds=3):
     import torch
 
     from fa4gen import api
@@ -79,7 +81,7 @@ def run_mix(kind, d, causal, warmup_ms, rep_ms, fa4_varlen=None):
     flop = real_flop(lens, HEADS, d, causal)
     row = {"mix": kind, "head_dim": d, "causal": causal, "heads": HEADS, "tokens": total, "sequences": len(lens),
            "max_len": maxlen, "real_tflop": round(flop / 1e12, 4)}
-    ms, outs, notes = {}, {}, {}
+    ms, outs, notes, fns = {}, {}, {}, {}
 
     def tf(x):
         return round(flop / (x * 1e-3) / 1e12, 1) if x else None
@@ -91,8 +93,7 @@ def run_mix(kind, d, causal, warmup_ms, rep_ms, fa4_varlen=None):
         cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, dtype="bf16", varlen=True)
         kernel, _ = api.get_kernel(cfg)
         o = torch.empty_like(q)
-        ms["fa4gen_kernel"] = _median_ms(lambda: kernel.varlen(q, k, v, o, cu, cu, maxlen, maxlen,
-                                                               softmax_scale=d ** -0.5), warmup_ms, rep_ms)
+        fns["fa4gen_kernel"] = lambda: kernel.varlen(q, k, v, o, cu, cu, maxlen, maxlen, softmax_scale=d ** -0.5)
     except Exception as e:  # noqa: BLE001 - a failing row is reported, the others still run
         notes["fa4gen"] = _one_line(e)
     b_eq, s_eq = equal_work_dense(lens)
@@ -102,9 +103,8 @@ def run_mix(kind, d, causal, warmup_ms, rep_ms, fa4_varlen=None):
         cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, dtype="bf16")
         dk, _ = api.get_kernel(cfg)
         od = torch.empty_like(qd)
-        dms = _median_ms(lambda: dk(qd, kd, vd, od, softmax_scale=d ** -0.5), warmup_ms, rep_ms)
+        fns["dense"] = lambda: dk(qd, kd, vd, od, softmax_scale=d ** -0.5)
         dflop = 4.0 * b_eq * HEADS * s_eq * s_eq * d * ((s_eq + 1) / (2 * s_eq) if causal else 1.0)
-        row["dense_kernel_tflops"] = round(dflop / (dms * 1e-3) / 1e12, 1)
     except Exception as e:  # noqa: BLE001
         notes["dense"] = _one_line(e)
     if fa4_varlen is not None:
@@ -119,9 +119,15 @@ def run_mix(kind, d, causal, warmup_ms, rep_ms, fa4_varlen=None):
             torch.cuda.synchronize()
             row["fa4cute_first_call_s"] = round(time.perf_counter() - t0, 2)
             fn()
-            ms["fa4cute"] = _median_ms(fn, warmup_ms, rep_ms)
+            fns["fa4cute"] = fn
         except Exception as e:  # noqa: BLE001
             notes["fa4cute"] = _one_line(e)
+    # the kernel, the dense kernel and the peer alternate, so that clock drift falls on all alike
+    for name, (med, spread) in interleaved_ms(fns, rounds, warmup_ms, rep_ms).items():
+        ms[name] = med
+        row[f"{name}_spread"] = spread
+    if "dense" in ms:
+        row["dense_kernel_tflops"] = round(dflop / (ms["dense"] * 1e-3) / 1e12, 1)
     for name in ("fa4gen", "fa4gen_kernel", "fa4cute"):
         row[f"{name}_ms"] = round(ms[name], 4) if name in ms else None
         row[f"{name}_tflops"] = tf(ms.get(name))
@@ -156,6 +162,7 @@ def main(argv=None):
     ap.add_argument("--warmup-ms", type=int, default=25)
     ap.add_argument("--rep-ms", type=int, default=100)
     ap.add_argument("--budget-s", type=float, default=200.0, help="start no new mix after this many seconds")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per mix (default 3)")
     ap.add_argument("--no-fa4cute", action="store_true")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
@@ -177,13 +184,14 @@ def main(argv=None):
     gpu = re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"]).strip("-")
     path = out_dir / f"{stamp}_{gpu}_varlen.json"
     result = {**env, "suite": "varlen", "fa4cute": info, "tokens": TOKENS, "heads": HEADS, "dtype": "bf16",
-              "timing": f"triton do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms",
+              "timing": f"triton do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms; kernel, dense "
+                        f"and fa4cute interleaved over {args.rounds} rounds",
               "complete": False, "results": []}
     for i, (kind, d, causal) in enumerate(mixes):
         if time.perf_counter() - t0 > args.budget_s:
             result["skipped"] = [list(m) for m in mixes[i:]]
             break
-        row = run_mix(kind, d, causal, args.warmup_ms, args.rep_ms, fa4_varlen)
+        row = run_mix(kind, d, causal, args.warmup_ms, args.rep_ms, fa4_varlen, args.rounds)
         result["results"].append(row)
         result["complete"] = i == len(mixes) - 1
         _write(path, result)

@@ -59,14 +59,17 @@ def abi_params(cfg: KernelConfig) -> tuple[tuple[str, str], ...]:
 
 # Varlen task order (one rule; fa4gen/schedule.py varlen_task and the PTX decode in
 # templates/common/scheduler.ptx.j2 implement it): sequences in index order; inside sequence b,
-# its (head group, m unit) tasks with the m unit fastest, heaviest (last) m unit first when causal.
+# its (head group, m unit) tasks with the m unit fastest; causal: the dense kernels' sectioned LPT
+# over the sequence's head groups (heaviest m unit first, a section's groups fastest), sections of
+# clamp(l2_group / k_len, 1, groups) groups, l2_group being K/V rows that fit the L2 budget.
 # An m unit is `tiles_per_task` Q tiles of 128 / P positions; sequence b has
 # ceil(len_q(b) / (tiles_per_task * 128 / P)) of them, for each of the Hkv * G / P head groups.
 # Offsets are clamped on the device: start = min(cu[b], total), end = min(max(cu[b+1], start), total),
 # so no sequence reaches outside its tensor whatever the offsets hold.
 VARLEN_ORDER = {False: "varlen: sequences in order; per sequence its head groups, m units fastest",
-                True: "varlen: sequences in order; per sequence its head groups, m units fastest and heaviest "
-                      "first; snake deal"}
+                True: "varlen: sequences in order; per sequence the dense LPT over its head groups in L2 "
+                      "sections of clamp(l2_group / k_len, 1, groups) groups (heaviest m unit first, the "
+                      "section's groups fastest); snake deal"}
 
 
 def varlen_manifest(cfg: KernelConfig) -> dict:

@@ -16,7 +16,7 @@ import ctypes
 import math
 from dataclasses import dataclass
 
-from .schedule import L2Choice, choose_l2_group
+from .schedule import L2Choice, choose_l2_group, varlen_l2_rows
 
 __all__ = ["CudaError", "Kernel", "RuntimeSetupError", "tensor_map_geometry"]
 
@@ -279,7 +279,7 @@ class Kernel:
             "seqlen_k": ctypes.c_uint32(max_seqlen_k), "num_heads_kv": ctypes.c_uint32(Hkv),
             "scale_log2": ctypes.c_float(softmax_scale * math.log2(math.e)),
             "num_m_blocks": ctypes.c_uint32(0), "num_tasks": ctypes.c_uint32(num_tasks),
-            "l2_group": ctypes.c_uint32(1),
+            "l2_group": ctypes.c_uint32(varlen_l2_rows(self.l2_bytes, D, q.element_size())),
             "cu_seqlens_q": ctypes.c_uint64(cu_seqlens_q.data_ptr()),
             "cu_seqlens_k": ctypes.c_uint64(cu_seqlens_k.data_ptr()),
             "seqused_k": ctypes.c_uint64(0 if seqused_k is None else seqused_k.data_ptr()),

@@ -193,13 +193,28 @@ def varlen_spans(cu_seqlens, total: int):
     return out
 
 
+def varlen_section(l2_rows: int, k_len: int, groups: int) -> int:
+    """Head groups per L2 section of a causal varlen sequence: as many as have their K and V
+    (k_len rows each) inside the budget of l2_rows K/V rows, clamped to [1, groups]."""
+    return max(1, min((int(l2_rows) & U32) // max(k_len, 1), groups))
+
+
+def varlen_l2_rows(l2_bytes: int, head_dim: int, elem_bytes: int) -> int:
+    """The varlen kernels' `l2_group` parameter: K/V rows (K and V, all their heads' elements) that
+    fit L2_BUDGET_FRACTION of the L2; the kernel divides it by each sequence's key length."""
+    return max(1, int(l2_bytes * L2_BUDGET_FRACTION) // (2 * head_dim * elem_bytes))
+
+
 def varlen_task(task: int, cu_q, cu_k, total_q: int, total_k: int, groups: int, unit_rows: int, causal: bool,
-                seqused_k=None):
+                seqused_k=None, l2_rows: int = 1):
     """What varlen task `task` computes, as the kernels decode it: (b, head group, m unit,
     q_start, q_len, k_start, k_len), or None past the last sequence's tasks.
 
     groups: head groups per sequence (Hkv * G / P); unit_rows: query positions per task
-    (tiles_per_task * 128 / P)."""
+    (tiles_per_task * 128 / P). Causal: inside a sequence, the dense kernels' sectioned LPT
+    (`task_coords` over its head groups, sections of `varlen_section(l2_rows, k_len, groups)`):
+    heaviest m units first, the section's head groups fastest, so a round of CTAs gets tiles of
+    like cost and the section's K/V stays in L2."""
     qs, ks = varlen_spans(cu_q, total_q), varlen_spans(cu_k, total_k)
     base = 0
     for b, (q0, ql) in enumerate(qs):
@@ -207,21 +222,24 @@ def varlen_task(task: int, cu_q, cu_k, total_q: int, total_k: int, groups: int, 
         n = units * groups
         if task < base + n:
             r = task - base
-            m = r % units
             k0, kl = ks[b]
             if seqused_k is not None:
                 kl = min(kl, int(seqused_k[b]) & U32)
-            return b, r // units, (units - 1 - m) if causal else m, q0, ql, k0, kl
+            if causal:
+                m, hg = task_coords(r, groups, units, varlen_section(l2_rows, kl, groups), True)
+            else:
+                m, hg = r % units, r // units
+            return b, int(hg), int(m), q0, ql, k0, kl
         base += n
     return None
 
 
 def varlen_tasks(cu_q, cu_k, total_q: int, total_k: int, groups: int, unit_rows: int, causal: bool,
-                 seqused_k=None) -> list:
+                 seqused_k=None, l2_rows: int = 1) -> list:
     """Every varlen task in order (the list varlen_task indexes)."""
     out, t = [], 0
     while True:
-        x = varlen_task(t, cu_q, cu_k, total_q, total_k, groups, unit_rows, causal, seqused_k)
+        x = varlen_task(t, cu_q, cu_k, total_q, total_k, groups, unit_rows, causal, seqused_k, l2_rows)
         if x is None:
             return out
         out.append(x)

@@ -38,7 +38,7 @@ def _decode_kernel(ng: int, causal: bool, unit_rows: int) -> str:
                                                  unit_shift=unit_rows.bit_length() - 1)
     params = ["cu_seqlens_q", "cu_seqlens_k", "seqused_k", "out"]
     decl = ",\n    ".join([f".param .u64 {p}" for p in params] + [f".param .u32 {p}" for p in
-                                                                  ("total_q", "total_k", "batch", "hkv_n", "ntasks")])
+                                                                  ("total_q", "total_k", "batch", "hkv_n", "ntasks", "l2_group")])
     return f""".version 8.8
 .target sm_90a
 .address_size 64
@@ -47,7 +47,7 @@ def _decode_kernel(ng: int, causal: bool, unit_rows: int) -> str:
 )
 {{
     .reg .pred %p<4>;
-    .reg .b32 %task, %ntasks, %batch, %hkv_n, %b, %hkv, %mb, %sq, %skv, %nmb, %tmp0, %tmp1, %r0;
+    .reg .b32 %task, %ntasks, %batch, %hkv_n, %b, %hkv, %mb, %sq, %skv, %nmb, %tmp0, %tmp1, %r0, %bh;
     .reg .b32 %vb, %vbase, %qoff, %koff, %totq, %totk;
     .reg .b64 %cuq, %cuk, %sused, %rdv, %rdo, %out;
     mov.u32 %task, %tid.x;
@@ -61,32 +61,35 @@ def _decode_kernel(ng: int, causal: bool, unit_rows: int) -> str:
 """
 
 
-def _run_decode(cu_q, cu_k, total_q, total_k, hkv, ng, causal, unit_rows, seqused=None, ntasks=None):
+def _run_decode(cu_q, cu_k, total_q, total_k, hkv, ng, causal, unit_rows, seqused=None, ntasks=None, l2_rows=1):
     ptx = _decode_kernel(ng, causal, unit_rows)
     b = len(cu_q) - 1
     ntasks = ntasks or varlen_task_bound(b, total_q, hkv * ng, unit_rows) + 3
     out = np.zeros((ntasks, FIELDS), np.uint32)
     used = np.asarray(seqused if seqused is not None else [0], np.int32)
-    args = (np.asarray(cu_q, np.int32), np.asarray(cu_k, np.int32), used, out, total_q, total_k, b, hkv, ntasks)
+    args = (np.asarray(cu_q, np.int32), np.asarray(cu_k, np.int32), used, out, total_q, total_k, b, hkv, ntasks,
+            l2_rows)
     if seqused is None:  # a null pointer: pass 0 for the parameter, not a buffer
         args = args[:2] + (0,) + args[3:]
-    *_, got, _, _, _, _, _ = run_raw(ptx, threads=32, args=args, step_limit=5_000_000)
+    *_, got, _, _, _, _, _, _ = run_raw(ptx, threads=32, args=args, step_limit=5_000_000)
     return got
 
 
-@pytest.mark.parametrize("lens_q,lens_k,hkv,ng,causal,unit_rows,seqused", [
-    ([70, 0, 129, 5, 300], [10, 3, 0, 200, 300], 2, 1, False, 128, None),
-    ([70, 0, 129, 5, 300], [10, 3, 0, 200, 300], 2, 1, True, 128, None),
-    ([1, 64, 65, 0, 0, 200], [9, 9, 9, 9, 9, 9], 1, 3, True, 256, None),  # sm_100a pairs, 3 head groups
-    ([33, 17, 0, 100], [50, 0, 20, 100], 3, 1, False, 32, [40, 5, 30, 0]),  # GQA 4 tiles, seqused_k
-    ([], [], 1, 1, False, 128, None),
+@pytest.mark.parametrize("lens_q,lens_k,hkv,ng,causal,unit_rows,seqused,l2_rows", [
+    ([70, 0, 129, 5, 300], [10, 3, 0, 200, 300], 2, 1, False, 128, None, 1),
+    ([70, 0, 129, 5, 300], [10, 3, 0, 200, 300], 2, 1, True, 128, None, 1),
+    ([300, 0, 700, 129], [300, 3, 700, 129], 7, 1, True, 128, None, 2000),  # sections of 6, 2 and 7 groups
+    ([1, 64, 65, 0, 0, 200], [9, 9, 9, 9, 9, 9], 1, 3, True, 256, None, 20),  # sm_100a pairs, 3 head groups
+    ([33, 17, 0, 100], [50, 0, 20, 100], 3, 1, False, 32, [40, 5, 30, 0], 1),  # GQA 4 tiles, seqused_k
+    ([33, 17, 0, 100], [50, 0, 20, 100], 3, 1, True, 32, [40, 5, 30, 0], 0),
+    ([], [], 1, 1, False, 128, None, 1),
 ])
-def test_ptx_decode_equals_the_python_order(lens_q, lens_k, hkv, ng, causal, unit_rows, seqused):
+def test_ptx_decode_equals_the_python_order(lens_q, lens_k, hkv, ng, causal, unit_rows, seqused, l2_rows):
     cu_q = [0, *itertools.accumulate(lens_q)]
     cu_k = [0, *itertools.accumulate(lens_k)]
     tq, tk = cu_q[-1], cu_k[-1]
-    got = _run_decode(cu_q, cu_k, tq, tk, hkv, ng, causal, unit_rows, seqused)
-    want = varlen_tasks(cu_q, cu_k, tq, tk, hkv * ng, unit_rows, causal, seqused)
+    got = _run_decode(cu_q, cu_k, tq, tk, hkv, ng, causal, unit_rows, seqused, l2_rows=l2_rows)
+    want = varlen_tasks(cu_q, cu_k, tq, tk, hkv * ng, unit_rows, causal, seqused, l2_rows)
     assert sum(-(-lq // unit_rows) for lq in lens_q) * hkv * ng == len(want)
     for t, row in enumerate(got):
         if t < len(want):
@@ -119,8 +122,8 @@ def test_decode_mutation_is_caught():
     bad = good.replace("    max.u32 %tmp1, %tmp1, %qoff;\n", "", 1)
     assert bad != good
     out = np.zeros((12, FIELDS), np.uint32)
-    *_, got, _, _, _, _, _ = run_raw(bad, threads=32, args=(np.asarray(cu_q, np.int32), np.asarray(cu_k, np.int32), 0,
-                                                            out, 700, 900, 3, 1, 12), step_limit=5_000_000)
+    *_, got, _, _, _, _, _, _ = run_raw(bad, threads=32, args=(np.asarray(cu_q, np.int32), np.asarray(cu_k, np.int32),
+                                                               0, out, 700, 900, 3, 1, 12, 1), step_limit=5_000_000)
     want = varlen_tasks(cu_q, cu_k, 700, 900, 1, 128, False)
     assert [tuple(int(x) for x in r[1:]) for r in got[:len(want)]] != want
     assert render_mod  # (the module the kernels render with)

@@ -262,7 +262,9 @@ class Launch:
                 "lse_ptr": ("<Q", self.lse_addr), "batch": ("<I", shape.b),
                 "seqlen_q": ("<I", max(shape.lens_q)), "seqlen_k": ("<I", max(shape.lens_k)),
                 "num_heads_kv": ("<I", shape.hkv), "scale_log2": ("<f", scale * math.log2(math.e)),
-                "num_m_blocks": ("<I", 0), "num_tasks": ("<I", num_tasks), "l2_group": ("<I", 1),
+                "num_m_blocks": ("<I", 0), "num_tasks": ("<I", num_tasks),
+                # K/V rows per L2 section (schedule.varlen_l2_rows); the seed varies the sections
+                "l2_group": ("<I", l2_group if l2_group is not None else (0, 150, 400, 1 << 20)[seed % 4]),
                 "cu_seqlens_q": ("<Q", self.gmem.add("cu_seqlens_q", cu["q"])),
                 "cu_seqlens_k": ("<Q", self.gmem.add("cu_seqlens_k", cu["k"])),
                 "seqused_k": ("<Q", used), "o_ptr": ("<Q", self.addr["o"]),
