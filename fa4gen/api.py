@@ -368,6 +368,9 @@ class PrebuiltKernel:
     def __call__(self, q, k, v, softmax_scale: float | None = None, return_lse: bool = False):
         import torch
 
+        if self.config.varlen:
+            raise validate.InputValueError(f"{self.config.name} is a varlen kernel: call kernel.varlen(q, k, v, "
+                                           "cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)")
         metas = validate.tensor_metas(q, k, v)
         cfg = self.config
         p = validate.check_problem(*metas, causal=cfg.causal, softmax_scale=softmax_scale, return_lse=return_lse)
@@ -392,6 +395,51 @@ class PrebuiltKernel:
             q, k, v = (_tma_ready(t, n, why.get(n)) for t, n in ((q, "q"), (k, "k"), (v, "v")))
             with torch.cuda.device(q.device):
                 self.kernel(q, k, v, o, lse=lse, softmax_scale=p.softmax_scale)
+        return (o, lse) if return_lse else o
+
+
+    def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+               softmax_scale: float | None = None, return_lse: bool = False, seqused_k=None):
+        """A prebuilt varlen kernel (`fa4gen build --varlen`), called like fa4gen.attention_varlen
+        minus `causal` (fixed at build time); inputs validated the same way."""
+        import torch
+
+        cfg = self.config
+        if not cfg.varlen:
+            raise validate.InputValueError(f"{cfg.name} is not a varlen kernel: call kernel(q, k, v, ...)")
+        metas, errors = [], []
+        for t, n in ((q, "q"), (k, "k"), (v, "v"), (cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k"),
+                     (seqused_k, "seqused_k")):
+            try:
+                metas.append(None if t is None and n == "seqused_k" else validate.tensor_meta(t, n))
+            except Fa4genInputError as e:
+                metas.append(None)
+                errors.append(e)
+        validate.raise_all(errors)
+        p = validate.check_varlen_problem(*metas[:5], max_seqlen_q, max_seqlen_k, seqused_k=metas[5],
+                                          causal=cfg.causal, softmax_scale=softmax_scale, return_lse=return_lse)
+        got = (p.head_dim, p.dtype, p.gqa_ratio)
+        if not p.is_empty and got != (cfg.head_dim, cfg.dtype, cfg.gqa_ratio):
+            raise validate.InputValueError(
+                f"{cfg.name} was built for head_dim {cfg.head_dim}, {cfg.dtype}, GQA ratio {cfg.gqa_ratio}; "
+                f"the inputs are head_dim {p.head_dim}, {p.dtype}, GQA ratio {p.gqa_ratio}")
+        if q.device.index != self.kernel.device:
+            raise validate.DeviceError(f"{self.path} was loaded on cuda:{self.kernel.device}, the inputs are on "
+                                       f"{q.device}: load it once per device")
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise validate.InputValueError("fa4gen kernels are forward-only: call under torch.no_grad()")
+        o = torch.empty(p.out_shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(p.lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
+        if p.no_keys:
+            o.zero_()
+            if lse is not None:
+                lse.fill_(float("-inf"))
+        elif not p.is_empty:
+            why = dict(p.relayout)
+            q, k, v = (_tma_ready(t, n, why.get(n)) for t, n in ((q, "q"), (k, "k"), (v, "v")))
+            with torch.cuda.device(q.device):
+                self.kernel.varlen(q, k, v, o, cu_seqlens_q, cu_seqlens_k, p.max_seqlen_q, p.max_seqlen_k, lse=lse,
+                                   seqused_k=seqused_k, softmax_scale=p.softmax_scale)
         return (o, lse) if return_lse else o
 
 

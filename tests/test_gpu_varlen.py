@@ -196,3 +196,24 @@ def test_varlen_input_errors():
     assert "float32" in str(e.value) and "int32" in str(e.value)  # every problem in one error
     o = f(q, k, k, cu_q, cu_k, 60, 60)  # and the valid call runs
     assert o.shape == q.shape and not torch.isnan(o).any()
+
+
+@pytest.mark.gpu
+def test_prebuilt_varlen_kernel_equals_attention_varlen(tmp_path):
+    from click.testing import CliRunner
+
+    import fa4gen
+    from fa4gen.cli import main
+
+    r = CliRunner().invoke(main, ["build", "--arch", "sm_90a", "--varlen", "--causal", "--gqa", "4",
+                                  "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    kernel = fa4gen.load(tmp_path / "fa4_sm90a_d128_bf16_causal_gqa4_varlen.cubin")
+    lens = [300, 0, 1000, 77]
+    q, k, v = _inputs(lens, lens, 8, 2, 128, "bf16", "prebuilt")
+    cu = _cu(lens, "cuda")
+    o1, l1 = kernel.varlen(q, k, v, cu, cu, 1000, 1000, return_lse=True)
+    o2, l2 = api.attention_varlen(q, k, v, cu, cu, 1000, 1000, causal=True, return_lse=True)
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)
+    with pytest.raises(InputValueError, match="varlen kernel"):
+        kernel(q[None], k[None], v[None])
