@@ -1053,6 +1053,7 @@ def lower_sm100(pipe: Pipeline) -> dict:
         "threads": pipe.threads,
         "maxnreg": REGS_PER_SM_PARTITION // pipe.threads,
         "causal": cfg.causal,
+        "varlen": cfg.varlen,
         "head_dim": cfg.head_dim,
         "dtype": cfg.dtype,
         "G": cfg.gqa_ratio,
