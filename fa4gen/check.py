@@ -28,8 +28,8 @@ from .plan import smem_plan
 from .ptxemu.parse import _split_top as _operands
 from .encodings import EncodingError, Major, TcgenInstrDesc
 from .ir.core import (Arrive, BarrierKind, BlockRef, Commit, ExpectTx, FenceProxyAsync, If, Loop, LoopKind, Mma,
-                      MmaWait, NamedArrive, NamedSync, Scope, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt, Wait,
-                      WaitLd, WaitSt, walk_ops)
+                      MmaWait, NamedArrive, NamedSync, Scope, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt,
+                      Wait, WaitLd, WaitSt, walk_ops)
 
 
 class CheckUsageError(Exception):
@@ -185,6 +185,8 @@ def _parse_sm100(numbered, pipe, manifest) -> dict:
         last_was_sync = False
         selp: dict = {}  # register -> (a, b, predicate) of its last selp
         setp_ge: dict = {}  # predicate -> (state, bound) of its last setp.ge.u32 on a state register
+        sq_guard: set = set()  # predicates whose last setp is `setp.lt.u32 p, x, %sq` (a row of the sequence)
+        rows_src: list = []  # (region, slot, predicate) of the last ld.shared.v4 (StoreRows' source)
         depths = {st.name: st.depth for st in pipe.role(role).states}
 
         def src_states(ops, role=role, prov=prov):
@@ -301,6 +303,19 @@ def _parse_sm100(numbered, pipe, manifest) -> dict:
                 name, slot, _count = lay.named[bid]
                 threads = int(ops[1]) if len(ops) > 1 else None
                 ev = (opc.replace(".", "_"), name, slot, pending_before if opc == "bar.arrive" else None, threads)
+            elif opc.startswith("ld.shared.v4"):  # StoreRows: the threads read the O staging slot
+                st, off = addr(ops[1])
+                reg = lay.region(off)
+                if reg is None:
+                    raise _Unreadable(ln, f"ld.shared offset {off} is in no SMEM region")
+                rows_src[:] = [(reg[0], reg[1] if st is None else (st, reg[1]), pred)]
+                continue
+            elif opc.startswith("st.global.v4"):  # ... and write its rows to global memory
+                region, slot, ld_pred = rows_src[0] if rows_src else ("?", None, None)
+                p = pred.lstrip("@")
+                rows = ("rows < %sq" if p in sq_guard and not p.startswith("!") and ld_pred == pred
+                        else f"st.global predicate {pred or 'none'}, ld.shared predicate {ld_pred or 'none'}")
+                ev = ("store_rows", region, slot, rows)
             elif opc == "fence.proxy.async.shared::cta":
                 ev = ("fence_proxy_async",)
             elif opc == "tcgen05.fence::before_thread_sync":
@@ -324,6 +339,11 @@ def _parse_sm100(numbered, pipe, manifest) -> dict:
                         prov.pop(dst, None)
                     if opc == "add.u32" and len(ops) > 2 and ops[1] == "%warp4":
                         consts[dst] = int(ops[2], 0)
+                if opc.startswith("setp") and ops:
+                    if opc == "setp.lt.u32" and len(ops) == 3 and ops[2] == "%sq":
+                        sq_guard.add(ops[0])
+                    else:
+                        sq_guard.discard(ops[0])
                 if opc.startswith("setp") and len(ops) >= 3:
                     s = src_states(ops[1:])
                     if s:
@@ -412,6 +432,8 @@ def _expected_sm100(pipe) -> dict:
                 ev = ("tma_store_n", ("o", True), boxes, "committed")
             elif isinstance(op, TmaStoreWait):
                 ev = ("store_wait", True)
+            elif isinstance(op, StoreRows):
+                ev = ("store_rows", op.src, slot(op.src_slot), "rows < %sq")
             elif isinstance(op, Mma):
                 d = pipe.region(op.d)
                 steps = (op.k_hi - op.k_lo) // 16
@@ -641,6 +663,7 @@ _SM90_TOKENS = [
      "tma_load"),
     (re.compile(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared"), "tma_store"),
     (re.compile(r"cp\.async\.bulk\.wait_group\.read"), "tma_store_wait"),
+    (re.compile(r"^\s*@%\w+ st\.global\.v4"), "store_rows"),  # varlen: the threads' row-predicated O copy
     (re.compile(r"fence\.proxy\.async"), "fence"),
 ]
 _SM90_TMAPS = {"%tmq": "q", "%tmk": "k", "%tmv": "v", "%tmo": "o"}
@@ -698,7 +721,7 @@ def _sm90_tokens(lines, families: dict) -> list:
                 tok = f"tma_load {_SM90_TMAPS.get(g[0], g[0])} {bar(g[1])}"
             else:
                 tok = kind
-            if not (kind in ("tma_load", "tma_store") and out and out[-1][1] == tok):
+            if not (kind in ("tma_load", "tma_store", "store_rows") and out and out[-1][1] == tok):
                 out.append((ln, tok))
             break
     return out
@@ -736,6 +759,8 @@ def _sm90_ir_tokens(stmts, pipe, role) -> list:
                 tok = f"tma_load {st.tensor} {st.barrier}[{slot(st.bar_slot)}]"
             elif isinstance(st, TmaStore):
                 tok = "tma_store"
+            elif isinstance(st, StoreRows):
+                tok = "store_rows"
             elif isinstance(st, TmaStoreWait):
                 tok = "tma_store_wait"
             elif isinstance(st, FenceProxyAsync):

@@ -23,7 +23,7 @@ from .passes.engine import DataModel, Engine, Finding, Scenario
 from .reference import (LN2, RowState, _as_compute, _check_shapes, _default_scale, block_needs_mask,
                         block_update, col_limits, n_block_max, round_to_dtype, scale_log2_f32)
 from .exp2 import emulated_columns
-from .schedule import task_tile
+from .schedule import task_tile, varlen_tasks
 
 
 def _to_bits(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -46,6 +46,12 @@ class Task:
     m_block: int  # covers Q tiles 2*m_block and 2*m_block + 1
     n_blocks: int
     head_group: int = 0  # j in [0, G / P): the tile's query heads are kv_head * G + j * P + (0..P-1)
+    # varlen (simulate_varlen): the sequence's first rows in the packed tensors and its lengths
+    # (None: a dense task, the batch's Sq / Skv)
+    q_start: int = 0
+    q_len: int | None = None
+    k_start: int = 0
+    k_len: int | None = None
 
 
 def tiles_per_task(cfg: KernelConfig) -> int:
@@ -91,10 +97,28 @@ class NumpyData(DataModel):
         self.row_head_off = rows % cfg.gqa_pack
 
     # ---- geometry --------------------------------------------------------------------------------
+    def task_sq(self, task: Task) -> int:
+        return self.sq if task.q_len is None else task.q_len
+
+    def task_skv(self, task: Task) -> int:
+        return self.skv if task.k_len is None else task.k_len
+
     def tile_rows(self, task: Task, qtile: int):
+        """(sequence position, query head, position < the task's Sq) of the tile's 128 rows; the
+        tile's row in the (packed) tensor is task.q_start + position."""
         seq = (tiles_per_task(self.cfg) * task.m_block + qtile) * self.cfg.seq_q_per_tile + self.row_seq_off
         head = task.kv_head * self.cfg.gqa_ratio + task.head_group * self.cfg.gqa_pack + self.row_head_off
-        return seq, head, seq < self.sq
+        return seq, head, seq < self.task_sq(task)
+
+    def _tma_rows(self, src, task: Task, start: int, pos: np.ndarray, valid: np.ndarray, head) -> np.ndarray:
+        """A TMA tile of `src` [B, S, H, D]: dense, the task's rows (zero past S, where TMA fills
+        zeros); varlen, the packed tensor's rows start + pos, whatever sequence they belong to (only
+        past the tensor's end are they zero): the mask must hide them."""
+        tile = np.zeros((len(pos), self.d))
+        rows = start + pos
+        ok = valid if task.q_len is None and task.k_len is None else rows < src.shape[1]
+        tile[ok] = src[task.batch, rows[ok], head[ok] if isinstance(head, np.ndarray) else head, :]
+        return tile
 
     def kv_block(self, task: Task, t: int) -> int:
         return task.n_blocks - 1 - t  # blocks are visited in reverse
@@ -111,15 +135,11 @@ class NumpyData(DataModel):
         if kind == "tma_load":
             if op.tensor == "q":
                 seq, head, valid = self.tile_rows(task, op.qtile)
-                tile = np.zeros((128, self.d))
-                tile[valid] = self.q[task.batch, seq[valid], head[valid], :]
+                tile = self._tma_rows(self.q, task, task.q_start, seq, valid, head)
             else:
                 src = self.k if op.tensor == "k" else self.v
-                c0 = self.kv_block(task, ctx["block"]) * 128
-                tile = np.zeros((128, self.d))
-                hi = min(self.skv, c0 + 128)
-                if hi > c0:  # TMA zero-fills rows past Skv
-                    tile[:hi - c0] = src[task.batch, c0:hi, task.kv_head, :]
+                pos = self.kv_block(task, ctx["block"]) * 128 + np.arange(128)
+                tile = self._tma_rows(src, task, task.k_start, pos, pos < self.task_skv(task), task.kv_head)
             self.smem[(op.dst, slots["dst"])] = tile
         elif kind == "mma":
             d_reg = self.pipe.region(op.d)
@@ -154,10 +174,11 @@ class NumpyData(DataModel):
         elif kind == "smem_ld":
             tag, val = self.smem[(op.region, slots["slot"])]
             regs[op.dst] = np.array(val, copy=True)
-        elif kind == "tma_store":
+        elif kind in ("tma_store", "store_rows"):  # the rows of the task's sequence (StoreRows: by row predicate)
             (t_idx, qtile), tile = self.smem[(op.src, slots["slot"])]
-            seq, head, valid = self.tile_rows(self.tasks[t_idx], qtile)
-            self.o[self.tasks[t_idx].batch, seq[valid], head[valid], :] = tile[valid][:, :self.d]
+            t = self.tasks[t_idx]
+            seq, head, valid = self.tile_rows(t, qtile)
+            self.o[t.batch, t.q_start + seq[valid], head[valid], :] = tile[valid][:, :self.d]
         elif kind == "compute":
             self._compute(role, op, ctx, task, regs)
 
@@ -171,9 +192,10 @@ class NumpyData(DataModel):
         nb = self.kv_block(task, t)
         seq = self.tile_rows(task, qtile)[0][rows]
         s = np.array(scores[:, :128], np.float32)
-        masked = block_needs_mask(cfg, tiles_per_task(cfg) * task.m_block + qtile, nb, self.sq, self.skv)
+        sq, skv = self.task_sq(task), self.task_skv(task)
+        masked = block_needs_mask(cfg, tiles_per_task(cfg) * task.m_block + qtile, nb, sq, skv)
         if masked:
-            limits = col_limits(cfg, seq, self.sq, self.skv)
+            limits = col_limits(cfg, seq, sq, skv)
             s[nb * 128 + np.arange(128)[None, :] >= limits[:, None]] = -np.inf
         upd = block_update(RowState(regs["row_max"], regs["row_sum"], np.zeros((n, 1), np.float32)),
                            s, np.zeros((128, 1)), self.sl2, cfg.rescale_threshold, first=t == 0,
@@ -192,7 +214,8 @@ class NumpyData(DataModel):
         rs, ref = regs["row_sum"], regs["row_max"]
         with np.errstate(divide="ignore", invalid="ignore"):
             lse = np.log(rs.astype(np.float64)) + ref.astype(np.float64) * float(self.sl2) * LN2
-        self.lse[task.batch, head[valid], seq[valid]] = np.where(rs > 0, lse, -np.inf).astype(np.float32)[valid]
+        self.lse[task.batch, head[valid], task.q_start + seq[valid]] = \
+            np.where(rs > 0, lse, -np.inf).astype(np.float32)[valid]
 
     def _compute(self, role, op, ctx, task, regs):
         rows = slice(0, 128)
@@ -230,10 +253,11 @@ class NumpyDataSm90(NumpyData):
                 regs["O"] = (old + pv).astype(np.float32)
         elif kind == "smem_st":
             self.smem[(op.region, slots["slot"])] = (regs["tag"], np.array(regs["o_out"], copy=True))
-        elif kind == "tma_store":
+        elif kind in ("tma_store", "store_rows"):
             (t_idx, half), tile = self.smem[(op.src, slots["slot"])]
-            seq, head, valid = (x[64 * half:64 * half + 64] for x in self.tile_rows(self.tasks[t_idx], 0))
-            self.o[self.tasks[t_idx].batch, seq[valid], head[valid], :] = tile[valid][:, :self.d]
+            t = self.tasks[t_idx]
+            seq, head, valid = (x[64 * half:64 * half + 64] for x in self.tile_rows(t, 0))
+            self.o[t.batch, t.q_start + seq[valid], head[valid], :] = tile[valid][:, :self.d]
         elif kind == "compute":
             self._compute90(op, ctx, task, regs)
         else:
@@ -294,3 +318,41 @@ def simulate(pipe_or_cfg, q, k, v, softmax_scale=None, seed: int = 0, num_ctas: 
                      priority=priority)
         findings += eng.run()
     return SimResult(data.o, data.lse, findings)
+
+
+def simulate_varlen(pipe_or_cfg, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=None, softmax_scale=None,
+                    seed: int = 0, num_ctas: int = 1, priority=None) -> SimResult:
+    """Run a varlen pipeline's programs over a packed batch: q (total_q, Hq, D), k, v (total_k, Hkv,
+    D), sequence b's rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) and keys [cu_seqlens_k[b], ...), at
+    most seqused_k[b] of them. Tasks come in the kernels' varlen order (fa4gen.schedule.varlen_tasks,
+    offsets clamped as on the device); a TMA tile reads the packed tensor's rows whatever sequence
+    they belong to (zero only past its end), as the hardware does. Returns O (total_q, Hq, D) (NaN
+    where no task wrote), LSE (Hq, total_q) and the engine's findings."""
+    pipe = pipe_or_cfg if isinstance(pipe_or_cfg, Pipeline) else build_pipeline(pipe_or_cfg)
+    cfg = pipe.config
+    if not cfg.varlen:
+        raise ValueError(f"{cfg.name} is not a varlen pipeline")
+    q, k, v = (np.asarray(t)[None] for t in (q, k, v))  # the packed tensors as a batch of one
+    _, total_q, hq, total_k, hkv, d = _check_shapes(q, k, v)
+    if d != cfg.head_dim or hq != hkv * cfg.gqa_ratio:
+        raise ValueError(f"shapes {q.shape[1:]}/{k.shape[1:]} do not fit {cfg.name}")
+    q64, k64, v64 = (_as_compute(t, cfg.dtype, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
+    scale = _default_scale(d, softmax_scale)
+    tpt, ng = tiles_per_task(cfg), cfg.head_groups
+    tasks = []
+    for b, hg, m, q0, ql, k0, kl in varlen_tasks(cu_seqlens_q, cu_seqlens_k, total_q, total_k, hkv * ng,
+                                                 tpt * cfg.seq_q_per_tile, cfg.causal, seqused_k):
+        # the kernels' block count: the pair's (or tile's) furthest visible key, at least one block
+        n = max(max(n_block_max(cfg, tpt * m + j, ql, kl) for j in range(tpt)), 1)
+        tasks.append(Task(0, hg // ng, m, n, hg % ng, q0, ql, k0, kl))
+    data = (NumpyData if pipe.arch == "sm_100a" else NumpyDataSm90)(pipe, q64, k64, v64, scale, tasks)
+    findings: list[Finding] = []
+    for cta in range(num_ctas):
+        mine = tasks[cta::num_ctas]
+        if not mine:
+            continue
+        data.tasks = mine
+        eng = Engine(pipe, Scenario(tuple(t.n_blocks for t in mine)), data=data, seed=seed * 7919 + cta,
+                     priority=priority)
+        findings += eng.run()
+    return SimResult(data.o[0], data.lse[0], findings)

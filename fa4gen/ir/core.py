@@ -186,6 +186,18 @@ class TmaStore:
 
 
 @dataclass(frozen=True)
+class StoreRows:
+    """The role's threads copy one O tile from an SMEM slot (the 128B-swizzled staging layout the
+    epilogue writes) to global memory with ld.shared / st.global, one predicate per row: only the
+    rows of the task's sequence are written (varlen: a TMA store of the tile would also write the
+    rows of the next sequence that share it). Synchronous generic-proxy reads of the slot: once the
+    role's threads pass the op, the slot may be handed back (no bulk group to wait for)."""
+
+    src: str
+    src_slot: Slot
+
+
+@dataclass(frozen=True)
 class TmaStoreWait:
     """cp.async.bulk.wait_group.read 0: the SMEM source of every prior store may be reused."""
 
@@ -307,7 +319,7 @@ class Compute:
     writes: tuple[str, ...] = ()
 
 
-Op = Union[Wait, Arrive, ExpectTx, TmaLoad, TmaStore, TmaStoreWait, Mma, MmaWait, Commit, TmemLd, TmemSt, WaitLd,
+Op = Union[Wait, Arrive, ExpectTx, TmaLoad, TmaStore, StoreRows, TmaStoreWait, Mma, MmaWait, Commit, TmemLd, TmemSt, WaitLd,
            WaitSt, SmemSt, SmemLd, FenceProxyAsync, NamedArrive, NamedSync, Advance, Compute]
 
 

@@ -12,7 +12,7 @@ from ..config import KernelConfig
 from ..plan import SM100_SMEM_LIMIT, SM100_STATS_BAR_ID, tile_bytes as plan_tile_bytes
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
                    FenceProxyAsync, If, Loop, LoopKind, Mma, NamedArrive, NamedSync, Pipeline, Region,
-                   Role, Scope, SmemLd, SmemSt, Space, State, TmaLoad, TmaStore, TmaStoreWait, TmemLd,
+                   Role, Scope, SmemLd, SmemSt, Space, State, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd,
                    TmemSt, Wait, WaitLd, WaitSt)
 
 TMEM_COLS = 512
@@ -133,7 +133,10 @@ def _epilogue_ops(cfg: KernelConfig, i: int, o_state: str, e_state: str, row_sum
         body = [op for ld in loads for op in (ld, WaitLd(), *step)]
     else:
         body = [*loads, WaitLd(), *step]
-    return (Wait("o_ready", o_state), Wait("corr_epi_empty", e_state), *body, FenceProxyAsync(),
+    # The TMA store reads O_smem through the async proxy: fence the generic-proxy writes first. A
+    # varlen kernel's store warp copies it with ld.shared (generic proxy, ordered by the barrier).
+    fence = () if cfg.varlen else (FenceProxyAsync(),)
+    return (Wait("o_ready", o_state), Wait("corr_epi_empty", e_state), *body, *fence,
             Arrive("corr_epi_full", e_state, Scope.ALL), Advance(e_state), Advance(o_state))
 
 
@@ -209,8 +212,13 @@ def _correction_role(cfg: KernelConfig) -> Role:
 def _store_role(cfg: KernelConfig) -> Role:
     body = []
     for _ in (0, 1):
-        body += [Wait("corr_epi_full", "e"), TmaStore("O_smem", "e"), TmaStoreWait(),
-                 Arrive("corr_epi_empty", "e", Scope.ALL), Advance("e")]
+        if cfg.varlen:
+            # Varlen: the tile's rows past the sequence's end belong to the next sequence (or lie
+            # past total_q): the warp's threads copy only the sequence's rows (StoreRows).
+            store = (StoreRows("O_smem", "e"),)
+        else:
+            store = (TmaStore("O_smem", "e"), TmaStoreWait())
+        body += [Wait("corr_epi_full", "e"), *store, Arrive("corr_epi_empty", "e", Scope.ALL), Advance("e")]
     return Role("store", (14,), WG3_REGS, (State("e", 2, 0),), (Loop(LoopKind.TASKS, tuple(body)),))
 
 
@@ -219,5 +227,9 @@ def build_sm100(cfg: KernelConfig) -> Pipeline:
         raise ValueError(f"build_sm100 needs arch sm_100a, got {cfg.arch}")
     roles = (_softmax_role(cfg, 0), _softmax_role(cfg, 1), _correction_role(cfg), _mma_role(cfg),
              _load_role(cfg), _store_role(cfg), Role("idle", (15,), WG3_REGS, (), ()))
+    notes = ("causal epilogue in WG0/WG1" if cfg.causal else "non-causal epilogue in WG2",)
+    if cfg.varlen:
+        notes += ("varlen: packed sequences (cu_seqlens); the store warp writes O rows of the task's sequence "
+                  "with st.global (StoreRows), not a TMA store",)
     return Pipeline(cfg, "sm_100a", 16, regions(cfg), barriers(cfg), roles, TMEM_COLS, SM100_SMEM_LIMIT,
-                    notes=("causal epilogue in WG0/WG1" if cfg.causal else "non-causal epilogue in WG2",))
+                    notes=notes)

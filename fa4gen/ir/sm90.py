@@ -17,7 +17,7 @@ from ..plan import (SM90_CONSUMER_REGS, SM90_EPI_BAR_ID, SM90_PRODUCER_REGS, SM9
                     smem_plan, tile_bytes)
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync,
                    If, Loop, LoopKind, Mma, MmaWait, NamedArrive, NamedSync, Pipeline, Region, Role, Scope,
-                   SmemSt, Space, State, TmaLoad, TmaStore, TmaStoreWait, Wait)
+                   SmemSt, Space, State, StoreRows, TmaLoad, TmaStore, TmaStoreWait, Wait)
 
 SCHED_BAR_ID, EPI_BAR_ID = SM90_SCHED_BAR_ID, SM90_EPI_BAR_ID
 PRODUCER_REGS, CONSUMER_REGS = SM90_PRODUCER_REGS, SM90_CONSUMER_REGS
@@ -98,9 +98,12 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
             MmaWait(0), Arrive("v_empty", "v", Scope.WARP), Advance("v"),
             Compute("normalize", i, reads=("O",), writes=("O",)),
             If(Cond.HAS_LSE, (Compute("store_lse", i),)),
-            TmaStoreWait(), NamedSync("epi", i),  # the previous task's store has read O_smem
-            SmemSt("O_smem", i, "O"), FenceProxyAsync(), NamedSync("epi", i),
-            TmaStore("O_smem", i), Advance("q"),
+            *(  # varlen: the WG's threads copy the sequence's rows to o_ptr (templates/sm90/fa4_fwd.ptx.j2)
+                (NamedSync("epi", i),  # every thread of the WG has read the previous task's O_smem
+                 SmemSt("O_smem", i, "O"), NamedSync("epi", i), StoreRows("O_smem", i)) if cfg.varlen else
+                (TmaStoreWait(), NamedSync("epi", i),  # the previous task's store has read O_smem
+                 SmemSt("O_smem", i, "O"), FenceProxyAsync(), NamedSync("epi", i), TmaStore("O_smem", i))),
+            Advance("q"),
         )
         prologue = (NamedArrive("sched", 0),) if i == 1 else ()
         epilogue = (NamedSync("sched", 0),) if i == 0 else ()

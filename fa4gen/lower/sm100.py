@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 
 from ..assemble import PTX_VERSION
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import (abi_params, HALF_COLS, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS,
-                    SMEM_ALIGN, gqa_manifest, mask_words, panel_bytes, qo_map_dims)
+from ..plan import (VARLEN_ORDER, abi_params, HALF_COLS, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS,
+                    SMEM_ALIGN, gqa_manifest, mask_words, panel_bytes, qo_map_dims, varlen_manifest)
 from ..encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, check_tmem_alloc
 from ..exp2 import EXP2_POLY, FRAG_COLS, ROUND_MAGIC, emulated_mask
 from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
                        FenceProxyAsync, If, Loop, LoopKind, Mma, NamedArrive, NamedSync, Pipeline, Role,
-                       Scope, SmemLd, SmemSt, Space, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt, Wait,
-                       WaitLd, WaitSt, walk_ops)
+                       Scope, SmemLd, SmemSt, Space, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt,
+                       Wait, WaitLd, WaitSt, walk_ops)
 from ..render import render
 
 __all__ = ["ENTRY", "OP_PTX", "Ptx", "Sm100LoweringError", "SmemLayout", "build_sm100",
@@ -96,7 +96,9 @@ OP_PTX: dict[type, tuple[str, ...]] = {
     NamedArrive: (Ptx.BAR_ARRIVE.value,),
     NamedSync: (Ptx.BAR_SYNC.value,),
     FenceProxyAsync: (Ptx.FENCE_PROXY_ASYNC.value,),
-    # register-only or generic-proxy ops: no protocol instruction
+    # register-only or generic-proxy ops: no protocol instruction (StoreRows: ld.shared / st.global
+    # by the role's threads, read back by fa4gen.check as its own event)
+    StoreRows: (),
     SmemSt: (),
     SmemLd: (),
     Advance: (),
@@ -437,7 +439,12 @@ class _RoleEmitter:
             if self.loop_kind is not None:
                 raise Sm100LoweringError(f"{self.p}: a TASKS loop must be outermost")
             head, done = self.label("task"), self.label("tasks_done")
-            self.emit("task_begin", head=head, done=done, causal=self.cfg.causal, sqt=self.cfg.seq_q_per_tile)
+            cfg = self.cfg
+            if cfg.varlen:
+                self.varlen_regs()
+            unit = 2 * cfg.seq_q_per_tile  # varlen m unit: the task's pair of Q tiles (plan "Varlen task order")
+            self.emit("task_begin", head=head, done=done, causal=cfg.causal, sqt=cfg.seq_q_per_tile,
+                      varlen=cfg.varlen, unit_rows=unit, unit_shift=unit.bit_length() - 1, uid=self.p)
             self.task_prologue()
             self.loop_kind = lp.kind
             self.stmts(lp.body)
@@ -468,12 +475,22 @@ class _RoleEmitter:
         else:
             self.emit("if_end", label=other)
 
+    def varlen_regs(self) -> None:
+        """The registers of the varlen decode (templates/common/scheduler.ptx.j2 decode_varlen): scan
+        state %vb/%vbase, this sequence's first rows %qoff/%koff, the parameters it reads."""
+        for n in ("vb", "vbase", "qoff", "koff", "totq", "totk"):
+            self.r("b32", n)
+        for n in ("cuq", "cuk", "sused", "rdv"):
+            self.r("b64", n)
+
     def task_prologue(self) -> None:
         role, cfg = self.role, self.cfg
         computes = [op for op in walk_ops(role.program) if isinstance(op, Compute)]
         if any(c.fn == "softmax_max" for c in computes):
+            lse = any(c.fn == "store_lse" for c in computes)
             self.emit("softmax_task_setup", tile=role.qtile, causal=cfg.causal, sqt=cfg.seq_q_per_tile,
-                      log2_p=cfg.gqa_pack.bit_length() - 1, p=cfg.gqa_pack, neg_inf=NEG_INF, zero=ZERO)
+                      log2_p=cfg.gqa_pack.bit_length() - 1, p=cfg.gqa_pack, neg_inf=NEG_INF, zero=ZERO,
+                      varlen=cfg.varlen, lrow=self.r("b32", "lrow") if cfg.varlen and lse else None)
 
     # ---- ops ---------------------------------------------------------------------------------
     def op(self, op) -> None:
@@ -531,6 +548,10 @@ class _RoleEmitter:
             pre = pre + [("mad.lo.u32", "%c3", "%mpair", str(2 * cfg.seq_q_per_tile),
                           str(op.qtile * cfg.seq_q_per_tile)), ("mov.u32", "%c1", "0")]
             coords = ["%c0", "%c1", "%hkv", "%c3", "%b"]
+            if cfg.varlen:  # the packed tensor as a batch of one: row = the sequence's first row + position
+                c4 = self.r("b32", "c4")
+                pre += [("add.u32", "%c3", "%c3", "%qoff"), ("mov.u32", c4, "0")]
+                coords[4] = c4
             tmap, rank = "%tmq", 5
         elif op.tensor in ("k", "v"):
             pre = pre + self.block_reg(op.block, "%c2") + [("shl.b32", "%c2", "%c2", "7")]
@@ -538,6 +559,9 @@ class _RoleEmitter:
             if cfg.head_groups > 1:  # %hkv is the head group: its kv head is %hkv / (G / P)
                 pre, kvh = pre + [("div.u32", "%c1", "%hkv", str(cfg.head_groups))], "%c1"
             coords = ["%c0", kvh, "%c2", "%b"]
+            if cfg.varlen:  # key row = the sequence's first key row + block * 128, batch 0
+                pre += [("add.u32", "%c2", "%c2", "%koff"), ("mov.u32", "%c3", "0")]
+                coords[3] = "%c3"
             tmap, rank = f"%tm{op.tensor}", 4
         else:
             raise Sm100LoweringError(f"TMA load of unknown tensor {op.tensor!r}")
@@ -571,6 +595,43 @@ class _RoleEmitter:
                  for h in range(cfg.head_dim // HALF_COLS)]
         self.emit("tma_store", pre=pre, tmap="%tmo", coords=["%c0", "%c1", "%hkv", "%c3", "%b"], boxes=boxes,
                   skip=self.label("noel"))
+
+    def op_StoreRows(self, op: StoreRows) -> None:
+        """The role's threads copy O tile k (the k-th store of the task, as for TmaStore) from the
+        128B-swizzled staging slot to o_ptr ((total_q, Hq, D)), 16 bytes per lane and row, rows of
+        the sequence only: position < %sq (a pair's second tile may lie wholly past the end)."""
+        cfg = self.cfg
+        if not cfg.varlen:
+            raise Sm100LoweringError(f"{self.p}: StoreRows writes through o_ptr, a varlen parameter")
+        st = self.role.state(op.src_slot) if isinstance(op.src_slot, str) else None
+        qtile = self.store_ordinal % 2
+        self.store_ordinal += 1
+        if st is None or st.depth != 2 or st.stride != 1:
+            raise Sm100LoweringError(f"{self.p}: StoreRows needs a depth-2, stride-1 state over O_smem "
+                                     "(slot k holds Q tile k)")
+        if op.src != "O_smem":
+            raise Sm100LoweringError(f"{self.p}: StoreRows copies the O staging buffer, not {op.src}")
+        nthreads = self.role.threads
+        cpr = cfg.head_dim * cfg.elem_bytes // 16  # 16-byte chunks per row
+        if nthreads % cpr or ROWS % (nthreads // cpr):
+            raise Sm100LoweringError(f"{self.p}: {nthreads} threads do not tile {ROWS} rows of {cpr} chunks")
+        pre, base, off = self.smem_addr(op.src, op.src_slot, "%rsrc")
+        if base == "%smem":
+            pre = pre + [("mov.u32", "%rsrc", "%smem")]
+        p = cfg.gqa_pack
+        for n in ("vrow", "vpos", "vhq", "vhead", "vsw", "vsa"):
+            self.r("b32", n)
+        for n in ("vop", "vga"):
+            self.r("b64", n)
+        self.r("pred", "p_row")
+        src = f"{op.src}[{self.slot_note(op.src_slot)}]"
+        self.what(f"store O tile {qtile} from {src} to o_ptr: lane l copies 16-byte chunk l % {cpr} of rows "
+                  f"l / {cpr} + {nthreads // cpr} i, rows whose position < %sq only")
+        self.emit("store_rows", pre=pre, base="%rsrc", off=off, cpr=cpr, cpr_mask=cpr - 1,
+                  cpr_shift=cpr.bit_length() - 1, step=nthreads // cpr, panel=panel_bytes(cfg),
+                  pos0=2 * cfg.seq_q_per_tile, pos_tile=qtile * cfg.seq_q_per_tile, p=p,
+                  log2_p=p.bit_length() - 1, g=cfg.gqa_ratio, row_shift=(cfg.head_dim * cfg.elem_bytes).bit_length() - 1,
+                  loop=self.label("rows"), qtile=qtile)
 
     def op_TmaStoreWait(self, op: TmaStoreWait) -> None:
         self.emit("tma_store_wait", skip=self.label("noel"))
@@ -899,9 +960,13 @@ class _RoleEmitter:
                   factors=[(self.r("b64", "k_i2"), inv)])
 
     def compute_store_lse(self, op: Compute) -> None:
-        self.what(f"store_lse (Q tile {op.qtile}): LSE = (ref*scale + log2(row_sum)) * ln 2 (-inf for a row "
-                  "without keys) to lse[b, head, seq], rows < Sq only")
-        self.emit("store_lse", ln2=_f32(LN2), g=self.cfg.gqa_ratio, neg_inf=NEG_INF)
+        if self.cfg.varlen:
+            self.what(f"store_lse (Q tile {op.qtile}): LSE = (ref*scale + log2(row_sum)) * ln 2 (-inf for a row "
+                      "without keys) to lse[head, row of the packed batch], rows of the sequence only")
+        else:
+            self.what(f"store_lse (Q tile {op.qtile}): LSE = (ref*scale + log2(row_sum)) * ln 2 (-inf for a row "
+                      "without keys) to lse[b, head, seq], rows < Sq only")
+        self.emit("store_lse", ln2=_f32(LN2), g=self.cfg.gqa_ratio, neg_inf=NEG_INF, varlen=self.cfg.varlen)
 
 
 _DESC_K_MAJOR = SmemMatrixDesc.k_major_sw128(DescArch.SM100A, 0).encode()
@@ -988,6 +1053,7 @@ def lower_sm100(pipe: Pipeline) -> dict:
         "threads": pipe.threads,
         "maxnreg": REGS_PER_SM_PARTITION // pipe.threads,
         "causal": cfg.causal,
+        "varlen": cfg.varlen,
         "head_dim": cfg.head_dim,
         "dtype": cfg.dtype,
         "G": cfg.gqa_ratio,
@@ -1035,16 +1101,18 @@ def manifest_sm100(pipe: Pipeline) -> dict:
     cfg = pipe.config
     layout = smem_layout(pipe)
     hg, hgu = (f" * {cfg.head_groups}", "head group, ") if cfg.head_groups > 1 else ("", "")
-    return {
-        "name": cfg.name,
-        "config": cfg.to_dict(),
-        "content_hash": cfg.content_hash,
-        "generator_version": GENERATOR_VERSION,
-        "arch": TARGET,
-        "entry": ENTRY,
-        "threads_per_cta": pipe.threads,
-        "dynamic_smem_bytes": layout.total,
-        "grid": {
+    if cfg.varlen:
+        grid = {
+            "policy": "one_per_task" if cfg.causal else "persistent",
+            "task_unit": f"two 128-row Q tiles in flight: (sequence, kv_head, {hgu}pair of m_blocks of the sequence)",
+            "num_tasks": f"fa4gen.plan.varlen_task_bound(batch, total_q, num_heads_kv{hg}, {2 * cfg.seq_q_per_tile})",
+            "tiles_per_task": 2,
+            "order": VARLEN_ORDER[False] + (" and heaviest first" if cfg.causal else "") + ", task += gridDim.x",
+            "grid_x": ("num_tasks" if cfg.causal else "min(num_tasks, SM count read from the device)"),
+            "note": "the kernel stops at the last sequence's tasks: num_tasks is only a bound",
+        }
+    else:
+        grid = {
             "policy": "one_per_task" if cfg.causal else "persistent",
             "task_unit": f"two 128-row Q tiles in flight: (batch, kv_head, {hgu}pair of m_blocks)",
             "num_tasks": f"batch * num_heads_kv{hg} * ceil(num_m_blocks / 2)",
@@ -1055,9 +1123,20 @@ def manifest_sm100(pipe: Pipeline) -> dict:
             "grid_x": ("num_tasks" if cfg.causal else "min(num_tasks, SM count read from the device)"),
             "note": f"the kernel clamps num_tasks to batch * num_heads_kv{hg} * ceil(num_m_blocks / 2): "
                     "a grid sized in single Q tiles only adds idle CTAs",
-        },
+        }
+    return {
+        "name": cfg.name,
+        "config": cfg.to_dict(),
+        "content_hash": cfg.content_hash,
+        "generator_version": GENERATOR_VERSION,
+        "arch": TARGET,
+        "entry": ENTRY,
+        "threads_per_cta": pipe.threads,
+        "dynamic_smem_bytes": layout.total,
+        "grid": grid,
         "tensor_maps": tensor_maps(cfg),
         "gqa": gqa_manifest(cfg.gqa_ratio),
+        **({"varlen": varlen_manifest(cfg)} if cfg.varlen else {}),
         "params": [n for n, _ in abi_params(cfg)],
         "smem_layout": {
             "regions": {k: {"offset": v[0], "bytes_per_slot": v[1], "slots": v[2]} for k, v in layout.regions.items()},

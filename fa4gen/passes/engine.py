@@ -662,6 +662,12 @@ class Engine:
 
         self.pending_store[role.name].append(fire)
 
+    def _op_StoreRows(self, role, op, ctx, ev, slots):
+        # the role's own threads read the slot (ld.shared) and write global memory: synchronous
+        slot = self.slot(role, op.src_slot)
+        self.access(ev, self._keys(op.src, slot), False, op.src)
+        self.data.effect("store_rows", role, op, ctx, {"slot": slot})
+
     def _op_TmaStoreWait(self, role, op, ctx, ev, slots):
         self._join_done(role, "store")
         ev.vc.join(self.agents[role.name].vc)

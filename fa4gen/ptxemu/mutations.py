@@ -275,6 +275,53 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
 )
 
 
+# ---- varlen (packed sequences): offsets into the packed tensors, the row predicates of the threaded
+# O copy, the per-sequence lengths. Each edit names the varlen instruction it changes exactly (the
+# dense kernels have none of them); the default ragged shapes (harness.default_shapes) give sequences
+# with offsets > 0, tiles that run past a sequence's end, and seqused_k.
+_SM100V = dict(arch="sm_100a", head_dim=64, causal=False, gqa_ratio=1, dtype="bf16", varlen=True)
+_SM100VC = dict(arch="sm_100a", head_dim=64, causal=True, gqa_ratio=4, dtype="bf16", varlen=True)
+_SM90V = dict(arch="sm_90a", head_dim=64, causal=False, gqa_ratio=1, dtype="bf16", varlen=True)
+_SM90VC = dict(arch="sm_90a", head_dim=64, causal=True, gqa_ratio=4, dtype="bf16", varlen=True)
+
+PTX_MUTATIONS = PTX_MUTATIONS + (
+    PtxMutation("varlen_o_row_predicate", _SM100V, "varlen store warp: the first O copy writes every tile row, "
+                "also the rows past the sequence's end (the next sequence's, or past total_q)",
+                ("GMEM_OOB", "WRITTEN_TWICE", "mismatch"),
+                _sub(r"@%p_row st\.global\.v4\.b32 ", "st.global.v4.b32 ", nth=0)),
+    PtxMutation("varlen_k_row_offset", _SM100V, "varlen load warp: the first K block's TMA row lacks the "
+                "sequence's first key row (%koff)", ("mismatch",),
+                _drop_line(r"^\s*add\.u32 %c2, %c2, %koff;", nth=0), protocol=False),
+    PtxMutation("varlen_q_row_offset", _SM100VC, "varlen load warp: Q tile 1's TMA row lacks the sequence's "
+                "first row (%qoff)", ("mismatch",),
+                _drop_line(r"^\s*add\.u32 %c3, %c3, %qoff;", nth=1), protocol=False),
+    PtxMutation("varlen_lse_row_offset", _SM100V, "varlen softmax0: the LSE column is the position in the "
+                "sequence, not the packed row (0 instead of %qoff)", ("WRITTEN_TWICE", "mismatch"),
+                _sub(r"add\.u32 %lrow, %seq, %qoff;", "add.u32 %lrow, %seq, 0;", nth=0), protocol=False),
+    PtxMutation("varlen_second_tile_position", _SM100VC, "varlen store warp: the pair's second O tile is "
+                "copied to the first tile's positions", ("WRITTEN_TWICE", "mismatch"),
+                _sub(r"(mad\.lo\.u32 %vpos, %mpair, \d+, )(\d+);", r"\g<1>0;", nth=1), protocol=False),
+    PtxMutation("varlen_o_copy_swizzle", _SM100V, "varlen store warp: the O copy reads the staging buffer "
+                "without the 128B swizzle (chunk c of row R at c, not c ^ R % 8)", ("mismatch",),
+                _drop_line(r"^\s*xor\.b32 %tmp1, %tmp1, %vsw;", nth=0), protocol=False),
+    PtxMutation("varlen_seqused_k_ignored", _SM100VC, "varlen decode: seqused_k never caps the sequence's keys "
+                "(in every role)", ("mismatch",),
+                _sub(r"^\s*min\.u32 %skv, %skv, %tmp1;\n", "", count=0), protocol=False),
+    PtxMutation("sm90_varlen_o_row_predicate", _SM90V, "sm_90a varlen: the threads' O copy writes every row of "
+                "the WG's 64, also those past the sequence's end", ("GMEM_OOB", "WRITTEN_TWICE", "mismatch"),
+                _sub(r"@%pp3 st\.global\.v4\.b32 ", "st.global.v4.b32 ", count=0)),
+    PtxMutation("sm90_varlen_k_row_offset", _SM90V, "sm_90a varlen producer: the first K block's TMA row lacks "
+                "the sequence's first key row (%koff)", ("mismatch",),
+                _drop_line(r"^\s*add\.u32 %c2, %c2, %koff;", nth=0), protocol=False),
+    PtxMutation("sm90_varlen_lse_row_offset", _SM90V, "sm_90a varlen: the LSE column of the first row is the "
+                "position in the sequence (0 instead of %qoff)", ("WRITTEN_TWICE", "mismatch"),
+                _sub(r"add\.u32 %tmp1, %seq0, %qoff;", "add.u32 %tmp1, %seq0, 0;", nth=0), protocol=False),
+    PtxMutation("sm90_varlen_q_row_offset", _SM90VC, "sm_90a varlen producer: the Q tile's TMA row lacks the "
+                "sequence's first row (%qoff)", ("mismatch",),
+                _sub(r"mad\.lo\.u32 %c3, %mb, (\d+), %qoff;", r"mul.lo.u32 %c3, %mb, \1;", nth=0), protocol=False),
+)
+
+
 def by_name(name: str) -> PtxMutation:
     for m in PTX_MUTATIONS:
         if m.name == name:
