@@ -321,12 +321,13 @@ def simulate(pipe_or_cfg, q, k, v, softmax_scale=None, seed: int = 0, num_ctas: 
 
 
 def simulate_varlen(pipe_or_cfg, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=None, softmax_scale=None,
-                    seed: int = 0, num_ctas: int = 1, priority=None) -> SimResult:
+                    seed: int = 0, num_ctas: int = 1, priority=None, l2_rows: int = 1) -> SimResult:
     """Run a varlen pipeline's programs over a packed batch: q (total_q, Hq, D), k, v (total_k, Hkv,
     D), sequence b's rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) and keys [cu_seqlens_k[b], ...), at
     most seqused_k[b] of them. Tasks come in the kernels' varlen order (fa4gen.schedule.varlen_tasks,
-    offsets clamped as on the device); a TMA tile reads the packed tensor's rows whatever sequence
-    they belong to (zero only past its end), as the hardware does. Returns O (total_q, Hq, D) (NaN
+    offsets clamped as on the device; causal sections from `l2_rows`, the kernels' l2_group); a TMA
+    tile reads the packed tensor's rows whatever sequence they belong to (zero only past its end),
+    as the hardware does. Returns O (total_q, Hq, D) (NaN
     where no task wrote), LSE (Hq, total_q) and the engine's findings."""
     pipe = pipe_or_cfg if isinstance(pipe_or_cfg, Pipeline) else build_pipeline(pipe_or_cfg)
     cfg = pipe.config
@@ -341,7 +342,7 @@ def simulate_varlen(pipe_or_cfg, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=
     tpt, ng = tiles_per_task(cfg), cfg.head_groups
     tasks = []
     for b, hg, m, q0, ql, k0, kl in varlen_tasks(cu_seqlens_q, cu_seqlens_k, total_q, total_k, hkv * ng,
-                                                 tpt * cfg.seq_q_per_tile, cfg.causal, seqused_k):
+                                                 tpt * cfg.seq_q_per_tile, cfg.causal, seqused_k, l2_rows):
         # the kernels' block count: the pair's (or tile's) furthest visible key, at least one block
         n = max(max(n_block_max(cfg, tpt * m + j, ql, kl) for j in range(tpt)), 1)
         tasks.append(Task(0, hg // ng, m, n, hg % ng, q0, ql, k0, kl))
