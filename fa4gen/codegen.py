@@ -36,8 +36,12 @@ DEFAULT_MATRIX = tuple(
     + [KernelConfig(dtype="fp16", causal=True, gqa_ratio=4)])
 # One sm_90a default variant beside it, so the PTX of both targets can be reviewed.
 SM90_REVIEW_CONFIG = KernelConfig(arch="sm_90a", head_dim=128, causal=True, gqa_ratio=1)
-# The variants checked in under generated/ (scripts/regen_generated.py): the sm_100a matrix + the sm_90a one.
-GENERATED_MATRIX = DEFAULT_MATRIX + (SM90_REVIEW_CONFIG,)
+# A varlen variant of each target (packed sequences, cu_seqlens; docs/ABI.md "Varlen") for review.
+VARLEN_REVIEW_CONFIGS = (KernelConfig(head_dim=128, causal=True, gqa_ratio=4, varlen=True),
+                         KernelConfig(arch="sm_90a", head_dim=128, causal=True, gqa_ratio=4, varlen=True))
+# The variants checked in under generated/ (scripts/regen_generated.py): the sm_100a matrix, the
+# sm_90a review variant and the two varlen ones.
+GENERATED_MATRIX = DEFAULT_MATRIX + (SM90_REVIEW_CONFIG,) + VARLEN_REVIEW_CONFIGS
 # Manifest keys that legitimately differ between two regenerations of the same kernel: the content
 # hash covers a fingerprint of the generator's sources, and the assembler section exists only where
 # an assembler is installed.

@@ -51,10 +51,13 @@ def emitted(**cfg):
 
 # ---- the kernels ------------------------------------------------------------------------------------
 def test_golden_matrix_is_the_generated_matrix():
-    """generated/ holds the default sm_100a matrix and one sm_90a variant (scripts/regen_generated.py)."""
+    """generated/ holds the default sm_100a matrix, one sm_90a variant and a varlen variant of each
+    target (scripts/regen_generated.py)."""
     assert GOLDEN == sorted(c.name for c in codegen.GENERATED_MATRIX)
-    assert SM100_GOLDEN == sorted(c.name for c in codegen.DEFAULT_MATRIX)
-    assert SM90_GOLDEN == [codegen.SM90_REVIEW_CONFIG.name] == ["fa4_sm90a_d128_bf16_causal_gqa1"]
+    varlen = {c.arch: c.name for c in codegen.VARLEN_REVIEW_CONFIGS}
+    assert SM100_GOLDEN == sorted([c.name for c in codegen.DEFAULT_MATRIX] + [varlen["sm_100a"]])
+    assert SM90_GOLDEN == sorted([codegen.SM90_REVIEW_CONFIG.name, varlen["sm_90a"]]) == [
+        "fa4_sm90a_d128_bf16_causal_gqa1", "fa4_sm90a_d128_bf16_causal_gqa4_varlen"]
     for name in GOLDEN:  # the file name, the manifest and the PTX header agree on the target
         ptx = (GEN / f"{name}.ptx").read_text()
         arch = _golden_arch(name)
