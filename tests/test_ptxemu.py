@@ -123,6 +123,8 @@ def test_default_shapes_of_unpacked_ratios():
 def test_default_shapes_exercise_tails_masking_and_the_persistent_loop():
     for name in GOLDEN:
         man = json.loads((GEN / f"{name}.json").read_text())
+        if man["config"].get("varlen"):  # ragged defaults: tests/test_varlen_sm100.py checks their corners
+            continue
         rows = 128 // man["config"]["gqa_ratio"]
         for s in default_shapes(man):
             assert s.sq % rows and s.skv % 128  # tails on both lengths
