@@ -309,6 +309,8 @@ class Kernel:
     def __call__(self, q, k, v, o, lse=None, softmax_scale: float | None = None, l2_group: int | None = None) -> None:
         """Launch on torch's current stream. `l2_group` overrides the L2 section size the runtime
         derives from the device's L2 (any value is safe: the kernel clamps it to [1, B*Hkv])."""
+        if "varlen" in self.manifest:
+            raise RuntimeSetupError(f"{self.manifest['name']} is a varlen kernel: launch it with Kernel.varlen")
         if q.device.index != self.device:
             raise RuntimeSetupError(f"kernel was loaded on cuda:{self.device}, tensors are on {q.device}: "
                                     "load one Kernel per device")
@@ -333,6 +335,4 @@ class Kernel:
             "num_m_blocks": ctypes.c_uint32(num_m_blocks), "num_tasks": ctypes.c_uint32(num_tasks),
             "l2_group": ctypes.c_uint32(max(min(int(l2_group), 0xFFFFFFFF), 0)),
         }
-        if "varlen" in self.manifest:
-            raise RuntimeSetupError(f"{self.manifest['name']} is a varlen kernel: launch it with Kernel.varlen")
         self._launch(maps, scalars, num_tasks, q.device)
