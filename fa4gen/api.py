@@ -244,12 +244,28 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     themselves stay on the device: non-monotonic or out-of-range values are clamped by the kernel
     (start = min(cu[b], total), end = min(max(cu[b+1], start), total)), so it never reads or writes
     outside its tensors, whatever they hold.
+
+    Under `torch.compile` (fullgraph too) the call goes through the custom op
+    `torch.ops.fa4gen.attention_varlen_fwd` (fa4gen/torch_ops.py), as `attention` does.
     """
     try:
         import torch
     except ImportError as e:
         raise validate.InputTypeError("fa4gen.attention_varlen needs torch (pip install torch)") from e
-    t0 = time.perf_counter()
+    if torch.compiler.is_compiling():
+        from . import torch_ops
+
+        return torch_ops.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                          causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
+                                          seqused_k=seqused_k)
+    return _attention_varlen_eager(torch, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                   softmax_scale, return_lse, seqused_k)
+
+
+def _varlen_metas(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, meta=None):
+    """TensorMetas of the varlen arguments (None for an absent seqused_k); every argument that is not
+    a dense tensor reported in one error. `meta` replaces validate.tensor_meta (fake tensors)."""
+    meta = meta or validate.tensor_meta
     metas, errors = [], []
     for t, n in ((q, "q"), (k, "k"), (v, "v"), (cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k"),
                  (seqused_k, "seqused_k")):
@@ -257,19 +273,26 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
             metas.append(None)
             continue
         try:
-            metas.append(validate.tensor_meta(t, n))
+            metas.append(meta(t, n))
         except Fa4genInputError as e:
             metas.append(None)
             errors.append(e)
     validate.raise_all(errors)
-    qm, km, vm, cqm, ckm, sum_ = metas
+    return metas
+
+
+def _attention_varlen_eager(torch, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                            softmax_scale, return_lse, seqused_k, check_grad: bool = True):
+    """`attention_varlen` outside a compiled region (and the custom op's real implementation)."""
+    t0 = time.perf_counter()
+    qm, km, vm, cqm, ckm, sum_ = _varlen_metas(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
     problem = validate.check_varlen_problem(qm, km, vm, cqm, ckm, max_seqlen_q, max_seqlen_k, seqused_k=sum_,
                                             causal=causal, softmax_scale=softmax_scale, return_lse=return_lse)
     dev = q.device
     if dev.index not in _arch_ok:
         validate.check_arch(torch.cuda.get_device_capability(dev), torch.cuda.get_device_name(dev))
         _arch_ok.add(dev.index)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if check_grad and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise validate.InputValueError(FORWARD_ONLY.replace("fa4gen.attention", "fa4gen.attention_varlen"))
     o = torch.empty(problem.out_shape, dtype=q.dtype, device=dev)
     lse = torch.empty(problem.lse_shape, dtype=torch.float32, device=dev) if return_lse else None
@@ -407,15 +430,7 @@ class PrebuiltKernel:
         cfg = self.config
         if not cfg.varlen:
             raise validate.InputValueError(f"{cfg.name} is not a varlen kernel: call kernel(q, k, v, ...)")
-        metas, errors = [], []
-        for t, n in ((q, "q"), (k, "k"), (v, "v"), (cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k"),
-                     (seqused_k, "seqused_k")):
-            try:
-                metas.append(None if t is None and n == "seqused_k" else validate.tensor_meta(t, n))
-            except Fa4genInputError as e:
-                metas.append(None)
-                errors.append(e)
-        validate.raise_all(errors)
+        metas = _varlen_metas(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
         p = validate.check_varlen_problem(*metas[:5], max_seqlen_q, max_seqlen_k, seqused_k=metas[5],
                                           causal=cfg.causal, softmax_scale=softmax_scale, return_lse=return_lse)
         got = (p.head_dim, p.dtype, p.gqa_ratio)

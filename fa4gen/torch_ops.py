@@ -26,7 +26,7 @@ import torch
 
 from . import api, validate
 
-__all__ = ["attention", "attention_fwd"]
+__all__ = ["attention", "attention_fwd", "attention_varlen", "attention_varlen_fwd"]
 
 
 @torch.library.custom_op("fa4gen::attention_fwd", mutates_args=())
@@ -72,4 +72,46 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
         raise validate.InputValueError(api.FORWARD_ONLY)
     o, lse = attention_fwd(q, k, v, causal, None if softmax_scale is None else float(softmax_scale), return_lse)
+    return (o, lse) if return_lse else o
+
+
+# ---- varlen: the output shapes depend on q's shape alone, so the op needs no data-dependent size ----
+@torch.library.custom_op("fa4gen::attention_varlen_fwd", mutates_args=())
+def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                         cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                         softmax_scale: Optional[float], return_lse: bool,
+                         seqused_k: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse) of `fa4gen.attention_varlen(...)`; lse has shape (0,) when return_lse is False."""
+    out = api._attention_varlen_eager(torch, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                      causal, softmax_scale, return_lse, seqused_k, check_grad=False)
+    if return_lse:
+        return out
+    return out, _no_lse(q)
+
+
+@attention_varlen_fwd.register_fake
+def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                               softmax_scale, return_lse, seqused_k):
+    qm, km, vm, cqm, ckm, sum_ = api._varlen_metas(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, meta=_fake_meta)
+    problem = validate.check_varlen_problem(qm, km, vm, cqm, ckm, max_seqlen_q, max_seqlen_k, seqused_k=sum_,
+                                            causal=causal, softmax_scale=softmax_scale, return_lse=return_lse)
+    o = q.new_empty(problem.out_shape)
+    lse = q.new_empty(problem.lse_shape, dtype=torch.float32) if return_lse else _no_lse(q)
+    return o, lse
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal: bool = False,
+                     softmax_scale: float | None = None, return_lse: bool = False, seqused_k=None):
+    """`fa4gen.attention_varlen` through the op (what it runs under torch.compile)."""
+    validate.check_flags(causal, return_lse)
+    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real)):
+        raise validate.InputTypeError(
+            f"softmax_scale must be a real number or None, got {type(softmax_scale).__name__}")
+    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            raise validate.InputTypeError(f"{name} must be an int, got {type(n).__name__}")
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
+        raise validate.InputValueError(api.FORWARD_ONLY.replace("fa4gen.attention", "fa4gen.attention_varlen"))
+    o, lse = attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal,
+                                  None if softmax_scale is None else float(softmax_scale), return_lse, seqused_k)
     return (o, lse) if return_lse else o

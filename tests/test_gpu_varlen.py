@@ -217,3 +217,21 @@ def test_prebuilt_varlen_kernel_equals_attention_varlen(tmp_path):
     assert torch.equal(o1, o2) and torch.equal(l1, l2)
     with pytest.raises(InputValueError, match="varlen kernel"):
         kernel(q[None], k[None], v[None])
+
+
+@pytest.mark.gpu
+def test_varlen_under_torch_compile_fullgraph():
+    """torch.compile(fullgraph=True) traces attention_varlen through its custom op; same bits as eager."""
+    lens = [300, 0, 129, 1000]
+    q, k, v = _inputs(lens, lens, 8, 2, 64, "bf16", "compile")
+    cu = _cu(lens, "cuda")
+
+    def f(q, k, v, cu):
+        return api.attention_varlen(q, k, v, cu, cu, 1000, 1000, causal=True, return_lse=True)
+
+    o1, l1 = torch.compile(f, fullgraph=True)(q, k, v, cu)
+    o2, l2 = f(q, k, v, cu)
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)
+    torch.library.opcheck(torch.ops.fa4gen.attention_varlen_fwd,
+                          (q, k, v, cu, cu, 1000, 1000, True, None, True, None),
+                          test_utils=("test_schema", "test_faketensor"))
