@@ -461,6 +461,17 @@ def check_varlen_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cu_q: Tens
     mk = attempt(_check_max_seqlen, "max_seqlen_k", max_seqlen_k, batch if seqused_k is None else None, tk)
     if batch == 0 and tq:
         errors.append(InputValueError(f"cu_seqlens_q describes no sequence but q has {tq} rows"))
+    if shapes and batch:
+        from .plan import gqa_pack, varlen_task_bound
+
+        hkv_, hq_ = shapes[3], shapes[2]
+        if hkv_ and hq_:
+            p = gqa_pack(hq_ // hkv_)
+            bound = varlen_task_bound(batch, tq, hkv_ * (hq_ // hkv_ // p), 128 // p)
+            if bound >= U32_PARAM_LIMIT:
+                errors.append(InputValueError(
+                    f"{batch} sequences of {tq} rows in all with {hq_} query heads make up to {bound} tiles; the "
+                    f"kernel's 32-bit task index holds fewer than 2^31: split the batch"))
     raise_all(errors)
     tq, tk, hq, hkv, d = shapes
     relayout = tuple((m.name, why) for m in metas if (why := tma_layout_problem(m)) is not None)

@@ -215,6 +215,8 @@ def test_valid_varlen_problem():
     (dict(seqused_k=_m("seqused_k", (3,), "int32")), InputValueError, "seqused_k must have 2 entries"),
     (dict(cu_q=_m("cu_seqlens_q", (1,), "int32"), cu_k=_m("cu_seqlens_k", (1,), "int32")), InputValueError,
      "no sequence but q has 100 rows"),
+    (dict(q=_m("q", (2**30, 512, 64)), k=_m("k", (120, 1, 64)), v=_m("v", (120, 1, 64)), max_seqlen_q=2**30),
+     InputValueError, "32-bit task index"),
 ])
 def test_varlen_input_errors(over, err, match):
     with pytest.raises(err, match=match):
