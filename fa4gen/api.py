@@ -196,27 +196,41 @@ def _attention_eager(torch, q, k, v, causal, softmax_scale, return_lse, check_gr
     if check_grad and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise validate.InputValueError(FORWARD_ONLY)
 
+    def launch(q, k, v, o, lse):
+        kernel, kinfo = _kernel_for(problem, dev)
+        kernel(q, k, v, o, lse=lse, softmax_scale=problem.softmax_scale)
+        return kinfo
+
+    return _record(problem, t0, *_answer(torch, problem, q, k, v, return_lse, launch))
+
+
+def _answer(torch, problem, q, k, v, return_lse, launch):
+    """The outputs of a validated problem (dense or varlen): o and, with return_lse, lse allocated on
+    q's device; empty problems answered as they are and keyless ones with O = 0, LSE = -inf, without
+    a launch; otherwise the inputs TMA cannot read in place copied (problem.relayout) and
+    `launch(q, k, v, o, lse)` called on q's device. Returns (o, lse, whether it launched, what
+    launch returned, the names of the copied inputs)."""
+    dev = q.device
     o = torch.empty(problem.out_shape, dtype=q.dtype, device=dev)
     lse = torch.empty(problem.lse_shape, dtype=torch.float32, device=dev) if return_lse else None
-
-    def done(launched, kernel_info=None, copied=()):
-        _local.info = CallInfo(problem, launched, kernel_info, tuple(copied), time.perf_counter() - t0)
-        return (o, lse) if return_lse else o
-
     if problem.is_empty:
-        return done(False)
+        return o, lse, False, None, ()
     if problem.no_keys:
         o.zero_()
         if lse is not None:
             lse.fill_(float("-inf"))
-        return done(False)
-
+        return o, lse, False, None, ()
     why = dict(problem.relayout)
     q, k, v = (_tma_ready(t, n, why.get(n)) for t, n in ((q, "q"), (k, "k"), (v, "v")))
-    kernel, kinfo = _kernel_for(problem, dev)
     with torch.cuda.device(dev):
-        kernel(q, k, v, o, lse=lse, softmax_scale=problem.softmax_scale)
-    return done(True, kinfo, tuple(why))
+        ran = launch(q, k, v, o, lse)
+    return o, lse, True, ran, tuple(why)
+
+
+def _record(problem, t0, o, lse, launched, kinfo, copied):
+    """Record this thread's `last_call_info` and return what the call returns."""
+    _local.info = CallInfo(problem, launched, kinfo, copied, time.perf_counter() - t0)
+    return (o, lse) if problem.return_lse else o
 
 
 # ---- varlen ------------------------------------------------------------------------------------
@@ -294,27 +308,13 @@ def _attention_varlen_eager(torch, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seql
         _arch_ok.add(dev.index)
     if check_grad and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise validate.InputValueError(FORWARD_ONLY.replace("fa4gen.attention", "fa4gen.attention_varlen"))
-    o = torch.empty(problem.out_shape, dtype=q.dtype, device=dev)
-    lse = torch.empty(problem.lse_shape, dtype=torch.float32, device=dev) if return_lse else None
-
-    def done(launched, kernel_info=None, copied=()):
-        _local.info = CallInfo(problem, launched, kernel_info, tuple(copied), time.perf_counter() - t0)
-        return (o, lse) if return_lse else o
-
-    if problem.is_empty:
-        return done(False)
-    if problem.no_keys:
-        o.zero_()
-        if lse is not None:
-            lse.fill_(float("-inf"))
-        return done(False)
-    why = dict(problem.relayout)
-    q, k, v = (_tma_ready(t, n, why.get(n)) for t, n in ((q, "q"), (k, "k"), (v, "v")))
-    kernel, kinfo = _kernel_for(problem, dev)
-    with torch.cuda.device(dev):
+    def launch(q, k, v, o, lse):
+        kernel, kinfo = _kernel_for(problem, dev)
         kernel.varlen(q, k, v, o, cu_seqlens_q, cu_seqlens_k, problem.max_seqlen_q, problem.max_seqlen_k, lse=lse,
                       seqused_k=seqused_k, softmax_scale=problem.softmax_scale)
-    return done(True, kinfo, tuple(why))
+        return kinfo
+
+    return _record(problem, t0, *_answer(torch, problem, q, k, v, return_lse, launch))
 
 
 # ---- prebuilt cubins ---------------------------------------------------------------------------
@@ -397,6 +397,17 @@ class PrebuiltKernel:
         metas = validate.tensor_metas(q, k, v)
         cfg = self.config
         p = validate.check_problem(*metas, causal=cfg.causal, softmax_scale=softmax_scale, return_lse=return_lse)
+        self._check_fits(torch, p, q, k, v)
+
+        def launch(q, k, v, o, lse):
+            self.kernel(q, k, v, o, lse=lse, softmax_scale=p.softmax_scale)
+
+        o, lse, *_ = _answer(torch, p, q, k, v, return_lse, launch)
+        return (o, lse) if return_lse else o
+
+    def _check_fits(self, torch, p, q, k, v) -> None:
+        """The validated problem p is one this kernel was built for, on its device, without grad."""
+        cfg = self.config
         got = (p.head_dim, p.dtype, p.gqa_ratio)
         if not p.is_empty and got != (cfg.head_dim, cfg.dtype, cfg.gqa_ratio):
             raise validate.InputValueError(
@@ -407,18 +418,6 @@ class PrebuiltKernel:
                                        f"{q.device}: load it once per device")
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise validate.InputValueError("fa4gen kernels are forward-only: call under torch.no_grad()")
-        o = torch.empty(p.out_shape, dtype=q.dtype, device=q.device)
-        lse = torch.empty(p.lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
-        if p.no_keys:
-            o.zero_()
-            if lse is not None:
-                lse.fill_(float("-inf"))
-        elif not p.is_empty:
-            why = dict(p.relayout)
-            q, k, v = (_tma_ready(t, n, why.get(n)) for t, n in ((q, "q"), (k, "k"), (v, "v")))
-            with torch.cuda.device(q.device):
-                self.kernel(q, k, v, o, lse=lse, softmax_scale=p.softmax_scale)
-        return (o, lse) if return_lse else o
 
 
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
@@ -433,28 +432,13 @@ class PrebuiltKernel:
         metas = _varlen_metas(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
         p = validate.check_varlen_problem(*metas[:5], max_seqlen_q, max_seqlen_k, seqused_k=metas[5],
                                           causal=cfg.causal, softmax_scale=softmax_scale, return_lse=return_lse)
-        got = (p.head_dim, p.dtype, p.gqa_ratio)
-        if not p.is_empty and got != (cfg.head_dim, cfg.dtype, cfg.gqa_ratio):
-            raise validate.InputValueError(
-                f"{cfg.name} was built for head_dim {cfg.head_dim}, {cfg.dtype}, GQA ratio {cfg.gqa_ratio}; "
-                f"the inputs are head_dim {p.head_dim}, {p.dtype}, GQA ratio {p.gqa_ratio}")
-        if q.device.index != self.kernel.device:
-            raise validate.DeviceError(f"{self.path} was loaded on cuda:{self.kernel.device}, the inputs are on "
-                                       f"{q.device}: load it once per device")
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-            raise validate.InputValueError("fa4gen kernels are forward-only: call under torch.no_grad()")
-        o = torch.empty(p.out_shape, dtype=q.dtype, device=q.device)
-        lse = torch.empty(p.lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
-        if p.no_keys:
-            o.zero_()
-            if lse is not None:
-                lse.fill_(float("-inf"))
-        elif not p.is_empty:
-            why = dict(p.relayout)
-            q, k, v = (_tma_ready(t, n, why.get(n)) for t, n in ((q, "q"), (k, "k"), (v, "v")))
-            with torch.cuda.device(q.device):
-                self.kernel.varlen(q, k, v, o, cu_seqlens_q, cu_seqlens_k, p.max_seqlen_q, p.max_seqlen_k, lse=lse,
-                                   seqused_k=seqused_k, softmax_scale=p.softmax_scale)
+        self._check_fits(torch, p, q, k, v)
+
+        def launch(q, k, v, o, lse):
+            self.kernel.varlen(q, k, v, o, cu_seqlens_q, cu_seqlens_k, p.max_seqlen_q, p.max_seqlen_k, lse=lse,
+                               seqused_k=seqused_k, softmax_scale=p.softmax_scale)
+
+        o, lse, *_ = _answer(torch, p, q, k, v, return_lse, launch)
         return (o, lse) if return_lse else o
 
 

@@ -308,6 +308,12 @@ def simulate(pipe_or_cfg, q, k, v, softmax_scale=None, seed: int = 0, num_ctas: 
     scale = _default_scale(d, softmax_scale)
     tasks = schedule_tasks(cfg, b, hkv, sq, skv)
     data = (NumpyData if pipe.arch == "sm_100a" else NumpyDataSm90)(pipe, q64, k64, v64, scale, tasks)
+    return SimResult(data.o, data.lse, _run_ctas(pipe, data, tasks, num_ctas, seed, priority))
+
+
+def _run_ctas(pipe, data, tasks, num_ctas: int, seed: int, priority) -> list:
+    """Deal the tasks round-robin to num_ctas CTAs and run each CTA's programs over its share (one
+    engine per CTA, seeded per CTA); the findings of all of them."""
     findings: list[Finding] = []
     for cta in range(num_ctas):
         mine = tasks[cta::num_ctas]
@@ -317,7 +323,7 @@ def simulate(pipe_or_cfg, q, k, v, softmax_scale=None, seed: int = 0, num_ctas: 
         eng = Engine(pipe, Scenario(tuple(t.n_blocks for t in mine)), data=data, seed=seed * 7919 + cta,
                      priority=priority)
         findings += eng.run()
-    return SimResult(data.o, data.lse, findings)
+    return findings
 
 
 def simulate_varlen(pipe_or_cfg, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=None, softmax_scale=None,
@@ -347,13 +353,5 @@ def simulate_varlen(pipe_or_cfg, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=
         n = max(max(n_block_max(cfg, tpt * m + j, ql, kl) for j in range(tpt)), 1)
         tasks.append(Task(0, hg // ng, m, n, hg % ng, q0, ql, k0, kl))
     data = (NumpyData if pipe.arch == "sm_100a" else NumpyDataSm90)(pipe, q64, k64, v64, scale, tasks)
-    findings: list[Finding] = []
-    for cta in range(num_ctas):
-        mine = tasks[cta::num_ctas]
-        if not mine:
-            continue
-        data.tasks = mine
-        eng = Engine(pipe, Scenario(tuple(t.n_blocks for t in mine)), data=data, seed=seed * 7919 + cta,
-                     priority=priority)
-        findings += eng.run()
+    findings = _run_ctas(pipe, data, tasks, num_ctas, seed, priority)
     return SimResult(data.o[0], data.lse[0], findings)

@@ -179,6 +179,16 @@ def check_shapes(q: TensorMeta, k: TensorMeta, v: TensorMeta) -> tuple[int, int,
     bk, skv, hkv, dk = k.shape
     if b != bk:
         raise InputValueError(f"q and k must have the same batch size, got {b} and {bk}")
+    _check_heads(d, dk, hq, hkv)
+    for label, n in (("batch", b), ("seqlen_q", sq), ("seqlen_k", skv), ("heads_q", hq)):
+        if n >= U32_PARAM_LIMIT:
+            raise InputValueError(f"{label} = {n} does not fit the kernel's 32-bit parameters")
+    return b, sq, skv, hq, hkv, d
+
+
+def _check_heads(d: int, dk: int, hq: int, hkv: int) -> None:
+    """head_dim the same for q and k and one fa4gen generates; Hq a multiple of Hkv (GQA) within
+    the ratio the kernels take."""
     if d != dk:
         raise InputValueError(f"q and k must have the same head_dim, got {d} and {dk}")
     if d not in HEAD_DIMS:
@@ -190,10 +200,6 @@ def check_shapes(q: TensorMeta, k: TensorMeta, v: TensorMeta) -> tuple[int, int,
         raise InputValueError(f"q's heads ({hq}) must be a multiple of k/v's heads ({hkv}) for GQA")
     if hq > 0 and hq // hkv > GQA_RATIO_MAX:
         raise InputValueError(f"GQA ratio {hq}/{hkv} = {hq // hkv} exceeds {GQA_RATIO_MAX} query heads per kv head")
-    for label, n in (("batch", b), ("seqlen_q", sq), ("seqlen_k", skv), ("heads_q", hq)):
-        if n >= U32_PARAM_LIMIT:
-            raise InputValueError(f"{label} = {n} does not fit the kernel's 32-bit parameters")
-    return b, sq, skv, hq, hkv, d
 
 
 def check_flags(causal, return_lse) -> None:
@@ -375,17 +381,7 @@ def check_varlen_shapes(q: TensorMeta, k: TensorMeta, v: TensorMeta) -> tuple[in
         raise InputValueError(f"k and v must have the same shape, got k {k.shape} and v {v.shape}")
     tq, hq, d = q.shape
     tk, hkv, dk = k.shape
-    if d != dk:
-        raise InputValueError(f"q and k must have the same head_dim, got {d} and {dk}")
-    if d not in HEAD_DIMS:
-        raise InputValueError(
-            f"head_dim {d} is not supported; fa4gen generates head_dim {' and '.join(map(str, HEAD_DIMS))}")
-    if hq > 0 and hkv == 0:
-        raise InputValueError(f"k and v have 0 heads but q has {hq}")
-    if hkv > 0 and hq % hkv:
-        raise InputValueError(f"q's heads ({hq}) must be a multiple of k/v's heads ({hkv}) for GQA")
-    if hq > 0 and hq // hkv > GQA_RATIO_MAX:
-        raise InputValueError(f"GQA ratio {hq}/{hkv} = {hq // hkv} exceeds {GQA_RATIO_MAX} query heads per kv head")
+    _check_heads(d, dk, hq, hkv)
     for label, n in (("total_q", tq), ("total_k", tk), ("heads_q", hq)):
         if n >= U32_PARAM_LIMIT:
             raise InputValueError(f"{label} = {n} does not fit the kernel's 32-bit parameters")
