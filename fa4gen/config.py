@@ -47,6 +47,7 @@ def generator_fingerprint() -> str:
 ARCHS = ("sm_100a", "sm_90a")
 HEAD_DIMS = (64, 128)
 DTYPES = ("fp16", "bf16")
+PAGE_SIZES = (16, 32, 64, 128, 256)  # keys per KV-cache page (kvcache kernels; 0 = contiguous cache)
 MMA_K = 16  # reduction positions per MMA step for 16-bit inputs (tcgen05 kind::f16, wgmma k16)
 
 # Seed constants: in every 16 exponentials of a 32-column fragment the last 2*EMU_PAIRS are emulated
@@ -70,7 +71,7 @@ class ConfigError(ValueError):
 
 
 _INT_FIELDS = ("head_dim", "gqa_ratio", "block_m", "block_n", "q_stages", "kv_stages", "emu_pairs", "emu_start",
-               "k_split")
+               "k_split", "page_size")
 _STR_FIELDS = ("arch", "dtype")
 GQA_RATIO_MAX = 1 << 16  # Hq = Hkv * G and the task counts stay far inside the kernels' 32-bit arithmetic
 
@@ -99,6 +100,8 @@ class KernelConfig:
     emu_start: int | None = None  # None: the seed's value for this causal mode
     k_split: int | None = None  # None: 96 non-causal, 64 causal
     varlen: bool = False  # packed variable-length batches (cu_seqlens): docs/ABI.md "Varlen"
+    kvcache: bool = False  # decode over a KV cache: per-sequence lengths, split-KV, combine: docs/ABI.md "KV cache"
+    page_size: int = 0  # kvcache only: 0 = contiguous cache (B, Smax, Hkv, D); else keys per page (16..256, 2^k)
 
     def __post_init__(self):
         def fix(name, value):
@@ -114,7 +117,7 @@ class KernelConfig:
             v = getattr(self, name)
             if v is not None or name not in ("emu_pairs", "emu_start", "k_split"):
                 fix(name, _exact_int(name, v))
-        for name in ("causal", "varlen"):
+        for name in ("causal", "varlen", "kvcache"):
             flag = getattr(self, name)
             if type(flag) is not bool:
                 import numpy as np
@@ -159,6 +162,13 @@ class KernelConfig:
         if isinstance(ks, bool) or not isinstance(ks, int) or ks % 32 or not 0 < ks < self.block_n:
             raise ConfigError("k_split", ks, "a multiple of 32 in (0, 128): P is stored in 32-column chunks")
         fix("k_split", ks)
+        if self.kvcache and self.varlen:
+            raise ConfigError("kvcache", self.kvcache, "not with varlen (a KV cache kernel takes per-sequence key "
+                                                       "lengths through cache_seqlens)")
+        if self.page_size and not self.kvcache:
+            raise ConfigError("page_size", self.page_size, "0 unless kvcache (pages are a KV cache's layout)")
+        if self.page_size not in PAGE_SIZES + (0,):
+            raise ConfigError("page_size", self.page_size, "0 (contiguous cache) or a power of two in [16, 256]")
 
     # ---- derived -------------------------------------------------------------------------------
     @property
@@ -194,8 +204,11 @@ class KernelConfig:
         parts.append(f"gqa{self.gqa_ratio}")
         if self.varlen:
             parts.append("varlen")
+        if self.kvcache:
+            parts.append(f"kvcache_p{self.page_size}" if self.page_size else "kvcache")
         defaults = KernelConfig(arch=self.arch, head_dim=self.head_dim, causal=self.causal,
-                                gqa_ratio=self.gqa_ratio, dtype=self.dtype, varlen=self.varlen)
+                                gqa_ratio=self.gqa_ratio, dtype=self.dtype, varlen=self.varlen,
+                                kvcache=self.kvcache, page_size=self.page_size)
         if self != defaults:  # tuned variants must never share a name with the default one
             parts.append(self.content_hash[:8])
         return "_".join(parts)

@@ -49,12 +49,88 @@ VARLEN_ABI_PARAMS: tuple[tuple[str, str], ...] = (
     ("total_q", ".param .u32 total_q"),
     ("total_k", ".param .u32 total_k"),
 )
-ABI_PARAM_NAMES: tuple[str, ...] = tuple(n for n, _ in ABI_PARAMS + VARLEN_ABI_PARAMS)
+# Appended for KV-cache kernels (KernelConfig.kvcache; docs/ABI.md "KV cache"). The dense
+# parameters keep their meaning with seqlen_k = the cache's key capacity per sequence (contiguous:
+# Smax; paged: max_pages * page_size) and num_tasks = B * Hkv * (G / P) * num_m_blocks * num_splits.
+KVCACHE_ABI_PARAMS: tuple[tuple[str, str], ...] = (
+    ("cache_seqlens", ".param .u64 cache_seqlens"),  # int32 [B]: keys of sequence b (clamped on the device)
+    ("page_table", ".param .u64 page_table"),  # int32 [B, max_pages] rows page_table_stride apart; 0 if contiguous
+    ("page_table_stride", ".param .u32 page_table_stride"),
+    ("max_pages", ".param .u32 max_pages"),
+    ("num_pages", ".param .u32 num_pages"),
+    ("num_splits", ".param .u32 num_splits"),
+    ("o_partial", ".param .u64 o_partial"),  # fp32 [num_splits, R, D], R = B * Sq * Hq rows (b, pos, head)
+    ("lse_partial", ".param .u64 lse_partial"),  # fp32 [num_splits, R], natural log
+)
+ABI_PARAM_NAMES: tuple[str, ...] = tuple(n for n, _ in ABI_PARAMS + VARLEN_ABI_PARAMS + KVCACHE_ABI_PARAMS)
+
+# The combine kernel of a KV-cache module (a second entry beside fa4_fwd; templates/common/combine.ptx.j2):
+# one warp per row r = (b * Sq + pos) * Hq + head merges the num_splits partial rows by their LSE.
+COMBINE_ENTRY = "fa4_combine"
+COMBINE_ABI_PARAMS: tuple[tuple[str, str], ...] = (
+    ("o_partial", ".param .u64 o_partial"),
+    ("lse_partial", ".param .u64 lse_partial"),
+    ("o_ptr", ".param .u64 o_ptr"),  # O (B, Sq, Hq, D) contiguous, the kernel's dtype
+    ("lse_ptr", ".param .u64 lse_ptr"),  # fp32 [B, Hq, Sq]; 0 = do not write
+    ("rows", ".param .u32 rows"),  # R = B * Sq * Hq
+    ("num_splits", ".param .u32 num_splits"),
+    ("seqlen_q", ".param .u32 seqlen_q"),
+    ("num_heads_q", ".param .u32 num_heads_q"),
+)
+COMBINE_THREADS = 128  # 4 warps, one row each
+COMBINE_ROWS_PER_CTA = COMBINE_THREADS // 32
 
 
 def abi_params(cfg: KernelConfig) -> tuple[tuple[str, str], ...]:
-    """The entry's parameters, in signature order: the dense ABI, plus the varlen ones for varlen."""
-    return ABI_PARAMS + (VARLEN_ABI_PARAMS if cfg.varlen else ())
+    """The entry's parameters, in signature order: the dense ABI, plus the varlen or KV-cache ones."""
+    return ABI_PARAMS + (VARLEN_ABI_PARAMS if cfg.varlen else ()) + (KVCACHE_ABI_PARAMS if cfg.kvcache else ())
+
+
+# KV-cache rules (one definition; fa4gen/schedule.py kvcache_task / kvcache_split / kvcache_key_page
+# implement them in Python, templates/common/scheduler.ptx.j2 decode_kvcache and the targets' K/V
+# loads in PTX):
+# - keys of sequence b: k_len = min(max(cache_seqlens[b], 0), seqlen_k) (seqlen_k = the capacity);
+#   causal aligns the Sq queries to the end: query i sees keys j <= i + k_len - Sq.
+# - task t -> split s = t % S, then (m block, pair) as the dense non-causal order: m = (t / S) % M,
+#   bh = t / (S M). A tile's nblk visible K/V blocks (the dense block range with k_len) are cut
+#   into S ranges of bps = ceil(nblk / S): split s takes blocks [min(s bps, nblk), min((s+1) bps, nblk)).
+# - paged key j of sequence b: page = page_table[b * stride + min(j / page_size, max_pages - 1)],
+#   then min(page as unsigned, num_pages - 1) (a negative or too large entry reads the last page, never
+#   outside the cache); row j % page_size of that page. A K/V block of 128 keys is 128 / min(page_size,
+#   128) TMA boxes of min(page_size, 128) rows.
+# - S > 1: each split writes its row's normalized O (fp32) and LSE (natural log, -inf when it saw no
+#   key) to o_partial / lse_partial at row r = (b * Sq + pos) * Hq + head; fa4_combine merges them:
+#   lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s (O = 0, LSE = -inf when every split is
+#   -inf). S == 1: the kernel writes O and LSE itself, as the dense kernels do; the partials are untouched.
+KVCACHE_ORDER = "kvcache: split fastest, then m_block, then (batch, head group); blocks cut into num_splits ranges"
+KVCACHE_MAX_SPLITS = 256
+
+
+def kvcache_manifest(cfg: KernelConfig) -> dict:
+    """The manifest's record of a KV-cache kernel's layout (read by the runtime and the harness)."""
+    cache = ("(num_pages, page_size, Hkv, D) through page_table (B, max_pages) int32" if cfg.page_size
+             else "(B, Smax, Hkv, D)")
+    return {"q": "(B, Sq, Hq, D)", "k": cache, "v": cache, "o": "(B, Sq, Hq, D)", "lse": "(B, Hq, Sq) fp32",
+            "page_size": cfg.page_size, "box_rows": kv_box_rows(cfg),
+            "seqlens": "k_len = min(max(cache_seqlens[b], 0), seqlen_k)",
+            "partials": "o_partial fp32 [S, B*Sq*Hq, D], lse_partial fp32 [S, B*Sq*Hq]; row (b*Sq + pos)*Hq + head",
+            "combine": {"entry": COMBINE_ENTRY, "threads_per_cta": COMBINE_THREADS,
+                        "rows_per_cta": COMBINE_ROWS_PER_CTA, "params": [n for n, _ in COMBINE_ABI_PARAMS]}}
+
+
+def combine_context(cfg: KernelConfig) -> dict:
+    """What templates/common/combine.ptx.j2 prints from (both targets)."""
+    return {"entry": COMBINE_ENTRY, "param_decls": [d for _, d in COMBINE_ABI_PARAMS], "threads": COMBINE_THREADS,
+            "rows_per_cta": COMBINE_ROWS_PER_CTA, "head_dim": cfg.head_dim, "vec": cfg.head_dim // 32}
+
+
+def kv_box_rows(cfg: KernelConfig) -> int:
+    """Rows of one K/V TMA box: a whole 128-key block, or one page when pages are smaller."""
+    return min(cfg.page_size, ROWS) if cfg.page_size else ROWS
+
+
+def kvcache_num_tasks(batch: int, num_heads_kv: int, groups: int, num_m_blocks: int, num_splits: int) -> int:
+    return int(batch) * int(num_heads_kv) * int(groups) * int(num_m_blocks) * int(num_splits)
 
 
 # Varlen task order (one rule; fa4gen/schedule.py varlen_task and the PTX decode in

@@ -244,3 +244,61 @@ def varlen_tasks(cu_q, cu_k, total_q: int, total_k: int, groups: int, unit_rows:
             return out
         out.append(x)
         t += 1
+
+
+# ---- KV cache (fa4gen.plan "KV-cache rules") ------------------------------------------------------------
+def kvcache_k_len(cache_seqlen: int, capacity: int) -> int:
+    """Keys sequence b attends to, clamped as the kernels clamp it: min(max(len, 0), capacity)."""
+    v = int(cache_seqlen)
+    v = v - (1 << 32) if v >= 1 << 31 else v  # the device reads a signed int32
+    return min(max(v, 0), int(capacity))
+
+
+def kvcache_task(t: int, num_splits: int, num_m_blocks: int, groups_per_batch: int):
+    """(split, m block, batch, head group index within the batch) of KV-cache task t."""
+    s = t % num_splits
+    r = t // num_splits
+    m = r % num_m_blocks
+    bh = r // num_m_blocks
+    return s, m, bh // groups_per_batch, bh % groups_per_batch
+
+
+def kvcache_split(nblk: int, split: int, num_splits: int) -> tuple[int, int]:
+    """[lo, hi) K/V blocks of `split`: nblk visible blocks cut into ranges of ceil(nblk / S)."""
+    bps = -(-int(nblk) // int(num_splits))
+    lo = min(split * bps, nblk)
+    return lo, min(lo + bps, nblk)
+
+
+def kvcache_page(page_table_row, key: int, page_size: int, max_pages: int, num_pages: int) -> tuple[int, int]:
+    """(page, row in page) of key `key` of one sequence, clamped as the kernels clamp it."""
+    idx = min(int(key) // page_size, int(max_pages) - 1)
+    page = int(page_table_row[idx]) & U32
+    return min(page, int(num_pages) - 1), int(key) % page_size
+
+
+# Split-KV choice (the host's num_splits = 0 rule): enough tasks to fill the SMs, each split at least
+# KV_MIN_SPLIT_BLOCKS blocks, preferring the count whose last wave wastes the least.
+KV_MIN_SPLIT_BLOCKS = 4
+
+
+def choose_num_splits(base_tasks: int, kv_blocks: int, sms: int, max_splits: int = 256) -> int:
+    """num_splits for `base_tasks` = B * Hkv * (G / P) * num_m_blocks tiles over `kv_blocks`
+    K/V blocks (the capacity's, or the longest sequence's when the caller knows it), on `sms` SMs
+    with one resident CTA each. 1 when the tiles already fill the SMs or the keys are few."""
+    base_tasks, kv_blocks, sms = max(int(base_tasks), 1), max(int(kv_blocks), 1), max(int(sms), 1)
+    most = max(1, min(max_splits, kv_blocks // KV_MIN_SPLIT_BLOCKS))
+    if base_tasks >= sms or most == 1:
+        return 1
+    best, best_eff = 1, 0.0
+    for s in range(1, most + 1):
+        tasks = base_tasks * s
+        waves = -(-tasks // sms)
+        bps = -(-kv_blocks // s)
+        # time ~ waves * blocks per split; ideal = all blocks over all SMs
+        eff = (base_tasks * kv_blocks) / (waves * bps * sms)
+        if eff > best_eff + 1e-9:
+            best, best_eff = s, eff
+        if tasks >= 2 * sms:
+            break
+    return best

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import (VARLEN_ORDER, abi_params, varlen_manifest, HALF_COLS, gqa_manifest, qo_map_dims, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS, SM90_CONSUMER_REGS,
+from ..plan import (KVCACHE_ORDER, abi_params, combine_context, kv_box_rows, kvcache_manifest, VARLEN_ORDER, varlen_manifest, HALF_COLS, gqa_manifest, qo_map_dims, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS, SM90_CONSUMER_REGS,
                     SM90_EPI_BAR_ID, SM90_PRODUCER_REGS, SM90_SCHED_BAR_ID, SM90_SMEM_ALIGN as SMEM_ALIGN,
                     SM90_SMEM_LIMIT as SMEM_LIMIT, SmemPlan, mask_words, panel_bytes, smem_plan, tile_bytes)
 from ..render import render
@@ -209,6 +209,16 @@ def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
         "probe": opt.probe.value,
         "causal": cfg.causal,
         "varlen": cfg.varlen,
+        "kvcache": cfg.kvcache,
+        "page_size": cfg.page_size,
+        "log2_page": cfg.page_size.bit_length() - 1,
+        "box_rows": kv_box_rows(cfg),
+        "kv_boxes": ROWS // kv_box_rows(cfg),
+        # split-KV partial O from the accumulator: column pair 8 c + 2 (lane % 4) of row half r
+        "o_part_store": [{"r": r, "lo": o_regs[4 * c + 2 * r], "hi": o_regs[4 * c + 2 * r + 1], "off": 32 * c}
+                         for r in range(2) for c in range(D // 8)],
+        "cmb": combine_context(cfg),
+        "log2e": f"0f{_f32_hex(1.0 / LN2)}",
         "log2_sqt": sqt.bit_length() - 1,
         # varlen O store by the threads (templates/sm90/fa4_fwd.ptx.j2): 16-byte chunks per row,
         # rows one pass of the WG's 128 threads covers, passes over the WG's 64 rows
@@ -273,7 +283,8 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
     P = cfg.gqa_pack
     dtype = cfg.dtype
     qo_dims = qo_map_dims(cfg)
-    kv_dims = ["D", "Hkv", "Skv", "B"]
+    kv_dims = ["D", "Hkv", "Page", "Pages"] if cfg.page_size else ["D", "Hkv", "Skv", "B"]
+    kv_box = [HALF_COLS, 1, kv_box_rows(cfg), 1]
     return {
         "name": cfg.name if opt == Sm90Options() else f"{cfg.name}_{_options_tag(opt)}",
         "config": cfg.to_dict(),
@@ -288,18 +299,19 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
         "grid": {"policy": "persistent" if opt.persistent else "one_per_task",
                  "task_unit": ("one 128-row Q tile: (batch, kv_head, m_block)" if cfg.head_groups == 1 else
                                "one 128-row Q tile: (batch, kv_head, head group, m_block)"), "tiles_per_task": 1,
-                 "order": (VARLEN_ORDER[cfg.causal] if cfg.varlen else "LPT in sections of l2_group (batch, kv_head) pairs: m_block heaviest first, "
+                 "order": (KVCACHE_ORDER if cfg.kvcache else VARLEN_ORDER[cfg.causal] if cfg.varlen else "LPT in sections of l2_group (batch, kv_head) pairs: m_block heaviest first, "
                            "the section's pairs fastest; snake deal" if cfg.causal
                            else "linear: m_block fastest")},
         "tensor_maps": {
             "q": {"dims": qo_dims, "box": [HALF_COLS, P, 1, cfg.seq_q_per_tile, 1], "swizzle": "128B", "dtype": dtype},
-            "k": {"dims": kv_dims, "box": [HALF_COLS, 1, ROWS, 1], "swizzle": "128B", "dtype": dtype},
-            "v": {"dims": kv_dims, "box": [HALF_COLS, 1, ROWS, 1], "swizzle": "128B", "dtype": dtype},
+            "k": {"dims": kv_dims, "box": kv_box, "swizzle": "128B", "dtype": dtype},
+            "v": {"dims": kv_dims, "box": kv_box, "swizzle": "128B", "dtype": dtype},
             "o": {"dims": qo_dims, "box": [HALF_COLS, min(P, WG_ROWS), 1, max(WG_ROWS // P, 1), 1],
                   "swizzle": "128B", "dtype": dtype},
         },
         "gqa": gqa_manifest(cfg.gqa_ratio),
         **({"varlen": varlen_manifest(cfg)} if cfg.varlen else {}),
+        **({"kvcache": kvcache_manifest(cfg)} if cfg.kvcache else {}),
         "params": [n for n, _ in abi_params(cfg)],
         "sm90": {"kv_stages": plan.kv_stages, "q_stages": plan.q_stages, "pingpong": opt.pingpong, "probe": opt.probe.value,
                  "producer_regs": opt.producer_regs, "consumer_regs": opt.consumer_regs},
