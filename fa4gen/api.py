@@ -59,9 +59,11 @@ def last_call_info() -> CallInfo | None:
 
 def config_for(problem) -> KernelConfig:
     """The kernel of a validated Problem (dense) or VarlenProblem (varlen)."""
+    kv = isinstance(problem, validate.KvcacheProblem)
     return KernelConfig(arch=RUNTIME_ARCH, head_dim=problem.head_dim, causal=problem.causal,
                         gqa_ratio=problem.gqa_ratio, dtype=problem.dtype,
-                        varlen=isinstance(problem, validate.VarlenProblem))
+                        varlen=isinstance(problem, validate.VarlenProblem), kvcache=kv,
+                        page_size=problem.page_size if kv else 0)
 
 
 def build(cfg: KernelConfig) -> tuple[bytes, dict]:
@@ -116,7 +118,8 @@ _arch_ok: set[int] = set()
 
 def _kernel_for(problem, dev):
     key = (problem.head_dim, problem.causal, problem.gqa_ratio, problem.dtype, dev.index,
-           isinstance(problem, validate.VarlenProblem))
+           isinstance(problem, validate.VarlenProblem),
+           problem.page_size if isinstance(problem, validate.KvcacheProblem) else -1)
     known = _fast.get(key)
     if known is not None:
         kernel = KERNELS.peek(known[0])
@@ -315,6 +318,77 @@ def _attention_varlen_eager(torch, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seql
         return kinfo
 
     return _record(problem, t0, *_answer(torch, problem, q, k, v, return_lse, launch))
+
+
+# ---- KV cache (decode) ---------------------------------------------------------------------------
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table=None, causal: bool = True,
+                           softmax_scale: float | None = None, num_splits: int = 0, return_lse: bool = False):
+    """Attention of a few new queries over a KV cache (decode, speculative decode, chunked prefill).
+
+    q: (B, Sq, Hq, D), Sq >= 1. The cache is contiguous, k_cache / v_cache (B, Smax, Hkv, D), or
+    paged, (num_pages, page_size, Hkv, D) with page_table (B, max_pages) int32: key j of sequence b
+    is row j % page_size of page page_table[b, j // page_size] (vLLM-style block tables; page_size
+    a power of two in [16, 256]). cache_seqlens (B,) int32: the valid keys of each sequence.
+    float16 or bfloat16, D 64 or 128, any GQA ratio Hq / Hkv, on one CUDA device of compute
+    capability 9.0. causal=True aligns the Sq queries to the end of each sequence (query i sees
+    keys j <= i + cache_seqlens[b] - Sq); rows that see no key get O = 0 and LSE = -inf.
+
+    num_splits: the keys of each (sequence, kv head) are cut into this many ranges processed by
+    different CTAs, whose partial outputs (fp32) a generated combine kernel merges by their LSE.
+    0 (default) chooses from the shape and the SM count (fa4gen.schedule.choose_num_splits); 1
+    writes O directly (no combine kernel).
+
+    cache_seqlens and page_table may live on the GPU (no host sync: out-of-range values are clamped
+    by the kernel, which never reads outside the cache: lengths to [0, capacity], page entries to
+    the last page) or on the CPU (then their values are checked here, with a clear error, and
+    copied to the GPU). Returns o (B, Sq, Hq, D) and, with return_lse, lse (B, Hq, Sq) float32.
+    """
+    try:
+        import torch
+    except ImportError as e:
+        raise validate.InputTypeError("fa4gen.attention_with_kvcache needs torch (pip install torch)") from e
+    t0 = time.perf_counter()
+    metas, errors = [], []
+    for t, n in ((q, "q"), (k_cache, "k"), (v_cache, "v"), (cache_seqlens, "cache_seqlens"),
+                 (page_table, "page_table")):
+        if t is None and n == "page_table":
+            metas.append(None)
+            continue
+        try:
+            metas.append(validate.tensor_meta(t, n))
+        except Fa4genInputError as e:
+            metas.append(None)
+            errors.append(e)
+    validate.raise_all(errors)
+    problem = validate.check_kvcache_problem(*metas, causal=causal, softmax_scale=softmax_scale,
+                                             num_splits=num_splits, return_lse=return_lse)
+    dev = q.device
+    if dev.index not in _arch_ok:
+        validate.check_arch(torch.cuda.get_device_capability(dev), torch.cuda.get_device_name(dev))
+        _arch_ok.add(dev.index)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
+        raise validate.InputValueError(FORWARD_ONLY.replace("fa4gen.attention", "fa4gen.attention_with_kvcache"))
+    if problem.host_index:
+        validate.check_kvcache_values(cache_seqlens.tolist(), None if page_table is None else page_table.tolist(),
+                                      problem)
+        cache_seqlens = cache_seqlens.to(dev, non_blocking=True)
+        if page_table is not None:
+            page_table = page_table.to(dev, non_blocking=True)
+
+    def launch(q, k, v, o, lse):
+        kernel, kinfo = _kernel_for(problem, dev)
+        S = problem.num_splits or kernel.kvcache_num_splits(problem.batch, problem.heads_kv, problem.seqlen_q,
+                                                            problem.capacity)
+        o_part = lse_part = None
+        if S > 1:
+            rows = problem.batch * problem.seqlen_q * problem.heads_q
+            o_part = torch.empty((S, rows, problem.head_dim), dtype=torch.float32, device=dev)
+            lse_part = torch.empty((S, rows), dtype=torch.float32, device=dev)
+        kernel.kvcache(q, k, v, o, cache_seqlens, page_table, num_splits=S, lse=lse,
+                       softmax_scale=problem.softmax_scale, o_partial=o_part, lse_partial=lse_part)
+        return kinfo
+
+    return _record(problem, t0, *_answer(torch, problem, q, k_cache, v_cache, return_lse, launch))
 
 
 # ---- prebuilt cubins ---------------------------------------------------------------------------
