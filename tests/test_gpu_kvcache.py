@@ -183,7 +183,8 @@ def test_kvcache_input_errors():
     with pytest.raises(InputTypeError, match="cache_seqlens must have dtype int32"):
         api.attention_with_kvcache(q, kc, vc, sl.long(), page_table=pt)
     with pytest.raises(InputValueError, match="page size 48"):
-        api.attention_with_kvcache(q, kc[:, :48].contiguous(), vc[:, :48].contiguous(), sl, page_table=pt)
+        odd = torch.zeros(kc.shape[0], 48, *kc.shape[2:], dtype=kc.dtype, device=kc.device)
+        api.attention_with_kvcache(q, odd, odd, sl, page_table=pt)
     with pytest.raises(InputValueError, match="num_splits"):
         api.attention_with_kvcache(q, kc, vc, sl, page_table=pt, num_splits=10_000)
     with pytest.raises(InputValueError, match="contiguous cache has one row per sequence"):
