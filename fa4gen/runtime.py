@@ -300,8 +300,15 @@ class Kernel:
         from .plan import KVCACHE_MAX_SPLITS
         from .schedule import choose_num_splits
 
-        geo = launch_geometry(self.manifest, batch, num_heads_kv, seqlen_q)
-        return choose_num_splits(geo.num_tasks, -(-int(kv_len) // 128), self.sm_count, KVCACHE_MAX_SPLITS)
+        key = ("splits", batch, num_heads_kv, seqlen_q, kv_len)
+        hit = self._l2_cache.get(key)
+        if hit is None:
+            geo = launch_geometry(self.manifest, batch, num_heads_kv, seqlen_q)
+            hit = choose_num_splits(geo.num_tasks, -(-int(kv_len) // 128), self.sm_count, KVCACHE_MAX_SPLITS)
+            if len(self._l2_cache) > 256:
+                self._l2_cache.clear()
+            self._l2_cache[key] = hit
+        return hit
 
     def kvcache(self, q, k_cache, v_cache, o, cache_seqlens, page_table=None, num_splits: int = 1, lse=None,
                 softmax_scale: float | None = None, o_partial=None, lse_partial=None) -> None:

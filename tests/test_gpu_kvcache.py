@@ -194,3 +194,25 @@ def test_kvcache_input_errors():
     if torch.cuda.device_count() > 1:
         with pytest.raises(DeviceError):
             api.attention_with_kvcache(q, kc, vc, sl.to("cuda:1"), page_table=pt)
+
+
+def test_kvcache_prebuilt_equals_attention_with_kvcache(tmp_path):
+    """`fa4gen build --kvcache --page-size 16` then fa4gen.load: PrebuiltKernel.kvcache gives the API's bits,
+    refuses a cache of another layout and a dense call."""
+    from click.testing import CliRunner
+
+    import fa4gen
+    from fa4gen.cli import main
+
+    r = CliRunner().invoke(main, ["build", "--arch", "sm_90a", "--kvcache", "--page-size", "16", "--causal", "--gqa",
+                                  "4", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    kernel = fa4gen.load(tmp_path / "fa4_sm90a_d128_bf16_causal_gqa4_kvcache_p16.cubin")
+    q, kc, vc, sl, pt, ks, vs = make_cache(3, [1, 900, 2000], 1, 2, 4, 128, "bf16", 16, 21)
+    o1, l1 = kernel.kvcache(q, kc, vc, sl, page_table=pt, return_lse=True)
+    o2, l2 = api.attention_with_kvcache(q, kc, vc, sl, page_table=pt, return_lse=True)
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)
+    with pytest.raises(InputValueError, match="page size 16"):
+        kernel.kvcache(q, kc[:3].contiguous(), vc[:3].contiguous(), sl)  # a contiguous cache of 16 keys
+    with pytest.raises(InputValueError, match="KV-cache kernel"):
+        kernel(q, kc, vc)
