@@ -50,6 +50,9 @@ class Cond(enum.Enum):
     LAST_BLOCK = "last_block"  # the current K/V iteration (block 0 outside a K/V loop) is the last
     ANY_RESCALE = "any_rescale"  # data-dependent: vote.any(acc_scale < 1) over the warp
     HAS_LSE = "has_lse"  # runtime: the caller asked for LSE (lse_ptr != 0)
+    # runtime, per warpgroup (sm_90a KV cache): some of this consumer's rows are query positions < Sq;
+    # otherwise (decode packs Sq * G rows into the first warpgroup) it takes the barrier-only path
+    ROWS_IN_SQ = "rows_in_sq"
 
 
 class BlockRef(enum.Enum):

@@ -149,6 +149,7 @@ class Scenario:
 
     blocks_per_task: tuple[int, ...]
     has_lse: bool = True
+    idle_roles: tuple[str, ...] = ()  # roles whose rows are all past Sq (Cond.ROWS_IN_SQ false)
 
 
 class DataModel:
@@ -242,6 +243,8 @@ class Engine:
                         taken = (t == 0) == (st.cond is Cond.FIRST_BLOCK)
                 elif st.cond is Cond.HAS_LSE:
                     taken = self.sc.has_lse
+                elif st.cond is Cond.ROWS_IN_SQ:
+                    taken = role.name not in self.sc.idle_roles
                 else:
                     taken = yield ("cond", st.cond, ctx)
                 yield from self._stmts(role, st.then if taken else st.orelse, ctx)
