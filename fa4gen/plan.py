@@ -282,10 +282,9 @@ def smem_plan(cfg: KernelConfig) -> SmemPlan:
     Q loads while this one finishes; K/V keep at least 2 stages, and Q drops to 1 slot before
     K/V would (D = 128: 2 Q + 2x2 K/V + O = 224 KiB fits; 3 K/V stages would not).
 
-    KV-cache kernels stream K/V at the memory's rate, so their SMEM goes to K/V stages (bytes in
-    flight per SM): one Q slot (a decode tile; the next task's Q waits only for this task's last
-    block) and no O staging (O and the split partials are stored from registers): D = 128 gets
-    1 Q + 3x2 K/V = 224 KiB.
+    KV-cache kernels store O and the split partials from the registers: no O staging. (One Q slot
+    and a third K/V stage at D = 128, 224 KiB, measured the same on contiguous caches and 1.5-4%
+    slower on paged ones on the H200, bench/results/2026-12-02T152230Z_kvcache.json: not taken.)
     """
     tile = tile_bytes(cfg)
     staging = 0 if cfg.kvcache else tile
@@ -294,7 +293,7 @@ def smem_plan(cfg: KernelConfig) -> SmemPlan:
         fixed = q_stages * tile + staging + 16 * q_stages + 32 * 4  # Q slots + O staging + barriers (<= 4 stages)
         return min(cfg.kv_stages, (SM90_SMEM_LIMIT - SM90_SMEM_ALIGN - fixed) // (2 * tile))
 
-    q_stages = 1 if cfg.kvcache else cfg.q_stages
+    q_stages = cfg.q_stages
     while q_stages > 1 and stages_for(q_stages) < 2:
         q_stages -= 1
     stages = stages_for(q_stages)
