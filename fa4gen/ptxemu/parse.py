@@ -109,6 +109,7 @@ class Module:
     maxntid: int | None = None
     maxnreg: int | None = None
     directives: dict = field(default_factory=dict)
+    lines: tuple | None = None  # (first, last) source line of the entry: its .entry line to its closing brace
 
 
 _REG_TYPES = {".pred", ".b8", ".b16", ".b32", ".b64", ".u8", ".u16", ".u32", ".u64", ".s8", ".s16",
@@ -293,6 +294,7 @@ class _Entry:
     maxntid: int | None = None
     maxnreg: int | None = None
     closed: bool = False  # its body's closing brace was read
+    end: int = 0  # the line of that brace
 
 
 def parse_entries(text: str) -> dict:
@@ -400,7 +402,7 @@ def parse_entries(text: str) -> dict:
                     continue
                 if ln == "}":
                     body_depth -= 1
-                    cur.closed = True
+                    cur.closed, cur.end = True, i
                     ln = ""
                     continue
                 if ln == "{":
@@ -421,5 +423,5 @@ def parse_entries(text: str) -> dict:
     if open_:
         raise PtxSyntaxError(f".entry {open_[0]} has no closed body")
     return {e.name: Module(version or "?", target or "?", e.name, e.params, e.regs, e.instrs, e.labels, dict(shared),
-                           e.maxntid, e.maxnreg, dict(directives, **e.directives))
+                           e.maxntid, e.maxnreg, dict(directives, **e.directives), (e.line, e.end))
             for e in entries.values()}
