@@ -105,7 +105,7 @@ def default_kv_shapes(man: dict) -> list:
     Sq = 1, num_splits = 1 (the kernel writes O and LSE itself, the partials stay untouched)."""
     g, _ = manifest_gqa(man)
     hkv = 2 if g <= 2 else 1
-    return [KvShape((129, 1, -3, 1_000_000), 3, g * hkv, hkv, num_splits=3, capacity=600),
+    return [KvShape((129, 1, -3, 1000), 3, g * hkv, hkv, num_splits=3, capacity=600),
             KvShape((250, 0), 1, g * hkv, hkv, num_splits=1, capacity=260)]
 
 
