@@ -101,6 +101,9 @@ def check_ptx(ptx: str, manifest: dict) -> CheckReport:
                                           "the emitted PTX"))
         return rep
     entries = manifest_entries(manifest)
+    if cfg.kvcache and not manifest.get("kvcache"):
+        rep.differences.append(Difference("manifest", None, "a KV-cache config without the manifest's \"kvcache\" record",
+                                          "plan.kvcache_manifest(cfg): the cache layout and the fa4_combine entry"))
     mod = mods[entries[0]]
     if mod.target != cfg.arch:
         rep.differences.append(Difference("header", None, f".target {mod.target}", f"the manifest's arch {cfg.arch}"))

@@ -391,6 +391,9 @@ def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2
              options: dict | None = None) -> RunResult:
     cfg = man["config"]
     mods = mod if isinstance(mod, dict) else None
+    if cfg.get("kvcache") and not man.get("kvcache"):
+        raise UsageError("the manifest's config is a KV-cache kernel but it has no \"kvcache\" record (no combine "
+                         "entry declared): not a KV-cache build the emulator can launch")
     if man.get("kvcache") or isinstance(shape, KvShape):
         if not man.get("kvcache") or not isinstance(shape, KvShape):
             raise UsageError(f"shape {shape}: the kernel is {'' if man.get('kvcache') else 'not '}a KV-cache kernel")
@@ -590,8 +593,10 @@ def _ranges(idx) -> str:
 
 
 def emulate_file(ptx_path, manifest_path=None, *, shapes=None, seeds=2, ctas: int = 2, step_limit=30_000_000,
-                 progress=None, ptx_text: str | None = None, manifest: dict | None = None, seed0: int = 0) -> EmulateReport:
-    """Run the PTX file as it is on disk (or `ptx_text`), each seed on each shape."""
+                 progress=None, ptx_text: str | None = None, manifest: dict | None = None, seed0: int = 0,
+                 stop_on_failure: bool = False) -> EmulateReport:
+    """Run the PTX file as it is on disk (or `ptx_text`), each seed on each shape (stop_on_failure:
+    the runs end with the first that fails; the corpus tests need one finding, not all)."""
     ptx_path = Path(ptx_path)
     if ptx_text is None:
         if not ptx_path.exists():
@@ -606,4 +611,6 @@ def emulate_file(ptx_path, manifest_path=None, *, shapes=None, seeds=2, ctas: in
             r = run_once(ptx_text, man, shape, seed0 + s, ctas=ctas, step_limit=step_limit, mod=mod, progress=progress)
             rep.runs.append(r)
             rep.ok &= r.ok
+            if stop_on_failure and not r.ok:
+                return rep
     return rep

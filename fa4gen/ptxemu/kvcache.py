@@ -97,16 +97,19 @@ class KvShape:
 
 
 def default_kv_shapes(man: dict) -> list:
-    """Two decode batches. The first: Sq = 3 with num_splits = 3, sequences of 129 keys (2 blocks:
+    """Three decode batches. The first: Sq = 3 with num_splits = 3, sequences of 129 keys (2 blocks:
     splits of 1, 1 and 0 blocks), 1 key (causal: two of its rows see none), a negative length (no
     key: every split empty, O = 0, LSE = -inf) and one past the capacity (clamped to it: 600 keys,
     or the paged capacity, 5 or 6 blocks split 2 + 2 + 1 or 2 + 2 + 2, its last block partly past
     the cache; the longest sequence last, so an unclamped page index leaves the table). The second:
-    Sq = 1, num_splits = 1 (the kernel writes O and LSE itself, the partials stay untouched)."""
-    g, _ = manifest_gqa(man)
+    Sq = 1, num_splits = 1 (the kernel writes O and LSE itself, the partials stay untouched). The
+    third: Sq = 64 / P + 3 query positions, so the tile's second 64 rows (the second consumer
+    warpgroup of sm_90a) hold P * 3 real rows, with 2 splits of 2 + 1 blocks."""
+    g, pack = manifest_gqa(man)
     hkv = 2 if g <= 2 else 1
     return [KvShape((129, 1, -3, 1000), 3, g * hkv, hkv, num_splits=3, capacity=600),
-            KvShape((250, 0), 1, g * hkv, hkv, num_splits=1, capacity=260)]
+            KvShape((250, 0), 1, g * hkv, hkv, num_splits=1, capacity=260),
+            KvShape((300, 40), 64 // pack + 3, g * hkv, hkv, num_splits=2, capacity=320)]
 
 
 @dataclass
@@ -183,12 +186,6 @@ def make_kv_inputs(shape: KvShape, dtype: str, head_dim: int, page_size: int, se
     return KvInputs(q, kc, vc, seqlens, table32, page_size, mp, stride, num_pages, cap, k_lens)
 
 
-def _paged_spec(spec: dict) -> dict:
-    """A paged K/V map's dims (D, Hkv, Page, Pages) in the runtime's dense names: the cache is a
-    batch of num_pages sequences of page_size keys."""
-    return dict(spec, dims=[{"Page": "Skv", "Pages": "B"}.get(n, n) for n in spec["dims"]])
-
-
 def entry_regs(mod, man: dict, threads: int) -> int:
     from .harness import entry_registers
     return entry_registers(mod, man, threads)
@@ -246,8 +243,6 @@ class KvLaunch:
         def tmap(role):
             spec = man["tensor_maps"][role]
             t = tensors[role]
-            if role in ("k", "v") and inp.page_size:
-                spec = _paged_spec(spec)
             strides = tuple(int(s) for s in np.cumprod((1,) + t.shape[::-1][:-1])[::-1])
             geo = tensor_map_geometry(role, spec, t.shape, strides, 2, lg.pack)
             tms = TensorMapSpec(dtype=spec["dtype"], dims=tuple(spec["dims"]), box=geo.box, swizzle=spec["swizzle"])

@@ -343,16 +343,13 @@ def _combine_sub(pattern, repl, **kw):
 PTX_MUTATIONS = PTX_MUTATIONS + (
     PtxMutation("kv_page_index_clamp", _SM90K, "paged K/V: the page-table index key / page_size is not clamped "
                 "to max_pages - 1 (the last block of a sequence at the capacity reads past its table row)",
-                ("GMEM_OOB", "mismatch"),
-                _sub(r"(ld\.param\.u32 %tmp6, \[max_pages\];\n\s*sub\.u32 %tmp6, %tmp6, 1;\n)\s*min\.u32 %c3, %c3, %tmp6;\n",
-                     r"\1", count=0), protocol=False),
+                ("GMEM_OOB", "mismatch"), _sub(r"^\s*min\.u32 %c3, %c3, %tmp6;\n", "", count=0), protocol=False),
     PtxMutation("kv_page_clamp", _SM90K, "paged K/V: a page-table entry is not clamped to num_pages - 1 (an "
                 "out-of-range entry reads TMA zero fill, not the last page)", ("mismatch",),
-                _sub(r"(ld\.param\.u32 %tmp6, \[num_pages\];\n\s*sub\.u32 %tmp6, %tmp6, 1;\n)\s*min\.u32 %c3, %c3, %tmp6;\n",
-                     r"\1", count=0), protocol=False),
+                _sub(r"min\.u32 %c3, (%pg\d+), %tmp6;", r"mov.u32 %c3, \1;", count=0), protocol=False),
     PtxMutation("kv_page_table_row", _SM90K, "paged K/V: the page-table row offset b * page_table_stride is "
                 "dropped (every sequence reads sequence 0's pages)", ("mismatch", "GMEM_OOB"),
-                _sub(r"^\s*mad\.lo\.u32 %c3, %b, %tmp6, %c3;\n", "", count=0), protocol=False),
+                _sub(r"mul\.lo\.u32 %c0, %b, %c0;", "mov.u32 %c0, 0;", count=0), protocol=False),
     PtxMutation("kv_page_row_in_page", _SM90K256, "pages of 256 keys: the block's first row inside its page "
                 "(key % page_size) is not taken (the second block of a page reads past the page)",
                 ("mismatch",), _sub(r"^\s*and\.b32 %c2, %c2, 255;\n", "", count=0), protocol=False),
@@ -378,6 +375,10 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
     PtxMutation("kv_single_split_branch", _SM90K, "num_splits == 1 also takes the partial path (O and LSE never "
                 "written)", ("PARTIALS", "mismatch"),
                 _sub(r"setp\.gt\.u32 %pp0, %nsplit, 1;", "setp.gt.u32 %pp0, %nsplit, 0;"), protocol=False),
+    PtxMutation("kv_idle_wg_first_row", _SM90K, "sm_90a: the idle test of a consumer warpgroup takes its first "
+                "row as cw * 128, not cw * 64 (the second warpgroup idles although P * 3 of its rows are real)",
+                ("mismatch",), _sub(r"shl\.b32 %tmp0, %cw, 6;\n(\s*shr\.u32 %tmp0, %tmp0, \d+;\n\s*mad\.lo\.u32 %tmp0, %mb, \d+, "
+                                    r"%tmp0;\n\s*setp\.ge\.u32 %p_idle)", r"shl.b32 %tmp0, %cw, 7;\n\1"), protocol=False),
     PtxMutation("combine_weight", _SM90K, "fa4_combine: the split weights exp(lse_s - max) are not divided by "
                 "their sum", ("mismatch",), _combine_sub(r"^\s*mul\.f32 %cw, %cw, %cinv;\n", ""), protocol=False),
     PtxMutation("combine_max", _SM90K, "fa4_combine: the row maximum skips the last butterfly step (lanes "
