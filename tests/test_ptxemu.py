@@ -55,9 +55,11 @@ def test_golden_matrix_is_the_generated_matrix():
     target (scripts/regen_generated.py)."""
     assert GOLDEN == sorted(c.name for c in codegen.GENERATED_MATRIX)
     varlen = {c.arch: c.name for c in codegen.VARLEN_REVIEW_CONFIGS}
-    assert SM100_GOLDEN == sorted([c.name for c in codegen.DEFAULT_MATRIX] + [varlen["sm_100a"]])
-    assert SM90_GOLDEN == sorted([codegen.SM90_REVIEW_CONFIG.name, varlen["sm_90a"]]) == [
-        "fa4_sm90a_d128_bf16_causal_gqa1", "fa4_sm90a_d128_bf16_causal_gqa4_varlen"]
+    kv = {c.arch: [c.name] for c in codegen.KVCACHE_REVIEW_CONFIGS}
+    assert SM100_GOLDEN == sorted([c.name for c in codegen.DEFAULT_MATRIX] + [varlen["sm_100a"]] + kv.get("sm_100a", []))
+    assert SM90_GOLDEN == sorted([codegen.SM90_REVIEW_CONFIG.name, varlen["sm_90a"]] + kv["sm_90a"]) == [
+        "fa4_sm90a_d128_bf16_causal_gqa1", "fa4_sm90a_d128_bf16_causal_gqa4_kvcache_p64",
+        "fa4_sm90a_d128_bf16_causal_gqa4_varlen"]
     for name in GOLDEN:  # the file name, the manifest and the PTX header agree on the target
         ptx = (GEN / f"{name}.ptx").read_text()
         arch = _golden_arch(name)
