@@ -50,6 +50,7 @@ class KvShape:
     capacity: int = 300
     extra_pages: int = 3  # paged: pages of the cache no sequence's table row points at
     stride_pad: int = 1  # paged: page_table_stride = max_pages + stride_pad (the last row has no padding)
+    with_lse: bool = True  # False: lse_ptr = 0 for both kernels (nothing may be written through it)
 
     def __post_init__(self):
         self.seqlens = tuple(int(x) for x in self.seqlens)
@@ -71,15 +72,18 @@ class KvShape:
 
     def __str__(self):
         return (f"kvcache lens={','.join(map(str, self.seqlens))} Sq={self.sq} Hq={self.hq} Hkv={self.hkv} "
-                f"splits={self.num_splits} capacity={self.capacity}")
+                f"splits={self.num_splits} capacity={self.capacity}" + ("" if self.with_lse else " no-LSE"))
 
     @classmethod
     def parse(cls, s: str) -> "KvShape":
-        """'L,L,...;SQ;HQ,HKV;SPLITS[;CAPACITY]' (e.g. '129,1,-3,1000000;3;4,1;3;300')."""
-        usage = (f"--kv {s!r}: LENS;SQ;HQ,HKV;SPLITS[;CAPACITY], e.g. '129,1,-3,1000000;3;4,1;3;300' "
-                 "(cache_seqlens as the device reads them, clamped to [0, capacity])")
+        """'L,L,...;SQ;HQ,HKV;SPLITS[;CAPACITY][;nolse]' (e.g. '129,1,-3,1000;3;4,1;3;600')."""
+        usage = (f"--kv {s!r}: LENS;SQ;HQ,HKV;SPLITS[;CAPACITY][;nolse], e.g. '129,1,-3,1000;3;4,1;3;600' "
+                 "(cache_seqlens as the device reads them, clamped to [0, capacity]; nolse: lse_ptr = 0)")
+        parts = s.split(";")
+        with_lse = parts[-1].strip() != "nolse"
+        if not with_lse:
+            parts = parts[:-1]
         try:
-            parts = s.split(";")
             if len(parts) not in (4, 5):
                 raise ValueError
             lens = tuple(int(x) for x in parts[0].split(","))
@@ -93,7 +97,7 @@ class KvShape:
             raise KvUsageError(usage + ": Sq, heads, capacity >= 1, splits in [1, 256]")
         if any(not -(1 << 31) <= x < (1 << 31) for x in lens):
             raise KvUsageError(usage + ": lengths are int32")
-        return cls(lens, sq, hq, hkv, splits, cap)
+        return cls(lens, sq, hq, hkv, splits, cap, with_lse=with_lse)
 
 
 def default_kv_shapes(man: dict) -> list:
@@ -104,12 +108,14 @@ def default_kv_shapes(man: dict) -> list:
     the cache; the longest sequence last, so an unclamped page index leaves the table). The second:
     Sq = 1, num_splits = 1 (the kernel writes O and LSE itself, the partials stay untouched). The
     third: Sq = 64 / P + 3 query positions, so the tile's second 64 rows (the second consumer
-    warpgroup of sm_90a) hold P * 3 real rows, with 2 splits of 2 + 1 blocks."""
+    warpgroup of sm_90a) hold P * 3 real rows, with 2 splits of 2 + 1 blocks, and no LSE asked
+    (lse_ptr = 0 for fa4_fwd and fa4_combine); with an odd Hq its B * Sq * Hq rows leave the last
+    combine CTA partly empty."""
     g, pack = manifest_gqa(man)
     hkv = 2 if g <= 2 else 1
     return [KvShape((129, 1, -3, 1000), 3, g * hkv, hkv, num_splits=3, capacity=600),
             KvShape((250, 0), 1, g * hkv, hkv, num_splits=1, capacity=260),
-            KvShape((300, 40), 64 // pack + 3, g * hkv, hkv, num_splits=2, capacity=320)]
+            KvShape((300, 40, 77), 64 // pack + 3, g * hkv, hkv, num_splits=2, capacity=320, with_lse=False)]
 
 
 @dataclass
@@ -217,7 +223,7 @@ class KvLaunch:
             self.addr[name] = gm.add(name, _np_dtype_bytes(self.dtype, x))
         self.o_shape = inp.q.shape
         self.lse_shape = (B, shape.hq, shape.sq)
-        self.addr["lse"] = gm.add("lse", np.full(self.lse_shape, np.nan, np.float32))
+        self.addr["lse"] = gm.add("lse", np.full(self.lse_shape, np.nan, np.float32)) if shape.with_lse else 0
         self.addr["cache_seqlens"] = gm.add("cache_seqlens", inp.seqlens)
         self.addr["page_table"] = gm.add("page_table", inp.page_table) if inp.page_table is not None else 0
         self.addr["o_partial"] = gm.add("o_partial", np.full((S, R, d), np.nan, np.float32))
@@ -267,6 +273,8 @@ class KvLaunch:
     def output(self):
         from .harness import _from_dtype_bytes
         o = _from_dtype_bytes(self.dtype, self.gmem.buffer("o"), self.o_shape)
+        if not self.addr["lse"]:
+            return o, None
         lse = self.gmem.buffer("lse").view(np.float32).reshape(self.lse_shape).astype(np.float64)
         return o, lse
 
@@ -391,7 +399,7 @@ def _partial_coverage(emu, launch: KvLaunch, S: int) -> list:
             notes.append(f"{launch.fwd_entry}: num_splits = 1 but {int((cnt > 0).sum())} bytes of {name} written "
                          "(the partials are untouched then)")
     if S > 1:
-        for name in ("o", "lse"):
+        for name in ("o", "lse") if launch.addr["lse"] else ("o",):
             cnt = _written(emu, name, launch.gmem.buffer(name).size)
             if cnt.any():
                 notes.append(f"{launch.fwd_entry}: num_splits = {S} but it wrote {int((cnt > 0).sum())} bytes of {name} "
@@ -405,7 +413,8 @@ def judge_kvcache(o, lse, inp: KvInputs, cfg: dict, scale: float, shape: KvShape
     msgs, worst = [], 0.0
     for b in range(shape.b):
         k, v = inp.gather(b)
-        ok, rep, err = judge(o[b:b + 1], lse[b:b + 1], inp.q[b:b + 1], k[None], v[None], cfg, scale)
+        ok, rep, err = judge(o[b:b + 1], None if lse is None else lse[b:b + 1], inp.q[b:b + 1], k[None], v[None],
+                             cfg, scale)
         worst = max(worst, err)
         if not ok:
             msgs.append(f"sequence {b} (cache_seqlens {shape.seqlens[b]} -> {inp.k_lens[b]} keys, {shape.sq} queries):")

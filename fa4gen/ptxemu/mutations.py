@@ -389,6 +389,9 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
     PtxMutation("combine_store_offset", _SM90K, "fa4_combine: O rows are stored D bytes apart instead of 2 D "
                 "(rows overlap)", ("WRITTEN_TWICE", "mismatch"),
                 _combine_sub(r"mul\.wide\.u32 %cix, %crow, 256;", "mul.wide.u32 %cix, %crow, 128;"), protocol=False),
+    PtxMutation("combine_lse_null", _SM90K, "fa4_combine: the LSE is stored although lse_ptr is 0 (the caller "
+                "asked for no LSE)", ("GMEM_OOB",),
+                _combine_sub(r"setp\.ne\.u64 %cp3, %cad, 0;", "setp.eq.u64 %cp3, %cad, %cad;"), protocol=False),
     PtxMutation("combine_lse_index", _SM90K, "fa4_combine: the LSE index drops the head ((b * Hq + head) * Sq "
                 "+ pos -> b * Hq * Sq + pos)", ("WRITTEN_TWICE", "mismatch"),
                 _combine_sub(r"mad\.lo\.u32 %cb3, %cb3, %ch1, %ch3;", "mul.lo.u32 %cb3, %cb3, %ch1;"), protocol=False),
