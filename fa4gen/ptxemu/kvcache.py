@@ -226,8 +226,9 @@ class KvLaunch:
         self.addr["lse"] = gm.add("lse", np.full(self.lse_shape, np.nan, np.float32)) if shape.with_lse else 0
         self.addr["cache_seqlens"] = gm.add("cache_seqlens", inp.seqlens)
         self.addr["page_table"] = gm.add("page_table", inp.page_table) if inp.page_table is not None else 0
-        self.addr["o_partial"] = gm.add("o_partial", np.full((S, R, d), np.nan, np.float32))
-        self.addr["lse_partial"] = gm.add("lse_partial", np.full((S, R), np.nan, np.float32))
+        # the partials exist only for S > 1: the runtime passes null pointers otherwise (a write faults)
+        self.addr["o_partial"] = gm.add("o_partial", np.full((S, R, d), np.nan, np.float32)) if S > 1 else 0
+        self.addr["lse_partial"] = gm.add("lse_partial", np.full((S, R), np.nan, np.float32)) if S > 1 else 0
         lg = launch_geometry(man, B, shape.hkv, shape.sq)
         self.num_tasks = kvcache_num_tasks(B, shape.hkv, lg.head_groups, lg.num_m_blocks, S)
         self.scale = 1.0 / math.sqrt(d)
@@ -235,6 +236,7 @@ class KvLaunch:
             "lse_ptr": ("<Q", self.addr["lse"]), "batch": ("<I", B), "seqlen_q": ("<I", shape.sq),
             "seqlen_k": ("<I", inp.cap), "num_heads_kv": ("<I", shape.hkv),
             "scale_log2": ("<f", self.scale * math.log2(math.e)), "num_m_blocks": ("<I", lg.num_m_blocks),
+            # l2_group: not read by the KV-cache kernels (the runtime passes 1); varied to show it
             "num_tasks": ("<I", self.num_tasks), "l2_group": ("<I", 1 + seed % 3),
             "cache_seqlens": ("<Q", self.addr["cache_seqlens"]), "page_table": ("<Q", self.addr["page_table"]),
             "page_table_stride": ("<I", inp.stride), "max_pages": ("<I", inp.max_pages),
@@ -279,6 +281,9 @@ class KvLaunch:
         return o, lse
 
     def partials(self):
+        """(o_partial [S, R, D], lse_partial [S, R]) after the launch; None when S == 1."""
+        if self.shape.num_splits == 1:
+            return None
         S, R, d = self.shape.num_splits, self.rows, int(self.cfg["head_dim"])
         return (self.gmem.buffer("o_partial").view(np.float32).reshape(S, R, d),
                 self.gmem.buffer("lse_partial").view(np.float32).reshape(S, R))
@@ -380,24 +385,21 @@ def _barrier_names(man: dict) -> dict:
 def _partial_coverage(emu, launch: KvLaunch, S: int) -> list:
     """What fa4_fwd wrote, against the rules: S > 1 -> every partial byte exactly once (the combine
     reads all of them: an unwritten LSE partial is a NaN that max() would silently drop) and
-    neither O nor LSE; S == 1 -> the partials untouched (O and LSE are judged on their values)."""
+    neither O nor LSE. S == 1 -> the partial pointers are null, as the runtime passes them (a write
+    through them is a GMEM_OOB fault), and O and LSE are judged on their values."""
     notes = []
-    for name in ("o_partial", "lse_partial"):
+    for name in ("o_partial", "lse_partial") if S > 1 else ():
         size = launch.gmem.buffer(name).size
         cnt = _written(emu, name, size)
-        if S > 1:
-            never = int((cnt == 0).sum())
-            if never:
-                first = int(np.flatnonzero(cnt == 0)[0])
-                elem = first // 4
-                what = (f"split {elem // (launch.rows * int(launch.cfg['head_dim']))}, row "
-                        f"{elem // int(launch.cfg['head_dim']) % launch.rows}" if name == "o_partial"
-                        else f"split {elem // launch.rows}, row {elem % launch.rows}")
-                notes.append(f"{launch.fwd_entry}: {never} of {size} bytes of {name} never written (first: {what}); "
-                             "every split writes every row of its partials")
-        elif cnt.any():
-            notes.append(f"{launch.fwd_entry}: num_splits = 1 but {int((cnt > 0).sum())} bytes of {name} written "
-                         "(the partials are untouched then)")
+        never = int((cnt == 0).sum())
+        if never:
+            first = int(np.flatnonzero(cnt == 0)[0])
+            elem = first // 4
+            what = (f"split {elem // (launch.rows * int(launch.cfg['head_dim']))}, row "
+                    f"{elem // int(launch.cfg['head_dim']) % launch.rows}" if name == "o_partial"
+                    else f"split {elem // launch.rows}, row {elem % launch.rows}")
+            notes.append(f"{launch.fwd_entry}: {never} of {size} bytes of {name} never written (first: {what}); "
+                         "every split writes every row of its partials")
     if S > 1:
         for name in ("o", "lse") if launch.addr["lse"] else ("o",):
             cnt = _written(emu, name, launch.gmem.buffer(name).size)

@@ -372,8 +372,8 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
     PtxMutation("kv_lse_partial", _SM90K, "split-KV epilogue: row 0 of each quad stores row 1's LSE partial",
                 ("mismatch",), _sub(r"@%pp4 st\.global\.f32 \[%db\], %lsev0;", "@%pp4 st.global.f32 [%db], %lsev1;"),
                 protocol=False),
-    PtxMutation("kv_single_split_branch", _SM90K, "num_splits == 1 also takes the partial path (O and LSE never "
-                "written)", ("PARTIALS", "mismatch"),
+    PtxMutation("kv_single_split_branch", _SM90K, "num_splits == 1 also takes the partial path (through the null partial pointers; O and LSE never "
+                "written)", ("PARTIALS", "GMEM_OOB", "mismatch"),
                 _sub(r"setp\.gt\.u32 %pp0, %nsplit, 1;", "setp.gt.u32 %pp0, %nsplit, 0;"), protocol=False),
     PtxMutation("kv_idle_wg_first_row", _SM90K, "sm_90a: the idle test of a consumer warpgroup takes its first "
                 "row as cw * 128, not cw * 64 (the second warpgroup idles although P * 3 of its rows are real)",
