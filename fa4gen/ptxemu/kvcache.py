@@ -242,6 +242,7 @@ class KvLaunch:
             "page_table_stride": ("<I", inp.stride), "max_pages": ("<I", inp.max_pages),
             "num_pages": ("<I", inp.num_pages), "num_splits": ("<I", S),
             "o_partial": ("<Q", self.addr["o_partial"]), "lse_partial": ("<Q", self.addr["lse_partial"]),
+            "o_ptr": ("<Q", self.addr["o"]),
         }
         if [p.name for p in self.fwd.params] != list(man["params"]):
             raise UsageError(f"the PTX's {self.fwd_entry} declares parameters {[p.name for p in self.fwd.params]}, "
