@@ -282,11 +282,17 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
 def _varlen_metas(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, meta=None):
     """TensorMetas of the varlen arguments (None for an absent seqused_k); every argument that is not
     a dense tensor reported in one error. `meta` replaces validate.tensor_meta (fake tensors)."""
+    return _metas_of(((q, "q"), (k, "k"), (v, "v"), (cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k"),
+                      (seqused_k, "seqused_k")), ("seqused_k",), meta)
+
+
+def _metas_of(items, optional, meta=None):
+    """TensorMeta per (tensor, name) in items, None for an absent (None) optional one; every argument
+    that is not a dense tensor reported in one error."""
     meta = meta or validate.tensor_meta
     metas, errors = [], []
-    for t, n in ((q, "q"), (k, "k"), (v, "v"), (cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k"),
-                 (seqused_k, "seqused_k")):
-        if t is None and n == "seqused_k":
+    for t, n in items:
+        if t is None and n in optional:
             metas.append(None)
             continue
         try:
@@ -364,20 +370,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table=None, 
 def _kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table, meta=None):
     """TensorMetas of the KV-cache arguments (None for an absent page_table), every argument that is
     not a dense tensor reported in one error."""
-    meta = meta or validate.tensor_meta
-    metas, errors = [], []
-    for t, n in ((q, "q"), (k_cache, "k"), (v_cache, "v"), (cache_seqlens, "cache_seqlens"),
-                 (page_table, "page_table")):
-        if t is None and n == "page_table":
-            metas.append(None)
-            continue
-        try:
-            metas.append(meta(t, n))
-        except Fa4genInputError as e:
-            metas.append(None)
-            errors.append(e)
-    validate.raise_all(errors)
-    return metas
+    return _metas_of(((q, "q"), (k_cache, "k"), (v_cache, "v"), (cache_seqlens, "cache_seqlens"),
+                      (page_table, "page_table")), ("page_table",), meta)
 
 
 def _kvcache_answer(torch, problem, get_kernel, q, k_cache, v_cache, cache_seqlens, page_table, return_lse):
