@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir.core import (Arrive, BarrierKind, Commit, ExpectTx, Mma, NamedArrive, NamedSync, Pipeline,
+from ..ir.core import (Arrive, BarrierKind, Commit, Cond, ExpectTx, If, Loop, Mma, NamedArrive, NamedSync, Pipeline,
                        Space, TmaLoad, TmemLd, TmemSt, Wait, walk_ops)
 from ..plan import REGS_PER_SM
 from .engine import Engine, Finding, Scenario
@@ -183,18 +183,31 @@ def static_findings(pipe: Pipeline) -> list[Finding]:
     return out
 
 
+def _conds(stmts) -> set:
+    """Every If condition of a program (nested ones included)."""
+    out = set()
+    for st in stmts:
+        if isinstance(st, If):
+            out |= {st.cond} | _conds(st.then) | _conds(st.orelse)
+        elif isinstance(st, Loop):
+            out |= _conds(st.body)
+    return out
+
+
 def verify(pipe: Pipeline, scenarios=DEFAULT_SCENARIOS, random_schedules: int = 6) -> Report:
     findings = static_findings(pipe)
     runs = 0
+    # a launch-uniform branch (KV cache: num_splits > 1 or not) is explored both ways
+    split_kv = (False, True) if any(Cond.SPLIT_KV in _conds(r.program) for r in pipe.roles) else (False,)
     if not any(f.code in ("IR_REF", "BARRIER_KIND") for f in findings):
         names = [r.name for r in pipe.roles]
         orders = [tuple([n] + [m for m in names if m != n]) for n in names] + [tuple(reversed(names))]
         seen = {(f.code, f.subject) for f in findings}
-        for sc in scenarios:
+        for sc, split in ((sc, sp) for sc in scenarios for sp in split_kv):
             plans = [(o, 1000 + i) for i, o in enumerate(orders)] + [(None, s) for s in range(random_schedules)]
             for prio, seed in plans:
                 runs += 1
-                for f in Engine(pipe, Scenario(tuple(sc)), seed=seed, priority=prio).run():
+                for f in Engine(pipe, Scenario(tuple(sc), split_kv=split), seed=seed, priority=prio).run():
                     key = (f.code, "" if f.code == "DEADLOCK" else f.subject)  # one deadlock report is enough
                     if key not in seen:
                         seen.add(key)
