@@ -30,7 +30,7 @@ from fa4gen import codegen
 from fa4gen.check import check_ptx
 from fa4gen.config import KernelConfig
 from fa4gen.ir import build_pipeline
-from fa4gen.ir.core import Cond, If, Loop, StorePartial, TmaStore, WaitLd, walk_ops
+from fa4gen.ir.core import Cond, If, Loop, PageLookup, StorePartial, TmaStore, Wait, WaitLd, walk_ops
 from fa4gen.lower.sm100 import build_sm100
 from fa4gen.passes.verify import verify
 from fa4gen.plan import COMBINE_ENTRY
@@ -152,15 +152,22 @@ def test_check_fails_a_mutated_partial_store(old, new):
 
 
 def test_paged_load_reads_the_page_table_per_box():
-    """A paged K/V block is 128 / min(page_size, 128) TMA boxes per 64 columns, each after its own
-    page-table read clamped to max_pages - 1 and num_pages - 1 (plan "KV-cache rules")."""
+    """A paged K/V block is 128 / min(page_size, 128) TMA boxes per 64 columns, box i from page
+    register %pg<i>; the block's PageLookup reads each entry once for K and V, clamped to
+    max_pages - 1 and num_pages - 1 (plan "KV-cache rules"), before the block's first wait."""
     for ps, boxes in ((16, 8), (64, 2), (256, 1)):
-        ptx, man = built(kv(page_size=ps))
+        cfg = kv(page_size=ps)
+        ptx, man = built(cfg)
         load = ptx[ptx.index("// role load"):ptx.index("// end role load")]
         per_block = 2 * boxes  # D = 128: two 64-column halves per box
         assert load.count("cp.async.bulk.tensor.4d") == 4 * per_block  # K, V x (first block, steady state)
-        assert load.count("ld.global.nc.u32 %ppage") == 4 * boxes
-        assert load.count("[max_pages]") == load.count("[num_pages]") == 4 * boxes
+        for i in range(boxes):
+            assert load.count(f"ld.global.nc.u32 %pg{i}, [%rdt];") == 2  # the first block and the steady state
+            assert len(re.findall(rf"cp\.async\.bulk\.tensor\.4d.*%prow, %pg{i}\}}\]", load)) == 4 * 2
+        assert load.count("[max_pages]") == load.count("[num_pages]") == 2 * boxes
+        ops = [op for op in walk_ops(build_pipeline(cfg).role("load").program)]
+        look = [i for i, op in enumerate(ops) if isinstance(op, PageLookup)]
+        assert len(look) == 2 and all(isinstance(ops[i + 1], Wait) for i in look)
         assert man["tensor_maps"]["k"]["dims"] == ["D", "Hkv", "Page", "Pages"]
         assert man["tensor_maps"]["k"]["box"] == [64, 1, min(ps, 128), 1]
         assert man["kvcache"]["box_rows"] == min(ps, 128)

@@ -201,6 +201,17 @@ class StoreRows:
 
 
 @dataclass(frozen=True)
+class PageLookup:
+    """Paged KV cache (fa4gen/plan.py "KV-cache rules"): the role's threads read the page-table
+    entries of K/V block `block` (one per TMA box of the block, clamped as the rules say) from global
+    memory into registers, before the waits of that block's loads, so the reads are in flight while
+    the role waits. The K and V TmaLoads of the same block that follow address their boxes by them.
+    No SMEM or TMEM access."""
+
+    block: BlockRef = BlockRef.CUR
+
+
+@dataclass(frozen=True)
 class StorePartial:
     """KV-cache split-KV epilogue (fa4gen/plan.py "KV-cache rules"): every thread of the role writes
     columns [col_lo, col_hi) of its row's normalized fp32 O (register buffer `src`, the result of
@@ -337,7 +348,7 @@ class Compute:
     writes: tuple[str, ...] = ()
 
 
-Op = Union[Wait, Arrive, ExpectTx, TmaLoad, TmaStore, StoreRows, StorePartial, TmaStoreWait, Mma, MmaWait, Commit, TmemLd, TmemSt, WaitLd,
+Op = Union[Wait, Arrive, ExpectTx, TmaLoad, PageLookup, TmaStore, StoreRows, StorePartial, TmaStoreWait, Mma, MmaWait, Commit, TmemLd, TmemSt, WaitLd,
            WaitSt, SmemSt, SmemLd, FenceProxyAsync, NamedArrive, NamedSync, Advance, Compute]
 
 

@@ -12,7 +12,7 @@ from ..config import KernelConfig
 from ..plan import SM100_SMEM_LIMIT, SM100_STATS_BAR_ID, tile_bytes as plan_tile_bytes
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
                    FenceProxyAsync, If, Loop, LoopKind, Mma, NamedArrive, NamedSync, Pipeline, Region,
-                   Role, Scope, SmemLd, SmemSt, Space, State, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd,
+                   PageLookup, Role, Scope, SmemLd, SmemSt, Space, State, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd,
                    TmemSt, Wait, WaitLd, WaitSt)
 
 TMEM_COLS = 512
@@ -72,10 +72,14 @@ def _load_role(cfg: KernelConfig) -> Role:
         return (Wait("q_empty", state), ExpectTx("q_full", state, tb),
                 TmaLoad("q", "Q", state, "q_full", state, tb, qtile=qtile), Advance(state))
 
+    # paged KV cache: a block's page-table entries are read once for its K and V loads, before the
+    # waits (the reads overlap them)
+    pages = (lambda ref: (PageLookup(ref),)) if cfg.page_size else (lambda ref: ())
     body = (
-        *load_q("qa", 0), *load_kv("k", "k", BlockRef.FIRST),
+        *pages(BlockRef.FIRST), *load_q("qa", 0), *load_kv("k", "k", BlockRef.FIRST),
         *load_q("qb", 1), *load_kv("v", "v", BlockRef.FIRST),
-        Loop(LoopKind.KV_REST, (*load_kv("k", "k", BlockRef.CUR), *load_kv("v", "v", BlockRef.CUR))),
+        Loop(LoopKind.KV_REST, (*pages(BlockRef.CUR), *load_kv("k", "k", BlockRef.CUR),
+                                *load_kv("v", "v", BlockRef.CUR))),
     )
     states = (State("qa", 2, 1, start=0, stride=2), State("qb", 2, 1, start=1, stride=2),
               State("k", kv, 1, start=0, stride=2), State("v", kv, 1, start=1, stride=2))

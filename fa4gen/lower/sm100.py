@@ -32,7 +32,7 @@ from ..encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, check_t
 from ..exp2 import EXP2_POLY, FRAG_COLS, ROUND_MAGIC, emulated_mask
 from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
                        FenceProxyAsync, If, Loop, LoopKind, Mma, NamedArrive, NamedSync, Pipeline, Role,
-                       Scope, SmemLd, SmemSt, Space, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt,
+                       PageLookup, Scope, SmemLd, SmemSt, Space, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt,
                        Wait, WaitLd, WaitSt, walk_ops)
 from ..render import render
 
@@ -100,6 +100,7 @@ OP_PTX: dict[type, tuple[str, ...]] = {
     # by the role's threads, read back by fa4gen.check as its own event)
     StoreRows: (),
     StorePartial: (),  # KV cache: st.global of the registers (no protocol instruction)
+    PageLookup: (),  # paged KV cache: ld.global of page-table entries into registers
     SmemSt: (),
     SmemLd: (),
     Advance: (),
@@ -589,38 +590,62 @@ class _RoleEmitter:
         self.emit("tma_load", pre=pre + bpre, rank=rank, tmap=tmap, coords=coords, boxes=boxes, mbar=mbar,
                   skip=self.label("noel"))
 
-    def paged_kv_load(self, op: TmaLoad, pre: list, base: str, off: int, kvh: str, tmap: str) -> None:
-        """A paged K/V block (fa4gen/plan.py "KV-cache rules"): its 128 keys are 128 / box_rows TMA
-        boxes of box_rows = min(page_size, 128) rows, box i from key j = block * 128 + i * box_rows:
-        page table entry min(j / page_size, max_pages - 1) of row b, page min(entry, num_pages - 1)
-        (unsigned), row j % page_size of that page. The tensor maps are (D, Hkv, page_size, pages)."""
+    def op_PageLookup(self, op: PageLookup) -> None:
+        """The page-table entries of a K/V block (fa4gen/plan.py "KV-cache rules"), one per TMA box
+        of box_rows = min(page_size, 128) keys: box i starts at key j = block * 128 + i * box_rows,
+        its entry is page_table[b * stride + min(j / page_size, max_pages - 1)], then
+        min(entry, num_pages - 1) as unsigned. Into %pg<i>, read by the block's K and V TmaLoads."""
         cfg = self.cfg
+        if not cfg.page_size:
+            raise Sm100LoweringError(f"{self.p}: PageLookup in a kernel without pages")
         rows = kv_box_rows(cfg)
-        log2_page = cfg.page_size.bit_length() - 1
-        key, row, page, pt = (self.r("b32", "pkey"), self.r("b32", "prow"), self.r("b32", "ppage"),
-                              self.r("b64", "ptab"))
+        nbox = ROWS // rows
+        self.ctx.family("b32", "%pg", nbox)
+        key, pt = self.r("b32", "pkey"), self.r("b64", "ptab")
+        ins = self.block_reg(op.block, key) + [("shl.b32", key, key, "7"),
+                                               ("ld.param.u64", pt, "[page_table]"),
+                                               ("ld.param.u32", "%tmp1", "[page_table_stride]"),
+                                               ("mul.lo.u32", "%tmp1", "%b", "%tmp1")]
+        for i in range(nbox):
+            pg = f"%pg{i}"
+            ins += [("add.u32", pg, key, str(i * rows)) if i else ("mov.u32", pg, key),
+                    ("shr.u32", pg, pg, str(cfg.page_size.bit_length() - 1)),
+                    ("ld.param.u32", "%tmp0", "[max_pages]"), ("sub.u32", "%tmp0", "%tmp0", "1"),
+                    ("min.u32", pg, pg, "%tmp0"), ("add.u32", pg, pg, "%tmp1"),
+                    ("mul.wide.u32", "%rdt", pg, "4"), ("add.s64", "%rdt", "%rdt", pt),
+                    ("ld.global.nc.u32", pg, "[%rdt]")]
+        for i in range(nbox):
+            ins += [("ld.param.u32", "%tmp0", "[num_pages]"), ("sub.u32", "%tmp0", "%tmp0", "1"),
+                    ("min.u32", f"%pg{i}", f"%pg{i}", "%tmp0")]
+        self.page_block = op.block
+        self.what(f"page-table entries of K/V block {self.block_note(op.block)}: {nbox} box(es) of {rows} keys, "
+                  "entry min(key / page_size, max_pages - 1) of row b, page min(entry, num_pages - 1)")
+        self.emit("instrs_item", list=ins)
+
+    def paged_kv_load(self, op: TmaLoad, pre: list, base: str, off: int, kvh: str, tmap: str) -> None:
+        """A paged K/V block: its 128 keys are 128 / box_rows TMA boxes of box_rows = min(page_size,
+        128) rows, box i from page %pg<i> (the block's PageLookup), row j % page_size of it
+        (j = block * 128: 0 unless a page holds more than one block). Tensor maps (D, Hkv, page_size, pages)."""
+        cfg = self.cfg
+        if getattr(self, "page_block", None) is not op.block:
+            raise Sm100LoweringError(f"{self.p}: paged TmaLoad of block {op.block.value} without a PageLookup "
+                                     "of that block before it")
+        rows = kv_box_rows(cfg)
+        row = self.r("b32", "prow")
+        pre = pre + ([("and.b32", row, "%c2", str(cfg.page_size - 1))] if cfg.page_size > ROWS
+                     else [("mov.u32", row, "0")])
         half_bytes = panel_bytes(cfg)
         what = f"{op.tensor.upper()} block {self.block_note(op.block)}"
         into, bar = f"{op.dst}[{self.slot_note(op.dst_slot)}]", self.bar_note(op.barrier, op.bar_slot)
+        bpre, mbar = self.bar_addr(op.barrier, op.bar_slot)
         boxes = []
         for i in range(ROWS // rows):
-            bpre = [("add.u32", key, "%c2", str(i * rows)) if i else ("mov.u32", key, "%c2"),
-                    ("shr.u32", page, key, str(log2_page)),
-                    ("ld.param.u32", "%tmp0", "[max_pages]"), ("sub.u32", "%tmp0", "%tmp0", "1"),
-                    ("min.u32", page, page, "%tmp0"),
-                    ("ld.param.u32", "%tmp0", "[page_table_stride]"), ("mad.lo.u32", page, "%b", "%tmp0", page),
-                    ("ld.param.u64", pt, "[page_table]"), ("mad.wide.u32", pt, page, "4", pt),
-                    ("ld.global.nc.u32", page, f"[{pt}]"),
-                    ("ld.param.u32", "%tmp0", "[num_pages]"), ("sub.u32", "%tmp0", "%tmp0", "1"),
-                    ("min.u32", page, page, "%tmp0"),
-                    ("and.b32", row, key, str(cfg.page_size - 1)) if cfg.page_size > ROWS else ("mov.u32", row, "0")]
             for h in range(cfg.head_dim // HALF_COLS):
                 boxes.append({"dst": f"{base}+{off + h * half_bytes + i * rows * 128}", "c0": h * HALF_COLS,
-                              "pre": bpre if h == 0 else [],
+                              "coords": ["%c0", kvh, row, f"%pg{i}"],
                               "note": f"load {what} keys {i * rows}-{(i + 1) * rows - 1} cols {h * HALF_COLS}-"
-                                      f"{(h + 1) * HALF_COLS - 1} into {into} from its page, complete_tx on {bar}"})
-        bpre, mbar = self.bar_addr(op.barrier, op.bar_slot)
-        self.emit("tma_load", pre=pre + bpre, rank=4, tmap=tmap, coords=["%c0", kvh, row, page], boxes=boxes,
+                                      f"{(h + 1) * HALF_COLS - 1} into {into} from page %pg{i}, complete_tx on {bar}"})
+        self.emit("tma_load", pre=pre + bpre, rank=4, tmap=tmap, coords=["%c0", kvh, row, "%pg0"], boxes=boxes,
                   mbar=mbar, skip=self.label("noel"))
 
     def op_TmaStore(self, op: TmaStore) -> None:

@@ -671,6 +671,9 @@ class Engine:
         self.access(ev, self._keys(op.src, slot), False, op.src)
         self.data.effect("store_rows", role, op, ctx, {"slot": slot})
 
+    def _op_PageLookup(self, role, op, ctx, ev, slots):
+        pass  # global reads into the role's registers: nothing the protocol or the hazards see
+
     def _op_StorePartial(self, role, op, ctx, ev, slots):
         # the role's threads store registers to global memory: no SMEM/TMEM access; the registers
         # must have arrived (tcgen05.wait::ld after their tcgen05.ld)
