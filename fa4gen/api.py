@@ -59,9 +59,11 @@ def last_call_info() -> CallInfo | None:
 
 def config_for(problem) -> KernelConfig:
     """The kernel of a validated Problem (dense) or VarlenProblem (varlen)."""
+    kv = isinstance(problem, validate.KvcacheProblem)
     return KernelConfig(arch=RUNTIME_ARCH, head_dim=problem.head_dim, causal=problem.causal,
                         gqa_ratio=problem.gqa_ratio, dtype=problem.dtype,
-                        varlen=isinstance(problem, validate.VarlenProblem))
+                        varlen=isinstance(problem, validate.VarlenProblem), kvcache=kv,
+                        page_size=problem.page_size if kv else 0)
 
 
 def build(cfg: KernelConfig) -> tuple[bytes, dict]:
@@ -116,7 +118,8 @@ _arch_ok: set[int] = set()
 
 def _kernel_for(problem, dev):
     key = (problem.head_dim, problem.causal, problem.gqa_ratio, problem.dtype, dev.index,
-           isinstance(problem, validate.VarlenProblem))
+           isinstance(problem, validate.VarlenProblem),
+           problem.page_size if isinstance(problem, validate.KvcacheProblem) else -1)
     known = _fast.get(key)
     if known is not None:
         kernel = KERNELS.peek(known[0])
@@ -317,6 +320,94 @@ def _attention_varlen_eager(torch, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seql
     return _record(problem, t0, *_answer(torch, problem, q, k, v, return_lse, launch))
 
 
+# ---- KV cache (decode) ---------------------------------------------------------------------------
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table=None, causal: bool = True,
+                           softmax_scale: float | None = None, num_splits: int = 0, return_lse: bool = False):
+    """Attention of a few new queries over a KV cache (decode, speculative decode, chunked prefill).
+
+    q: (B, Sq, Hq, D), Sq >= 1. The cache is contiguous, k_cache / v_cache (B, Smax, Hkv, D), or
+    paged, (num_pages, page_size, Hkv, D) with page_table (B, max_pages) int32: key j of sequence b
+    is row j % page_size of page page_table[b, j // page_size] (vLLM-style block tables; page_size
+    a power of two in [16, 256]). cache_seqlens (B,) int32: the valid keys of each sequence.
+    float16 or bfloat16, D 64 or 128, any GQA ratio Hq / Hkv, on one CUDA device of compute
+    capability 9.0. causal=True aligns the Sq queries to the end of each sequence (query i sees
+    keys j <= i + cache_seqlens[b] - Sq); rows that see no key get O = 0 and LSE = -inf.
+
+    num_splits: the keys of each (sequence, kv head) are cut into this many ranges processed by
+    different CTAs, whose partial outputs (fp32) a generated combine kernel merges by their LSE.
+    0 (default) chooses from the shape and the SM count (fa4gen.schedule.choose_num_splits); 1
+    writes O directly (no combine kernel).
+
+    cache_seqlens and page_table may live on the GPU (no host sync: out-of-range values are clamped
+    by the kernel, which never reads outside the cache: lengths to [0, capacity], page entries to
+    the last page) or on the CPU (then their values are checked here, with a clear error, and
+    copied to the GPU). Returns o (B, Sq, Hq, D) and, with return_lse, lse (B, Hq, Sq) float32.
+    """
+    try:
+        import torch
+    except ImportError as e:
+        raise validate.InputTypeError("fa4gen.attention_with_kvcache needs torch (pip install torch)") from e
+    t0 = time.perf_counter()
+    metas = _kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table)
+    problem = validate.check_kvcache_problem(*metas, causal=causal, softmax_scale=softmax_scale,
+                                             num_splits=num_splits, return_lse=return_lse)
+    dev = q.device
+    if dev.index not in _arch_ok:
+        validate.check_arch(torch.cuda.get_device_capability(dev), torch.cuda.get_device_name(dev))
+        _arch_ok.add(dev.index)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
+        raise validate.InputValueError(FORWARD_ONLY.replace("fa4gen.attention", "fa4gen.attention_with_kvcache"))
+    return _record(problem, t0, *_kvcache_answer(torch, problem, lambda: _kernel_for(problem, dev), q, k_cache,
+                                                 v_cache, cache_seqlens, page_table, return_lse))
+
+
+def _kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table, meta=None):
+    """TensorMetas of the KV-cache arguments (None for an absent page_table), every argument that is
+    not a dense tensor reported in one error."""
+    meta = meta or validate.tensor_meta
+    metas, errors = [], []
+    for t, n in ((q, "q"), (k_cache, "k"), (v_cache, "v"), (cache_seqlens, "cache_seqlens"),
+                 (page_table, "page_table")):
+        if t is None and n == "page_table":
+            metas.append(None)
+            continue
+        try:
+            metas.append(meta(t, n))
+        except Fa4genInputError as e:
+            metas.append(None)
+            errors.append(e)
+    validate.raise_all(errors)
+    return metas
+
+
+def _kvcache_answer(torch, problem, get_kernel, q, k_cache, v_cache, cache_seqlens, page_table, return_lse):
+    """`_answer` for a validated KV-cache problem: CPU-held lengths / page entries checked and copied
+    to the device, the kernel got (`get_kernel()` -> (Kernel, LoadInfo)), the split count chosen
+    (num_splits = 0), the fp32 partials allocated, the kernel (and the combine kernel) launched."""
+    dev = q.device
+    if problem.host_index and not problem.is_empty and not problem.no_keys:
+        validate.check_kvcache_values(cache_seqlens.tolist(), None if page_table is None else page_table.tolist(),
+                                      problem)
+        cache_seqlens = cache_seqlens.to(dev, non_blocking=True)
+        if page_table is not None:
+            page_table = page_table.to(dev, non_blocking=True)
+
+    def launch(q, k, v, o, lse):
+        kernel, kinfo = get_kernel()
+        S = problem.num_splits or kernel.kvcache_num_splits(problem.batch, problem.heads_kv, problem.seqlen_q,
+                                                            problem.capacity)
+        o_part = lse_part = None
+        if S > 1:
+            rows = problem.batch * problem.seqlen_q * problem.heads_q
+            o_part = torch.empty((S, rows, problem.head_dim), dtype=torch.float32, device=dev)
+            lse_part = torch.empty((S, rows), dtype=torch.float32, device=dev)
+        kernel.kvcache(q, k, v, o, cache_seqlens, page_table, num_splits=S, lse=lse,
+                       softmax_scale=problem.softmax_scale, o_partial=o_part, lse_partial=lse_part)
+        return kinfo
+
+    return _answer(torch, problem, q, k_cache, v_cache, return_lse, launch)
+
+
 # ---- prebuilt cubins ---------------------------------------------------------------------------
 class KernelLoadError(ValueError):
     """fa4gen.load was given files that are not a loadable fa4gen kernel (missing or mismatched)."""
@@ -394,6 +485,9 @@ class PrebuiltKernel:
         if self.config.varlen:
             raise validate.InputValueError(f"{self.config.name} is a varlen kernel: call kernel.varlen(q, k, v, "
                                            "cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)")
+        if self.config.kvcache:
+            raise validate.InputValueError(f"{self.config.name} is a KV-cache kernel: call kernel.kvcache(q, k_cache, "
+                                           "v_cache, cache_seqlens, page_table=..., ...)")
         metas = validate.tensor_metas(q, k, v)
         cfg = self.config
         p = validate.check_problem(*metas, causal=cfg.causal, softmax_scale=softmax_scale, return_lse=return_lse)
@@ -428,7 +522,9 @@ class PrebuiltKernel:
 
         cfg = self.config
         if not cfg.varlen:
-            raise validate.InputValueError(f"{cfg.name} is not a varlen kernel: call kernel(q, k, v, ...)")
+            raise validate.InputValueError(f"{cfg.name} is not a varlen kernel: call kernel"
+                                           + (".kvcache(q, k_cache, v_cache, cache_seqlens, ...)" if cfg.kvcache
+                                              else "(q, k, v, ...)"))
         metas = _varlen_metas(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
         p = validate.check_varlen_problem(*metas[:5], max_seqlen_q, max_seqlen_k, seqused_k=metas[5],
                                           causal=cfg.causal, softmax_scale=softmax_scale, return_lse=return_lse)
@@ -439,6 +535,31 @@ class PrebuiltKernel:
                                seqused_k=seqused_k, softmax_scale=p.softmax_scale)
 
         o, lse, *_ = _answer(torch, p, q, k, v, return_lse, launch)
+        return (o, lse) if return_lse else o
+
+
+    def kvcache(self, q, k_cache, v_cache, cache_seqlens, page_table=None, softmax_scale: float | None = None,
+                num_splits: int = 0, return_lse: bool = False):
+        """A prebuilt KV-cache kernel (`fa4gen build --kvcache [--page-size N]`), called like
+        fa4gen.attention_with_kvcache minus `causal` (fixed at build time); inputs validated the same way,
+        and the cache's layout (contiguous, or paged with this page size) must be the kernel's."""
+        import torch
+
+        cfg = self.config
+        if not cfg.kvcache:
+            raise validate.InputValueError(f"{cfg.name} is not a KV-cache kernel: call kernel"
+                                           + (".varlen(...)" if cfg.varlen else "(q, k, v, ...)"))
+        metas = _kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table)
+        p = validate.check_kvcache_problem(*metas, causal=cfg.causal, softmax_scale=softmax_scale,
+                                           num_splits=num_splits, return_lse=return_lse)
+        self._check_fits(torch, p, q, k_cache, v_cache)
+        if p.page_size != cfg.page_size:
+            want = f"a paged cache of page size {cfg.page_size} (and a page_table)" if cfg.page_size else \
+                "a contiguous cache (B, Smax, Hkv, D) and no page_table"
+            got = f"page size {p.page_size}" if p.page_size else "a contiguous cache"
+            raise validate.InputValueError(f"{cfg.name} takes {want}; got {got}")
+        o, lse, *_ = _kvcache_answer(torch, p, lambda: (self.kernel, None), q, k_cache, v_cache, cache_seqlens,
+                                     page_table, return_lse)
         return (o, lse) if return_lse else o
 
 

@@ -121,6 +121,7 @@ def tensor_map_geometry(role: str, spec: dict, shape: tuple[int, ...], strides: 
         raise RuntimeSetupError(f"{role}: the head dim must be contiguous (stride 1), got stride {sD}")
     by_name = {
         "D": (D, 1), "B": (B, sB), "Sq": (S, sS), "Skv": (S, sS),
+        "Pages": (B, sB), "Page": (S, sS),  # a paged KV cache (num_pages, page_size, Hkv, D)
     }
     if "G" in spec["dims"] or "P" in spec["dims"]:
         if H % pack:
@@ -146,9 +147,11 @@ def tensor_map_geometry(role: str, spec: dict, shape: tuple[int, ...], strides: 
 class Kernel:
     """One loaded fa4_fwd kernel. Construct with `Kernel.load(cubin, manifest)`."""
 
-    def __init__(self, module, function, manifest: dict, sm_count: int, device: int, l2_bytes: int = 0):
+    def __init__(self, module, function, manifest: dict, sm_count: int, device: int, l2_bytes: int = 0,
+                 combine=None):
         self._module = module
         self._function = function
+        self._combine = combine  # the KV-cache module's fa4_combine entry (None otherwise)
         self.manifest = manifest
         self.sm_count = sm_count
         self.l2_bytes = l2_bytes
@@ -190,7 +193,11 @@ class Kernel:
             drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))
         l2_bytes = _check("cuDeviceGetAttribute(L2_CACHE_SIZE)", drv.cuDeviceGetAttribute(
             drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, dev))
-        return cls(module, function, manifest, int(sm_count), device, int(l2_bytes))
+        combine = None
+        if "kvcache" in manifest:
+            centry = manifest["kvcache"]["combine"]["entry"]
+            combine = _check(f"cuModuleGetFunction({centry})", drv.cuModuleGetFunction(module, centry.encode()))
+        return cls(module, function, manifest, int(sm_count), device, int(l2_bytes), combine)
 
     # ---- launching -----------------------------------------------------------------------------
     def _encode(self, role: str, t) -> object:
@@ -287,30 +294,120 @@ class Kernel:
         }
         self._launch(maps, scalars, num_tasks, q.device)
 
+    def kvcache_num_splits(self, batch: int, num_heads_kv: int, seqlen_q: int, kv_len: int) -> int:
+        """num_splits = 0's choice (fa4gen.schedule.choose_num_splits) for this device's SM count:
+        kv_len is the longest sequence's keys when the caller knows it, else the cache capacity."""
+        from .plan import KVCACHE_MAX_SPLITS
+        from .schedule import choose_num_splits
+
+        key = ("splits", batch, num_heads_kv, seqlen_q, kv_len)
+        hit = self._l2_cache.get(key)
+        if hit is None:
+            geo = launch_geometry(self.manifest, batch, num_heads_kv, seqlen_q)
+            hit = choose_num_splits(geo.num_tasks, -(-int(kv_len) // 128), self.sm_count, KVCACHE_MAX_SPLITS)
+            if len(self._l2_cache) > 256:
+                self._l2_cache.clear()
+            self._l2_cache[key] = hit
+        return hit
+
+    def kvcache(self, q, k_cache, v_cache, o, cache_seqlens, page_table=None, num_splits: int = 1, lse=None,
+                softmax_scale: float | None = None, o_partial=None, lse_partial=None) -> None:
+        """Launch a KV-cache kernel (manifest "kvcache") and, for num_splits > 1, its combine kernel,
+        on torch's current stream. q, o (B, Sq, Hq, D); k_cache, v_cache (B, Smax, Hkv, D), or
+        (num_pages, page_size, Hkv, D) with page_table (B, max_pages) int32 for a paged kernel;
+        cache_seqlens int32 (B,); lse (B, Hq, Sq) fp32 or None; o_partial fp32 (S, B*Sq*Hq, D) and
+        lse_partial fp32 (S, B*Sq*Hq) when num_splits > 1. Validated by the caller
+        (fa4gen.api.attention_with_kvcache); the kernel clamps lengths and page entries."""
+        rec = self.manifest.get("kvcache")
+        if rec is None:
+            raise RuntimeSetupError(f"{self.manifest['name']} is not a KV-cache kernel")
+        if q.device.index != self.device:
+            raise RuntimeSetupError(f"kernel was loaded on cuda:{self.device}, tensors are on {q.device}: "
+                                    "load one Kernel per device")
+        paged = int(rec["page_size"]) > 0
+        if paged != (page_table is not None):
+            raise RuntimeSetupError(f"{self.manifest['name']} " + ("needs a page_table" if paged else
+                                                                   "is for a contiguous cache: no page_table"))
+        B, Sq, Hq, D = q.shape
+        Hkv = k_cache.shape[2]
+        G = int(self._cfg["gqa_ratio"])
+        if Hq != Hkv * G:
+            raise RuntimeSetupError(f"Hq={Hq} is not Hkv={Hkv} x the kernel's GQA ratio {G}")
+        S = int(num_splits)
+        if S < 1:
+            raise RuntimeSetupError(f"num_splits={S}: must be >= 1")
+        if S > 1 and (o_partial is None or lse_partial is None):
+            raise RuntimeSetupError("num_splits > 1 needs o_partial and lse_partial")
+        if softmax_scale is None:
+            softmax_scale = 1.0 / math.sqrt(D)
+        geo = launch_geometry(self.manifest, B, Hkv, Sq)
+        num_tasks = geo.num_tasks * S
+        if num_tasks == 0:
+            return
+        if paged:
+            num_pages, page_size = int(k_cache.shape[0]), int(k_cache.shape[1])
+            max_pages, stride = int(page_table.shape[1]), int(page_table.stride(0))
+            capacity = max_pages * page_size
+        else:
+            num_pages = max_pages = stride = 0
+            capacity = int(k_cache.shape[1])
+        maps = {f"tmap_{r}": self._encode(r, t) for r, t in (("q", q), ("k", k_cache), ("v", v_cache), ("o", o))}
+        scalars = {
+            "lse_ptr": ctypes.c_uint64(0 if lse is None else lse.data_ptr()),
+            "batch": ctypes.c_uint32(B), "seqlen_q": ctypes.c_uint32(Sq), "seqlen_k": ctypes.c_uint32(capacity),
+            "num_heads_kv": ctypes.c_uint32(Hkv), "scale_log2": ctypes.c_float(softmax_scale * math.log2(math.e)),
+            "num_m_blocks": ctypes.c_uint32(geo.num_m_blocks), "num_tasks": ctypes.c_uint32(num_tasks),
+            "l2_group": ctypes.c_uint32(1),
+            "cache_seqlens": ctypes.c_uint64(cache_seqlens.data_ptr()),
+            "page_table": ctypes.c_uint64(0 if page_table is None else page_table.data_ptr()),
+            "page_table_stride": ctypes.c_uint32(stride), "max_pages": ctypes.c_uint32(max_pages),
+            "num_pages": ctypes.c_uint32(num_pages), "num_splits": ctypes.c_uint32(S),
+            "o_partial": ctypes.c_uint64(0 if o_partial is None else o_partial.data_ptr()),
+            "lse_partial": ctypes.c_uint64(0 if lse_partial is None else lse_partial.data_ptr()),
+        }
+        self._launch(maps, scalars, num_tasks, q.device)
+        if S > 1:
+            rows = B * Sq * Hq
+            cs = {"o_partial": ctypes.c_uint64(o_partial.data_ptr()),
+                  "lse_partial": ctypes.c_uint64(lse_partial.data_ptr()),
+                  "o_ptr": ctypes.c_uint64(o.data_ptr()),
+                  "lse_ptr": ctypes.c_uint64(0 if lse is None else lse.data_ptr()),
+                  "rows": ctypes.c_uint32(rows), "num_splits": ctypes.c_uint32(S),
+                  "seqlen_q": ctypes.c_uint32(Sq), "num_heads_q": ctypes.c_uint32(Hq)}
+            cr = rec["combine"]
+            self._launch_fn(self._combine, [ctypes.addressof(cs[p]) for p in cr["params"]],
+                            -(-rows // int(cr["rows_per_cta"])), int(cr["threads_per_cta"]), 0, q.device)
+
     def _launch(self, maps: dict, scalars: dict, num_tasks: int, device) -> None:
+        ptrs = [maps[p].getPtr() if p in maps else ctypes.addressof(scalars[p]) for p in self._params]
+        self._launch_fn(self._function, ptrs, self.grid(num_tasks), int(self.manifest["threads_per_cta"]),
+                        int(self.manifest["dynamic_smem_bytes"]), device)
+
+    def _launch_fn(self, function, ptrs: list, grid: int, threads: int, smem: int, device) -> None:
         import torch
 
         drv = _driver()
-        # void* per parameter, in the manifest's (ABI) order; the driver copies the values during
-        # the launch call, so `scalars` and `maps` only need to outlive it.
-        ptrs = [maps[p].getPtr() if p in maps else ctypes.addressof(scalars[p]) for p in self._params]
+        # void* per parameter, in the entry's (ABI) order; the driver copies the values during
+        # the launch call, so the values behind `ptrs` only need to outlive it.
         argv = (ctypes.c_void_p * len(ptrs))(*ptrs)
         config = drv.CUlaunchConfig()
-        config.gridDimX = self.grid(num_tasks)
+        config.gridDimX = grid
         config.gridDimY = config.gridDimZ = 1
-        config.blockDimX = int(self.manifest["threads_per_cta"])
+        config.blockDimX = threads
         config.blockDimY = config.blockDimZ = 1
-        config.sharedMemBytes = int(self.manifest["dynamic_smem_bytes"])
+        config.sharedMemBytes = smem
         config.hStream = drv.CUstream(torch.cuda.current_stream(device).cuda_stream)
         config.numAttrs = 0
         config.attrs = []
-        _check("cuLaunchKernelEx", drv.cuLaunchKernelEx(config, self._function, ctypes.addressof(argv), 0))
+        _check("cuLaunchKernelEx", drv.cuLaunchKernelEx(config, function, ctypes.addressof(argv), 0))
 
     def __call__(self, q, k, v, o, lse=None, softmax_scale: float | None = None, l2_group: int | None = None) -> None:
         """Launch on torch's current stream. `l2_group` overrides the L2 section size the runtime
         derives from the device's L2 (any value is safe: the kernel clamps it to [1, B*Hkv])."""
         if "varlen" in self.manifest:
             raise RuntimeSetupError(f"{self.manifest['name']} is a varlen kernel: launch it with Kernel.varlen")
+        if "kvcache" in self.manifest:
+            raise RuntimeSetupError(f"{self.manifest['name']} is a KV-cache kernel: launch it with Kernel.kvcache")
         if q.device.index != self.device:
             raise RuntimeSetupError(f"kernel was loaded on cuda:{self.device}, tensors are on {q.device}: "
                                     "load one Kernel per device")

@@ -475,3 +475,183 @@ def check_varlen_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cu_q: Tens
                          max_seqlen_q=mq, max_seqlen_k=mk, dtype=dtype, causal=causal, softmax_scale=scale,
                          return_lse=return_lse, device=device, has_seqused_k=seqused_k is not None,
                          relayout=relayout)
+
+
+# ---- KV cache (fa4gen.attention_with_kvcache) ----------------------------------------------------------
+@dataclass(frozen=True)
+class KvcacheProblem:
+    """A validated KV-cache call: q (B, Sq, Hq, D); a contiguous cache (B, Smax, Hkv, D) or a paged
+    one (num_pages, page_size, Hkv, D) with a (B, max_pages) page table."""
+
+    batch: int
+    seqlen_q: int
+    capacity: int  # keys a sequence can hold: Smax, or max_pages * page_size
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    page_size: int  # 0: contiguous
+    num_pages: int
+    max_pages: int
+    num_splits: int  # as asked: 0 = choose
+    dtype: str
+    causal: bool
+    softmax_scale: float
+    return_lse: bool
+    device: str
+    host_index: bool  # cache_seqlens / page_table given on the CPU: checked here, then copied
+    relayout: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def gqa_ratio(self) -> int:
+        return self.heads_q // self.heads_kv if self.heads_kv else 0
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.seqlen_q, self.heads_q, self.head_dim)
+
+    @property
+    def lse_shape(self) -> tuple[int, int, int]:
+        return (self.batch, self.heads_q, self.seqlen_q)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.batch == 0 or self.seqlen_q == 0 or self.heads_q == 0
+
+    @property
+    def no_keys(self) -> bool:
+        return not self.is_empty and self.capacity == 0
+
+
+def _index_meta(m: TensorMeta | None, name: str, shape: tuple, device: str | None) -> None:
+    """An int32 index tensor of `shape` (None entries: any size), innermost dim contiguous, on the
+    inputs' device or on the CPU (then its values are checked on the host)."""
+    if m is None:
+        raise InputTypeError(f"{name} must be a torch.Tensor of int32, got None")
+    if m.dtype != "int32":
+        raise InputTypeError(f"{name} must have dtype int32, got {m.dtype}")
+    if len(m.shape) != len(shape) or any(want is not None and got != want for got, want in zip(m.shape, shape)):
+        want = ", ".join("*" if w is None else str(w) for w in shape)
+        raise InputValueError(f"{name} must have shape ({want}), got {m.shape}")
+    if device is not None and m.device != device and m.device != "cpu":
+        raise DeviceError(f"{name} must be on {device} with q and the cache (or on the CPU), got {m.device}")
+    if m.shape and m.shape[-1] > 1 and m.strides[-1] != 1:
+        raise InputValueError(f"{name}'s last dim must be contiguous (stride 1), got stride {m.strides[-1]}")
+    if len(m.shape) == 2 and m.shape[0] > 1 and m.strides[0] < 0:
+        raise InputValueError(f"{name} has a negative row stride")
+
+
+def check_kvcache_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cache_seqlens: TensorMeta | None,
+                          page_table: TensorMeta | None = None, *, causal=True, softmax_scale=None, num_splits=0,
+                          return_lse=False) -> KvcacheProblem:
+    """Everything the host checks before a KV-cache launch, every problem in one error. Values of
+    cache_seqlens / page_table on the device are not read (no sync): the kernel clamps them."""
+    from .config import PAGE_SIZES
+    from .plan import KVCACHE_MAX_SPLITS
+
+    errors = []
+
+    def attempt(fn, *args):
+        try:
+            return fn(*args)
+        except Fa4genInputError as e:
+            errors.append(e)
+            return None
+
+    device = attempt(check_devices, (q, k, v))
+    dtype = attempt(check_dtypes, (q, k, v))
+    attempt(check_flags, causal, return_lse)
+    ok = True
+    if len(q.shape) != 4:
+        errors.append(InputValueError(f"q must have 4 dims (batch, seqlen_q, heads, head_dim), got shape {q.shape}"))
+        ok = False
+    for m in (k, v):
+        if len(m.shape) != 4:
+            errors.append(InputValueError(
+                f"{m.name}_cache must have 4 dims: (batch, max_seqlen, heads_kv, head_dim), or (num_pages, "
+                f"page_size, heads_kv, head_dim) with a page_table; got shape {m.shape}"))
+            ok = False
+    if ok and k.shape != v.shape:
+        errors.append(InputValueError(f"k_cache and v_cache must have the same shape, got {k.shape} and {v.shape}"))
+        ok = False
+    b = sq = hq = d = hkv = 0
+    page_size = num_pages = max_pages = 0
+    capacity = 0
+    if ok:
+        b, sq, hq, d = q.shape
+        n0, n1, hkv, dk = k.shape
+        try:
+            _check_heads(d, dk, hq, hkv)
+        except Fa4genInputError as e:
+            errors.append(e)
+        if page_table is None:
+            if n0 != b:
+                errors.append(InputValueError(
+                    f"a contiguous cache has one row per sequence: k_cache.shape[0] = {n0} but q has batch {b} "
+                    f"(a paged cache needs page_table)"))
+            capacity = n1
+        else:
+            page_size, num_pages = n1, n0
+            if page_size not in PAGE_SIZES:
+                errors.append(InputValueError(
+                    f"page size {page_size} (k_cache.shape[1] with a page_table): the kernels take "
+                    f"{', '.join(map(str, PAGE_SIZES))}"))
+            if num_pages == 0:
+                errors.append(InputValueError("a paged cache with 0 pages: the page table has nothing to point at"))
+            if len(page_table.shape) == 2:
+                max_pages = page_table.shape[1]
+            capacity = max_pages * page_size
+        for label, n in (("batch", b), ("seqlen_q", sq), ("heads_q", hq), ("cache capacity", capacity),
+                         ("num_pages", num_pages)):
+            if n >= U32_PARAM_LIMIT:
+                errors.append(InputValueError(f"{label} = {n} does not fit the kernel's 32-bit parameters"))
+    attempt(_index_meta, cache_seqlens, "cache_seqlens", (b if ok else None,), device)
+    if page_table is not None:
+        attempt(_index_meta, page_table, "page_table", (b if ok else None, None), device)
+        if page_table.shape and len(page_table.shape) == 2 and page_table.shape[1] == 0 and ok and b:
+            errors.append(InputValueError("page_table has 0 pages per sequence"))
+        if (page_table.strides and len(page_table.strides) == 2
+                and page_table.strides[0] * max(page_table.shape[0], 1) >= U32_PARAM_LIMIT):
+            errors.append(InputValueError("page_table is too large for the kernel's 32-bit indexing"))
+    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
+        errors.append(InputTypeError(f"num_splits must be an int (0 = choose), got {type(num_splits).__name__}"))
+    elif not 0 <= int(num_splits) <= KVCACHE_MAX_SPLITS:
+        errors.append(InputValueError(f"num_splits must be in [0, {KVCACHE_MAX_SPLITS}] (0 = choose), got {num_splits}"))
+    scale = attempt(check_softmax_scale, softmax_scale, d if d in HEAD_DIMS else HEAD_DIMS[-1])
+    if ok and b and hkv and hq and not errors:
+        from .plan import gqa_pack
+
+        p = gqa_pack(hq // hkv)
+        tasks = b * hkv * (hq // hkv // p) * -(-sq // (128 // p)) * max(int(num_splits), 1)
+        if tasks >= U32_PARAM_LIMIT:
+            errors.append(InputValueError(f"{tasks} tiles: the kernel's 32-bit task index holds fewer than 2^31"))
+    raise_all(errors)
+    host = any(m is not None and m.device == "cpu" for m in (cache_seqlens, page_table))
+    relayout = tuple((m.name, why) for m in (q, k, v) if (why := tma_layout_problem(m)) is not None)
+    return KvcacheProblem(batch=b, seqlen_q=sq, capacity=capacity, heads_q=hq, heads_kv=hkv, head_dim=d,
+                          page_size=page_size, num_pages=num_pages, max_pages=max_pages, num_splits=int(num_splits),
+                          dtype=dtype, causal=causal, softmax_scale=scale, return_lse=return_lse, device=device,
+                          host_index=host, relayout=relayout)
+
+
+def check_kvcache_values(cache_seqlens, page_table, problem: KvcacheProblem) -> None:
+    """Range checks of index values the host holds (CPU tensors or lists): lengths in [0, capacity],
+    page entries in [0, num_pages). Device-side values are clamped by the kernel instead."""
+    errors = []
+    lens = [int(x) for x in cache_seqlens]
+    bad = [(i, n) for i, n in enumerate(lens) if not 0 <= n <= problem.capacity]
+    if bad:
+        i, n = bad[0]
+        errors.append(InputValueError(
+            f"cache_seqlens[{i}] = {n} is outside [0, {problem.capacity}] (the cache holds {problem.capacity} keys "
+            f"per sequence){f'; {len(bad)} entries in all' if len(bad) > 1 else ''}"))
+    if page_table is not None and problem.page_size:
+        for i, n in enumerate(lens):
+            used = -(-min(max(n, 0), problem.capacity) // problem.page_size)
+            row = [int(x) for x in page_table[i][:used]]
+            off = [(j, p) for j, p in enumerate(row) if not 0 <= p < problem.num_pages]
+            if off:
+                j, p = off[0]
+                errors.append(InputValueError(
+                    f"page_table[{i}, {j}] = {p} is not a page of the cache (0 <= page < {problem.num_pages})"))
+                break
+    raise_all(errors)

@@ -40,7 +40,7 @@ else
     echo "fa4cute peer: none ($fa4_site absent; scripts/fa4_peer.sh stage1 + stage2 bring it)"
 fi
 
-say "prebuild: 64 sm_90a variants (32 dense, 32 varlen) -> $FA4GEN_CACHE_DIR"
+say "prebuild: the sm_90a variants the tests launch (32 dense, 32 varlen, the KV-cache ones) -> $FA4GEN_CACHE_DIR"
 "$PY" - <<'EOF' 2>&1 | tee "$LOGS/prebuild.txt"
 import itertools, os, time
 from concurrent.futures import ProcessPoolExecutor
@@ -49,8 +49,9 @@ def one(key):
     from fa4gen import api
     from fa4gen.cache import CubinCache
     from fa4gen.config import KernelConfig
-    d, dt, causal, g, varlen = key
-    cfg = KernelConfig(arch="sm_90a", head_dim=d, dtype=dt, causal=causal, gqa_ratio=g, varlen=varlen)
+    d, dt, causal, g, varlen, *kv = key
+    cfg = KernelConfig(arch="sm_90a", head_dim=d, dtype=dt, causal=causal, gqa_ratio=g, varlen=varlen,
+                       kvcache=bool(kv), page_size=kv[0] if kv else 0)
     try:
         r = CubinCache().get_or_build(cfg, api.build)
         return cfg.name, "hit" if r.hit else "built", r.build_s, len(r.cubin), ""
@@ -59,6 +60,12 @@ def one(key):
 
 keys = (list(itertools.product((64, 128), ("fp16", "bf16"), (False, True), (1, 2, 4, 8), (False,)))
         + list(itertools.product((64, 128), ("fp16", "bf16"), (False, True), (1, 3, 4, 8), (True,))))
+# the KV-cache variants tests/test_gpu_kvcache.py and bench/kvcache.py launch
+import ast, pathlib
+src = pathlib.Path("tests/test_gpu_kvcache.py").read_text()
+cases = ast.literal_eval(src[src.index("CASES = [") + len("CASES = "):src.index("]\n\n\n@pytest") + 1])
+keys += sorted({(c[6], c[7], c[9], c[5], False, c[8]) for c in cases}
+               | {(128, "bf16", True, 4, False, p) for p in (0, 16, 64)} | {(64, "fp16", True, 4, False, 0)})
 t0 = time.perf_counter()
 with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as ex:
     rows = list(ex.map(one, keys))

@@ -51,6 +51,12 @@ BAD_VALUES = [
     ("k_split", True),
     ("varlen", 1),
     ("varlen", "yes"),
+    ("kvcache", 1),
+    ("kvcache", "yes"),
+    ("page_size", 48),
+    ("page_size", 512),
+    ("page_size", 16.0),
+    ("page_size", True),
 ]
 
 
@@ -105,6 +111,7 @@ def test_tuned_variant_names_carry_the_hash():
 ALTERNATIVES = {
     "arch": "sm_90a", "head_dim": 64, "causal": True, "gqa_ratio": 2, "dtype": "fp16",
     "kv_stages": 2, "rescale_threshold": 0.0, "emu_pairs": 1, "emu_start": 2, "k_split": 32, "varlen": True,
+    "kvcache": True,
 }
 
 
@@ -119,7 +126,8 @@ def test_hash_and_name_change_with_each_field(field):
 
 def test_fixed_fields_have_no_alternative_but_are_hashed():
     # block_m, block_n, q_stages admit one value today; the hash still reads every field
-    fixed = {f.name for f in dataclasses.fields(KernelConfig)} - set(ALTERNATIVES)
+    # (page_size has alternatives only with kvcache=True: test_kvcache_fields_combine_as_documented)
+    fixed = {f.name for f in dataclasses.fields(KernelConfig)} - set(ALTERNATIVES) - {"page_size"}
     assert fixed == {"block_m", "block_n", "q_stages"}
     assert set(KernelConfig().to_dict()) >= fixed
 
@@ -173,3 +181,15 @@ def test_any_integer_gqa_ratio_is_a_config_and_plan_gqa_pack_decides_the_packing
     assert seq_q_per_tile(g) == cfg.seq_q_per_tile == 128 // p
     assert cfg.name == f"fa4_sm90a_d128_bf16_causal_gqa{g}"
     assert gqa_manifest(g) | {"rule": ""} == {"ratio": g, "pack": p, "head_groups": g // p, "rule": ""}
+
+
+def test_kvcache_fields_combine_as_documented():
+    assert KernelConfig(kvcache=True).name.endswith("_kvcache")
+    assert KernelConfig(kvcache=True, page_size=64).name.endswith("_kvcache_p64")
+    with pytest.raises(ConfigError, match="page_size"):
+        KernelConfig(page_size=64)  # pages are a KV cache's layout
+    with pytest.raises(ConfigError, match="kvcache"):
+        KernelConfig(kvcache=True, varlen=True)
+    for ps in (16, 32, 64, 128, 256):
+        cfg = KernelConfig(kvcache=True, page_size=ps)
+        assert cfg.replace(page_size=0).content_hash != cfg.content_hash
