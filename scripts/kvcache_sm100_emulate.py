@@ -160,6 +160,8 @@ CASES = [
     (K(kvcache=True, head_dim=128, gqa_ratio=4, page_size=256), 2, 1, 1, 512, (511, 130), 2),
     (K(kvcache=True, head_dim=64, gqa_ratio=3, page_size=32, dtype="fp16"), 2, 2, 1, 256, (100, 256), 1),
     (K(kvcache=True, head_dim=128, gqa_ratio=1, page_size=128, causal=True), 1, 130, 1, 384, (300,), 2),
+    (K(kvcache=True, head_dim=64, gqa_ratio=3, causal=True), 2, 1, 1, 300, (299, 1), 3),
+    (K(kvcache=True, head_dim=128, gqa_ratio=8, dtype="fp16", causal=True), 2, 2, 1, 256, (256, 0), 1),
 ]
 # edits of the KV-cache PTX lines, each of which the run must fail (wrong O/LSE, a fault, partials unwritten)
 MUTATIONS = {
