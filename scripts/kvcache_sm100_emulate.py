@@ -153,7 +153,7 @@ K = KernelConfig
 # (config, B, Sq, Hkv, capacity, cache_seqlens, num_splits): no keys, partial blocks, lengths past
 # the capacity and negative ones, more splits than blocks (empty splits), Sq past one tile pair
 CASES = [
-    (K(kvcache=True, head_dim=64, gqa_ratio=4), 3, 2, 1, 384, (0, 200, 384), 3),
+    (K(kvcache=True, head_dim=64, gqa_ratio=4), 3, 2, 1, 384, (0, 200, 384), 4),
     (K(kvcache=True, head_dim=64, gqa_ratio=4, causal=True), 3, 3, 1, 384, (2, 200, 500), 2),
     (K(kvcache=True, head_dim=64, gqa_ratio=1, page_size=64), 2, 1, 2, 512, (300, -4), 3),
     (K(kvcache=True, head_dim=64, gqa_ratio=8, page_size=16, causal=True), 2, 4, 1, 256, (256, 77), 5),
