@@ -751,8 +751,8 @@ def _sm90_ir_tokens(stmts, pipe, role) -> list:
     for st in stmts:
         if isinstance(st, Loop):
             out += _sm90_ir_tokens(st.body, pipe, role)
-        elif isinstance(st, If):
-            out += _sm90_ir_tokens(st.then, pipe, role)
+        elif isinstance(st, If):  # the PTX spells the then-branch first, the else-branch (if any) after it
+            out += _sm90_ir_tokens(st.then, pipe, role) + _sm90_ir_tokens(st.orelse, pipe, role)
         else:
             tok = None
             if isinstance(st, Wait):

@@ -53,6 +53,9 @@ class Cond(enum.Enum):
     # runtime, uniform over the launch: a KV-cache kernel launched with num_splits > 1 writes each
     # split's normalized fp32 O and LSE to o_partial / lse_partial (fa4gen/plan.py "KV-cache rules")
     SPLIT_KV = "split_kv"
+    # runtime, per warpgroup (sm_90a KV cache): some of this consumer's rows are query positions < Sq;
+    # otherwise (decode packs Sq * G rows into the first warpgroup) it takes the barrier-only path
+    ROWS_IN_SQ = "rows_in_sq"
 
 
 class BlockRef(enum.Enum):

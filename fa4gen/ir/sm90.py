@@ -80,8 +80,7 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
         release_q = If(Cond.LAST_BLOCK, (Arrive("q_empty", "q", Scope.WARP),))
         softmax = Compute("softmax", i, reads=("S",), writes=("S",))
         pack = Compute("pack_p", i, reads=("S",), writes=("P",))
-        body = (
-            Wait("q_full", "q"),
+        blocks = (
             Wait("k_full", "k"), NamedSync("sched", i), qk(BlockRef.FIRST), NamedArrive("sched", 1 - i),
             MmaWait(0), Arrive("k_empty", "k", Scope.WARP), Advance("k"), release_q,
             softmax, pack,
@@ -96,6 +95,25 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
             )),
             Wait("v_full", "v"), NamedSync("sched", i), rescale, pv(BlockRef.LAST), NamedArrive("sched", 1 - i),
             MmaWait(0), Arrive("v_empty", "v", Scope.WARP), Advance("v"),
+        )
+        if cfg.kvcache:
+            # a consumer whose 64 rows are all past Sq (decode: Sq * G rows fit the first) keeps every
+            # barrier step of the blocks, in order, without the GEMMs and the softmax (its O stays 0)
+            idle = (
+                Wait("k_full", "k"), NamedSync("sched", i), NamedArrive("sched", 1 - i),
+                Arrive("k_empty", "k", Scope.WARP), Advance("k"), release_q,
+                Loop(LoopKind.KV_REST, (
+                    Wait("k_full", "k"), Wait("v_full", "v"), NamedSync("sched", i), NamedArrive("sched", 1 - i),
+                    Arrive("k_empty", "k", Scope.WARP), Advance("k"), release_q,
+                    Arrive("v_empty", "v", Scope.WARP), Advance("v"),
+                )),
+                Wait("v_full", "v"), NamedSync("sched", i), NamedArrive("sched", 1 - i),
+                Arrive("v_empty", "v", Scope.WARP), Advance("v"),
+            )
+            blocks = (If(Cond.ROWS_IN_SQ, blocks, idle),)
+        body = (
+            Wait("q_full", "q"),
+            *blocks,
             Compute("normalize", i, reads=("O",), writes=("O",)),
             If(Cond.HAS_LSE, (Compute("store_lse", i),)),
             *(  # varlen: the WG's threads copy the sequence's rows to o_ptr (templates/sm90/fa4_fwd.ptx.j2)

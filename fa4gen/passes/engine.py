@@ -150,6 +150,7 @@ class Scenario:
     blocks_per_task: tuple[int, ...]
     has_lse: bool = True
     split_kv: bool = False  # KV-cache kernels: the launch's num_splits > 1 (Cond.SPLIT_KV)
+    idle_roles: tuple[str, ...] = ()  # roles whose rows are all past Sq (Cond.ROWS_IN_SQ false)
 
 
 class DataModel:
@@ -245,6 +246,8 @@ class Engine:
                     taken = self.sc.has_lse
                 elif st.cond is Cond.SPLIT_KV:
                     taken = self.sc.split_kv
+                elif st.cond is Cond.ROWS_IN_SQ:
+                    taken = role.name not in self.sc.idle_roles
                 else:
                     taken = yield ("cond", st.cond, ctx)
                 yield from self._stmts(role, st.then if taken else st.orelse, ctx)

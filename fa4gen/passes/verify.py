@@ -183,31 +183,37 @@ def static_findings(pipe: Pipeline) -> list[Finding]:
     return out
 
 
-def _conds(stmts) -> set:
-    """Every If condition of a program (nested ones included)."""
-    out = set()
-    for st in stmts:
-        if isinstance(st, If):
-            out |= {st.cond} | _conds(st.then) | _conds(st.orelse)
-        elif isinstance(st, Loop):
-            out |= _conds(st.body)
-    return out
+def _roles_using(pipe: Pipeline, cond: Cond) -> set:
+    """Names of the roles whose program has an If on `cond`."""
+    def uses(stmts):
+        for st in stmts:
+            if isinstance(st, If) and (st.cond is cond or uses(st.then) or uses(st.orelse)):
+                return True
+            if isinstance(st, Loop) and uses(st.body):
+                return True
+        return False
+    return {r.name for r in pipe.roles if uses(r.program)}
 
 
 def verify(pipe: Pipeline, scenarios=DEFAULT_SCENARIOS, random_schedules: int = 6) -> Report:
     findings = static_findings(pipe)
     runs = 0
     # a launch-uniform branch (KV cache: num_splits > 1 or not) is explored both ways
-    split_kv = (False, True) if any(Cond.SPLIT_KV in _conds(r.program) for r in pipe.roles) else (False,)
+    split_kv = (False, True) if _roles_using(pipe, Cond.SPLIT_KV) else (False,)
     if not any(f.code in ("IR_REF", "BARRIER_KIND") for f in findings):
         names = [r.name for r in pipe.roles]
         orders = [tuple([n] + [m for m in names if m != n]) for n in names] + [tuple(reversed(names))]
         seen = {(f.code, f.subject) for f in findings}
-        for sc, split in ((sc, sp) for sc in scenarios for sp in split_kv):
+        runs_of = [Scenario(tuple(sc), split_kv=sp) for sc in scenarios for sp in split_kv]
+        # a consumer whose rows are all past Sq (If ROWS_IN_SQ) runs its barrier-only path: the
+        # protocol must hold with either consumer on it
+        for name in sorted(_roles_using(pipe, Cond.ROWS_IN_SQ)):
+            runs_of += [Scenario(tuple(sc), idle_roles=(name,), split_kv=sp) for sc in scenarios for sp in split_kv]
+        for sc in runs_of:
             plans = [(o, 1000 + i) for i, o in enumerate(orders)] + [(None, s) for s in range(random_schedules)]
             for prio, seed in plans:
                 runs += 1
-                for f in Engine(pipe, Scenario(tuple(sc), split_kv=split), seed=seed, priority=prio).run():
+                for f in Engine(pipe, sc, seed=seed, priority=prio).run():
                     key = (f.code, "" if f.code == "DEADLOCK" else f.subject)  # one deadlock report is enough
                     if key not in seen:
                         seen.add(key)
