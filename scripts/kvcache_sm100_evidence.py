@@ -55,7 +55,7 @@ def simulate_ok(cfg, S=3) -> bool:
     if cfg.page_size:
         ps, mp = cfg.page_size, cap // cfg.page_size
         pt = rng.permutation(B * mp).reshape(B, mp)
-        kin = np.zeros((B * mp, ps, hkv, d), np.float32)
+        kin = np.zeros((B * mp, ps, hkv, d), kc.dtype)
         vin = np.zeros_like(kin)
         for b in range(B):
             for i in range(mp):

@@ -238,7 +238,7 @@ def _problem(cfg, B, sq, hkv, cap, seed):
         return q, kc, vc, kc, vc, None
     ps, mp = cfg.page_size, cap // cfg.page_size
     pt = rng.permutation(B * mp).reshape(B, mp) + 1  # page 0 is never used; the last entry is clamped
-    kp = np.zeros((B * mp + 1, ps, hkv, d), np.float32)
+    kp = np.zeros((B * mp + 1, ps, hkv, d), kc.dtype)
     vp = np.zeros_like(kp)
     for b in range(B):
         for i in range(mp):
