@@ -33,6 +33,35 @@ def _tbps(nbytes, ms):
     return round(nbytes / (ms * 1e-3) / 1e12, 3) if ms else None
 
 
+def _graph_ms(torch, fn, calls, median_ms, warmup_ms, rep_ms, flush):
+    """(ms per call of `fn` replayed from a CUDA graph, None) or (None, why not). The graph holds
+    `calls` x (an L2 flush, fn); a graph of the flushes alone is subtracted, so every call starts
+    from a cold L2 as under do_bench and none of the host's per-call cost is counted."""
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        g, gf = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(calls):
+                flush()
+                fn()
+        with torch.cuda.graph(gf):
+            for _ in range(calls):
+                flush()
+        g.replay()
+        gf.replay()
+        torch.cuda.synchronize()
+        both, only = median_ms(g.replay, warmup_ms, rep_ms), median_ms(gf.replay, warmup_ms, rep_ms)
+        return max(both - only, 1e-6) / calls, None
+    except Exception as e:  # a contender that cannot be captured says why
+        torch.cuda.synchronize()
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
@@ -42,6 +71,9 @@ def main(argv=None):
     ap.add_argument("--splits", type=int, default=0, help="num_splits for fa4gen (0 = its choice)")
     ap.add_argument("--warmup-ms", type=int, default=25)
     ap.add_argument("--rep-ms", type=int, default=100)
+    ap.add_argument("--graph-calls", type=int, default=20,
+                    help="also time each contender replayed from a CUDA graph of this many calls (0: skip): "
+                         "the GPU time without the host's per-call cost, which bounds the small shapes")
     args = ap.parse_args(argv)
     import torch
 
@@ -64,6 +96,10 @@ def main(argv=None):
     ms = _median_ms(lambda: big.sum(), args.warmup_ms, args.rep_ms)
     torch_read = _tbps(big.numel() * 4, ms)
     big = None
+    l2_buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")  # larger than the L2
+
+    def flush():
+        l2_buf.zero_()
     print(f"torch read of 2 GiB: {torch_read} TB/s", flush=True)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -150,10 +186,20 @@ def main(argv=None):
                     ms = _median_ms(f, args.warmup_ms, args.rep_ms)
                     row[f"{name}_us"] = round(ms * 1e3, 2)
                     row[f"{name}_TBps"] = _tbps(nbytes, ms)
-                peers = [row.get(k) for k in ("cudnn_TBps", "fa4cute_TBps") if row.get(k)]
-                if peers:
-                    row["kernel_vs_best_peer"] = round(row["fa4gen_kernel_TBps"] / max(peers), 3)
-                    row["api_vs_best_peer"] = round(row["fa4gen_api_TBps"] / max(peers), 3)
+                    if args.graph_calls:
+                        gms, why = _graph_ms(torch, f, args.graph_calls, _median_ms, args.warmup_ms, args.rep_ms,
+                                             flush)
+                        if gms is None:
+                            row[f"{name}_graph_note"] = why
+                        else:
+                            row[f"{name}_graph_us"] = round(gms * 1e3, 2)
+                            row[f"{name}_graph_TBps"] = _tbps(nbytes, gms)
+                for sfx in ("", "_graph"):
+                    peers = [row.get(f"{k}{sfx}_TBps") for k in ("cudnn", "fa4cute") if row.get(f"{k}{sfx}_TBps")]
+                    if peers and row.get(f"fa4gen_kernel{sfx}_TBps"):
+                        row[f"kernel_vs_best_peer{sfx}"] = round(row[f"fa4gen_kernel{sfx}_TBps"] / max(peers), 3)
+                    if peers and row.get(f"fa4gen_api{sfx}_TBps"):
+                        row[f"api_vs_best_peer{sfx}"] = round(row[f"fa4gen_api{sfx}_TBps"] / max(peers), 3)
                 rows.append(row)
                 write()
                 print(json.dumps(row), flush=True)

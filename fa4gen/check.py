@@ -87,29 +87,98 @@ def config_of(manifest: dict) -> KernelConfig:
 
 
 def check_ptx(ptx: str, manifest: dict) -> CheckReport:
-    from .ptxemu.parse import PtxSyntaxError, parse
+    """Every difference between the PTX and what the manifest's config says it is: the file's
+    entries are exactly the manifest's (a KV-cache module: fa4_fwd and fa4_combine), the main entry's
+    protocol is read back against the verified IR, and a combine entry gets the static checks of
+    `_check_combine` (no IR describes it: the report says so)."""
+    from .ptxemu.parse import PtxSyntaxError, manifest_entries, parse_for_manifest
     cfg = config_of(manifest)
+    rep = CheckReport(manifest.get("name", cfg.name), cfg.arch)
     try:
-        mod = parse(ptx)
+        mods = parse_for_manifest(ptx, manifest)
     except PtxSyntaxError as e:
-        rep = CheckReport(manifest.get("name", cfg.name), cfg.arch)
-        rep.differences.append(Difference("parse", None, f"not readable as a kernel's PTX: {e}", "the emitted PTX"))
+        rep.differences.append(Difference("parse", None, f"not readable as the manifest's kernels: {e}",
+                                          "the emitted PTX"))
         return rep
+    entries = manifest_entries(manifest)
+    if cfg.kvcache and not manifest.get("kvcache"):
+        rep.differences.append(Difference("manifest", None, "a KV-cache config without the manifest's \"kvcache\" record",
+                                          "plan.kvcache_manifest(cfg): the cache layout and the fa4_combine entry"))
+    mod = mods[entries[0]]
     if mod.target != cfg.arch:
-        rep = CheckReport(manifest.get("name", cfg.name), cfg.arch)
         rep.differences.append(Difference("header", None, f".target {mod.target}", f"the manifest's arch {cfg.arch}"))
         return rep
     pipe, report = _verified(cfg)
-    rep = CheckReport(manifest.get("name", cfg.name), cfg.arch)
     if not report.ok:
         rep.differences.append(Difference("ir", None, "the IR of this config does not verify",
                                           "; ".join(f"[{f.code}] {f.subject}" for f in report.findings)))
         return rep
-    rep = (_check_sm100 if cfg.arch == "sm_100a" else _check_sm90)(ptx, manifest, cfg, pipe, rep)
+    rep = (_check_sm100 if cfg.arch == "sm_100a" else _check_sm90)(_entry_text(ptx, mod, mods), manifest, cfg, pipe,
+                                                                    rep)
+    if cfg.kvcache:
+        rep.notes.append(f"{entries[0]}: read back at the IR's level; the split-KV partial stores, the cache_seqlens "
+                         "and page-table reads are not IR events (`fa4gen emulate` judges them)")
+    for extra in entries[1:]:
+        _check_combine(mods[extra], _entry_text(ptx, mods[extra], mods), manifest, cfg, rep)
     named = name_in_header(ptx)
     if named and named != manifest.get("name"):
         rep.notes.append(f"note: the PTX header names {named}, the manifest {manifest.get('name')}")
     return rep
+
+
+def _entry_text(ptx: str, mod, mods: dict) -> str:
+    """The file with only the module header (the lines before the first entry) and `mod`'s own
+    lines left; every other line is blank, so line numbers stay the file's."""
+    first = min(m.lines[0] for m in mods.values())
+    lo, hi = mod.lines
+    return "\n".join(t if i < first or lo <= i <= hi else "" for i, t in enumerate(ptx.splitlines(), start=1))
+
+
+def _check_combine(mod, text: str, manifest: dict, cfg: KernelConfig, rep: CheckReport) -> None:
+    """fa4_combine, the split-KV merge of a KV-cache module: no IR describes it, so it is not read back
+    against one (the note says so; `fa4gen emulate` judges what it computes). What is checked: its
+    parameters are COMBINE_ABI_PARAMS in order with their declared types (and the manifest's list),
+    .maxntid is the manifest's threads_per_cta, it touches no shared memory, mbarrier, named barrier,
+    TMA, tensor core or async proxy (it is a plain load/compute/store kernel that runs after fa4_fwd),
+    each lane's O store and its LSE store go to global memory, and every ld.param reads a declared
+    parameter."""
+    from .plan import COMBINE_ABI_PARAMS
+    role = mod.entry
+    rec = (manifest.get("kvcache") or {}).get("combine", {})
+    want = [n for n, _ in COMBINE_ABI_PARAMS]
+    got = [p.name for p in mod.params]
+    if got != want or list(rec.get("params", want)) != want:
+        rep.differences.append(Difference(role, mod.lines[0], f"parameters {got} (manifest: {rec.get('params')})",
+                                          f"the combine ABI {want} (fa4gen.plan.COMBINE_ABI_PARAMS)"))
+    for p, (name, decl) in zip(mod.params, COMBINE_ABI_PARAMS):
+        m = re.match(r"\.param\s+(\.\w+)\s+(\w+)$", decl)
+        if m and p.name == name and p.type != m.group(1):
+            rep.differences.append(Difference(role, mod.lines[0], f"parameter {p.name} {p.type}", decl))
+    threads = rec.get("threads_per_cta")
+    if threads is not None and mod.maxntid != int(threads):
+        rep.differences.append(Difference(role, mod.lines[0], f".maxntid {mod.maxntid}",
+                                          f"the manifest's {threads} threads per combine CTA"))
+    declared = {p.name for p in mod.params}
+    stores = set()
+    for ins in mod.instrs:
+        opc = ins.opcode
+        if opc.startswith(("mbarrier", "bar.", "barrier", "cp.", "wgmma", "tcgen05", "fence", "setmaxnreg")) or \
+                opc == "bar" or ".shared" in opc:
+            rep.differences.append(Difference(role, ins.line, ins.text, "no SMEM, barrier, TMA, tensor-core or "
+                                                                        "async-proxy instruction in the combine"))
+        if opc.startswith("ld.param"):
+            src = ins.operands[1]
+            name = getattr(getattr(src, "base", None), "name", None)
+            if name not in declared:
+                rep.differences.append(Difference(role, ins.line, ins.text, f"ld.param of one of {sorted(declared)}"))
+        if opc.startswith("st."):
+            stores.add("global" if opc.startswith("st.global") else opc)
+    if stores != {"global"}:
+        rep.differences.append(Difference(role, None, f"stores {sorted(stores) or 'none'}",
+                                          "O and LSE stored with st.global"))
+    rep.notes.append(f"{role}: not checked against an IR (none describes it); checked: its parameters, .maxntid, "
+                     f"no SMEM / barrier / async instruction, global stores ({len(mod.instrs)} instructions); what it "
+                     "computes is judged by `fa4gen emulate`")
 
 
 def name_in_header(ptx: str) -> str | None:

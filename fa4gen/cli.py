@@ -27,6 +27,14 @@ def _config_options(f):
                      help="Variable-length batches: packed (total, H, D) tensors with cu_seqlens offsets "
                           "(fa4gen.attention_varlen); per-sequence causal, a varlen tile scheduler, O stored "
                           "row by row so no tile writes the next sequence."),
+        click.option("--kvcache", is_flag=True,
+                     help="Decode over a KV cache (docs/ABI.md \"KV cache\"): q (B, Sq, Hq, D) against a cache of "
+                          "per-sequence lengths cache_seqlens (clamped to [0, capacity]), split-KV over num_splits "
+                          "key ranges whose fp32 partials a second entry, fa4_combine, merges (the PTX module has "
+                          "both kernels). Contiguous cache (B, Smax, Hkv, D) unless --page-size."),
+        click.option("--page-size", "page_size", type=click.IntRange(0), default=0, show_default=True,
+                     help="With --kvcache: a paged cache (num_pages, N, Hkv, D) read through a page table "
+                          "(B, max_pages) int32, N a power of two in [16, 256]; 0 = contiguous."),
         click.option("--kv-stages", type=int, default=None, help="K/V SMEM ring depth (default: the arch's)."),
         click.option("--rescale-threshold", type=float, default=None,
                      help="Skip rescaling O while the reference max moved less than this (log2 units, default 8)."),
@@ -36,8 +44,10 @@ def _config_options(f):
     return f
 
 
-def _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, varlen=False) -> KernelConfig:
-    kw = dict(arch=arch, head_dim=head_dim, dtype=dtype, causal=causal, gqa_ratio=gqa, varlen=varlen)
+def _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, varlen=False, kvcache=False,
+                 page_size=0) -> KernelConfig:
+    kw = dict(arch=arch, head_dim=head_dim, dtype=dtype, causal=causal, gqa_ratio=gqa, varlen=varlen, kvcache=kvcache,
+              page_size=page_size)
     if kv_stages is not None:
         kw["kv_stages"] = kv_stages
     if rescale_threshold is not None:
@@ -118,8 +128,8 @@ def _unusable_out_dir(out_dir: Path) -> str | None:
                    "scripts/regen_generated.py writes).")
 @click.option("--emit", type=click.Choice(["ir", "ptx", "cubin", "sass"]), multiple=True,
               help="Artifacts to write besides the manifest (repeatable). Default: ptx and cubin.")
-def build(arch, head_dim, dtype, causal, gqa, varlen, kv_stages, rescale_threshold, out, emit):
-    cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, varlen)
+def build(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, kv_stages, rescale_threshold, out, emit):
+    cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, varlen, kvcache, page_size)
     out_dir = Path(out)
     problem = _unusable_out_dir(out_dir)
     if problem:
@@ -145,7 +155,8 @@ def build(arch, head_dim, dtype, causal, gqa, varlen, kv_stages, rescale_thresho
 @_config_options
 @click.option("--mutation", default=None, help="Apply a corpus mutation (see --list-mutations).")
 @click.option("--list-mutations", is_flag=True, help="List the broken-pipeline corpus of --arch and exit.")
-def verify(arch, head_dim, dtype, causal, gqa, varlen, kv_stages, rescale_threshold, mutation, list_mutations):
+def verify(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, kv_stages, rescale_threshold, mutation,
+           list_mutations):
     from .codegen import pipeline_summary
     from .ir import build_pipeline
     from .passes import verify as run_verify
@@ -156,7 +167,7 @@ def verify(arch, head_dim, dtype, causal, gqa, varlen, kv_stages, rescale_thresh
         for m in corpus[arch]:
             click.echo(f"{m.name:28s} {m.code:14s} {m.culprit:12s} {m.what}")
         return
-    cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, varlen)
+    cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, varlen, kvcache, page_size)
     if mutation:
         mine = [m for m in corpus[arch] if m.name == mutation]
         if not mine:
@@ -209,6 +220,13 @@ def _load_ptx(path: Path, manifest: str | None, mutation: str | None) -> tuple[s
               help="Varlen kernels: a ragged batch (repeatable), per-sequence query:key lengths then the "
                    "heads, e.g. '131:200,0:17,40:0;4,1'. Default: ragged batches with a zero-length "
                    "sequence, one with no keys, q_len != k_len both ways, and one with seqused_k.")
+@click.option("--kv", "kvs", multiple=True, metavar="LENS;SQ;HQ,HKV;SPLITS[;CAP]",
+              help="KV-cache kernels: a decode batch (repeatable): cache_seqlens as the device reads them, the "
+                   "query positions per sequence, the heads, num_splits and the key capacity per sequence, e.g. "
+                   "'129,1,-3,1000000;3;4,1;3;600'. Paged kernels get a shuffled page table (pages scattered, "
+                   "unused pages and out-of-range unused entries present). Default: Sq = 3 with 3 splits "
+                   "(uneven and empty splits, a sequence of no key, one past the capacity) and Sq = 1 with one "
+                   "split (the kernel writes O itself); fa4_combine runs after fa4_fwd when splits > 1.")
 @click.option("--seeds", type=click.IntRange(1, 1000), default=2, show_default=True,
               help="Seeds per shape: inputs and completion orders both change with the seed.")
 @click.option("--seed0", type=click.IntRange(0), default=0, show_default=True, help="First seed.")
@@ -223,8 +241,8 @@ def _load_ptx(path: Path, manifest: str | None, mutation: str | None) -> tuple[s
 @click.option("--mutation", default=None, help="Apply a PTX corpus mutation to the file first (see --list-mutations).")
 @click.option("--list-mutations", is_flag=True, help="List the PTX mutation corpus and exit.")
 @click.option("--quiet", is_flag=True, help="Only the verdict line and reports.")
-def emulate(ptx_file, manifest, shapes, lens, seeds, seed0, ctas, step_limit, persistent, mutation, list_mutations,
-            quiet):
+def emulate(ptx_file, manifest, shapes, lens, kvs, seeds, seed0, ctas, step_limit, persistent, mutation,
+            list_mutations, quiet):
     from .ptxemu import harness
     from .ptxemu.mutations import PTX_MUTATIONS
     from .ptxemu.parse import PtxSyntaxError
@@ -237,10 +255,19 @@ def emulate(ptx_file, manifest, shapes, lens, seeds, seed0, ctas, step_limit, pe
     try:
         text, man = _load_ptx(path, manifest, mutation)
         varlen = bool(man["config"].get("varlen"))
-        if (shapes and varlen) or (lens and not varlen):
-            raise harness.UsageError("--shape is for dense kernels, --lens for varlen ones; this kernel is "
-                                     + ("varlen" if varlen else "dense"))
-        shp = [harness.Shape.parse(s) for s in shapes] + [harness.VarShape.parse(s) for s in lens] or None
+        kvcache = bool(man["config"].get("kvcache"))
+        kind = "varlen" if varlen else "KV-cache" if kvcache else "dense"
+        if (shapes and kind != "dense") or (lens and not varlen) or (kvs and not kvcache):
+            raise harness.UsageError("--shape is for dense kernels, --lens for varlen ones, --kv for KV-cache ones; "
+                                     f"this kernel is {kind}")
+        if kvcache and not man.get("kvcache"):
+            raise harness.UsageError("the manifest's config is a KV-cache kernel but it has no \"kvcache\" record "
+                                     "(no combine entry declared): not a KV-cache build this emulator can launch")
+        try:
+            shp = ([harness.Shape.parse(s) for s in shapes] + [harness.VarShape.parse(s) for s in lens]
+                   + [harness.KvShape.parse(s) for s in kvs]) or None
+        except harness.KvUsageError as e:
+            raise harness.UsageError(str(e)) from None
         if persistent:
             man = dict(man, grid=dict(man["grid"], policy="persistent"))
     except harness.UsageError as e:
@@ -261,8 +288,8 @@ def emulate(ptx_file, manifest, shapes, lens, seeds, seed0, ctas, step_limit, pe
     ok = True
     total_steps, total_s = 0, 0.0
     try:
-        from .ptxemu.parse import parse
-        mod = parse(text)
+        from .ptxemu.parse import parse_for_manifest
+        mod = parse_for_manifest(text, man)
         for sh in shp:
             for s in range(seed0, seed0 + seeds):
                 try:

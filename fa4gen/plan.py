@@ -61,6 +61,7 @@ KVCACHE_ABI_PARAMS: tuple[tuple[str, str], ...] = (
     ("num_splits", ".param .u32 num_splits"),
     ("o_partial", ".param .u64 o_partial"),  # fp32 [num_splits, R, D], R = B * Sq * Hq rows (b, pos, head)
     ("lse_partial", ".param .u64 lse_partial"),  # fp32 [num_splits, R], natural log
+    ("o_ptr", ".param .u64 o_ptr"),  # O (B, Sq, Hq, D) contiguous: sm_90a stores it from registers
 )
 ABI_PARAM_NAMES: tuple[str, ...] = tuple(n for n, _ in ABI_PARAMS + VARLEN_ABI_PARAMS + KVCACHE_ABI_PARAMS)
 
@@ -280,11 +281,16 @@ def smem_plan(cfg: KernelConfig) -> SmemPlan:
     Q slots (cfg.q_stages, 2) hold consecutive tasks' tiles of a persistent CTA, so the next tile's
     Q loads while this one finishes; K/V keep at least 2 stages, and Q drops to 1 slot before
     K/V would (D = 128: 2 Q + 2x2 K/V + O = 224 KiB fits; 3 K/V stages would not).
+
+    KV-cache kernels store O and the split partials from the registers: no O staging. (One Q slot
+    and a third K/V stage at D = 128, 224 KiB, measured the same on contiguous caches and 1.5-4%
+    slower on paged ones on the H200, bench/results/2026-12-02T152230Z_kvcache.json: not taken.)
     """
     tile = tile_bytes(cfg)
+    staging = 0 if cfg.kvcache else tile
 
     def stages_for(q_stages):
-        fixed = (q_stages + 1) * tile + 16 * q_stages + 32 * 4  # Q slots + O staging + barriers (<= 4 stages)
+        fixed = q_stages * tile + staging + 16 * q_stages + 32 * 4  # Q slots + O staging + barriers (<= 4 stages)
         return min(cfg.kv_stages, (SM90_SMEM_LIMIT - SM90_SMEM_ALIGN - fixed) // (2 * tile))
 
     q_stages = cfg.q_stages
@@ -297,7 +303,7 @@ def smem_plan(cfg: KernelConfig) -> SmemPlan:
     k = q + q_stages * tile
     v = k + stages * tile
     o = v + stages * tile
-    bar = o + tile
+    bar = o + staging
     plan = SmemPlan(q=q, k=k, v=v, o=o, bar=bar, tile_bytes=tile, q_stages=q_stages, kv_stages=stages, total=0)
     return dataclasses.replace(plan, total=bar + plan.barrier_bytes + SM90_SMEM_ALIGN)
 

@@ -333,6 +333,8 @@ class Kernel:
         G = int(self._cfg["gqa_ratio"])
         if Hq != Hkv * G:
             raise RuntimeSetupError(f"Hq={Hq} is not Hkv={Hkv} x the kernel's GQA ratio {G}")
+        if not o.is_contiguous():
+            raise RuntimeSetupError("a KV-cache kernel stores O (B, Sq, Hq, D) by row offsets: o must be contiguous")
         S = int(num_splits)
         if S < 1:
             raise RuntimeSetupError(f"num_splits={S}: must be >= 1")
@@ -364,6 +366,7 @@ class Kernel:
             "num_pages": ctypes.c_uint32(num_pages), "num_splits": ctypes.c_uint32(S),
             "o_partial": ctypes.c_uint64(0 if o_partial is None else o_partial.data_ptr()),
             "lse_partial": ctypes.c_uint64(0 if lse_partial is None else lse_partial.data_ptr()),
+            "o_ptr": ctypes.c_uint64(o.data_ptr()),
         }
         self._launch(maps, scalars, num_tasks, q.device)
         if S > 1:

@@ -55,9 +55,11 @@ def test_golden_matrix_is_the_generated_matrix():
     target (scripts/regen_generated.py)."""
     assert GOLDEN == sorted(c.name for c in codegen.GENERATED_MATRIX)
     varlen = {c.arch: c.name for c in codegen.VARLEN_REVIEW_CONFIGS}
-    assert SM100_GOLDEN == sorted([c.name for c in codegen.DEFAULT_MATRIX] + [varlen["sm_100a"]])
-    assert SM90_GOLDEN == sorted([codegen.SM90_REVIEW_CONFIG.name, varlen["sm_90a"]]) == [
-        "fa4_sm90a_d128_bf16_causal_gqa1", "fa4_sm90a_d128_bf16_causal_gqa4_varlen"]
+    kv = {c.arch: [c.name] for c in codegen.KVCACHE_REVIEW_CONFIGS}
+    assert SM100_GOLDEN == sorted([c.name for c in codegen.DEFAULT_MATRIX] + [varlen["sm_100a"]] + kv.get("sm_100a", []))
+    assert SM90_GOLDEN == sorted([codegen.SM90_REVIEW_CONFIG.name, varlen["sm_90a"]] + kv["sm_90a"]) == [
+        "fa4_sm90a_d128_bf16_causal_gqa1", "fa4_sm90a_d128_bf16_causal_gqa4_kvcache_p64",
+        "fa4_sm90a_d128_bf16_causal_gqa4_varlen"]
     for name in GOLDEN:  # the file name, the manifest and the PTX header agree on the target
         ptx = (GEN / f"{name}.ptx").read_text()
         arch = _golden_arch(name)
@@ -123,8 +125,8 @@ def test_default_shapes_of_unpacked_ratios():
 def test_default_shapes_exercise_tails_masking_and_the_persistent_loop():
     for name in GOLDEN:
         man = json.loads((GEN / f"{name}.json").read_text())
-        if man["config"].get("varlen"):  # ragged defaults: tests/test_varlen_sm100.py checks their corners
-            continue
+        if man["config"].get("varlen") or man["config"].get("kvcache"):  # ragged / decode defaults: checked in
+            continue  # tests/test_varlen_sm100.py and tests/test_kvcache_tools.py
         rows = 128 // man["config"]["gqa_ratio"]
         for s in default_shapes(man):
             assert s.sq % rows and s.skv % 128  # tails on both lengths
@@ -153,7 +155,8 @@ def test_ptx_mutation_is_caught(mut):
     if mut.persistent:
         man = json.loads(json.dumps(man))
         man["grid"]["policy"], ctas = "persistent", 1
-    rep = emulate_file(Path(man["name"] + ".ptx"), ptx_text=broken, manifest=man, seeds=1, ctas=ctas)
+    rep = emulate_file(Path(man["name"] + ".ptx"), ptx_text=broken, manifest=man, seeds=1, ctas=ctas,
+                       stop_on_failure=True)
     assert not rep.ok, f"{mut.name} passed the emulator"
     found = {r.finding for r in rep.runs if not r.ok}
     assert found & set(mut.expect), f"{mut.name}: findings {found}, expected one of {mut.expect}\n{rep.summary()}"

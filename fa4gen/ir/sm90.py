@@ -39,7 +39,8 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
         Region("Q", Space.SMEM, cfg.dtype, 128, slots=nq, bytes_per_slot=tile),
         Region("K", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=tile),
         Region("V", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=tile),
-        Region("O_smem", Space.SMEM, cfg.dtype, 64, slots=2, bytes_per_slot=64 * d * 2),
+        # KV cache: no O staging (O and the split partials leave from the registers; plan.smem_plan)
+        *(() if cfg.kvcache else (Region("O_smem", Space.SMEM, cfg.dtype, 64, slots=2, bytes_per_slot=64 * d * 2),)),
         Region("S", Space.REG, "f32", 64),
         Region("P", Space.REG, cfg.dtype, 64),
         Region("O", Space.REG, "f32", 64),
@@ -52,7 +53,7 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
         Barrier("v_full", BarrierKind.TMA, kv, 1, tx_bytes=tile),
         Barrier("v_empty", BarrierKind.MBAR, kv, 8),
         Barrier("sched", BarrierKind.NAMED, 2, 256, named_id=SCHED_BAR_ID),
-        Barrier("epi", BarrierKind.NAMED, 2, 128, named_id=EPI_BAR_ID),
+        *(() if cfg.kvcache else (Barrier("epi", BarrierKind.NAMED, 2, 128, named_id=EPI_BAR_ID),)),
     )
 
     def load(tensor: str, bar: str, state: str, block: BlockRef, dst: str):
@@ -116,7 +117,10 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
             *blocks,
             Compute("normalize", i, reads=("O",), writes=("O",)),
             If(Cond.HAS_LSE, (Compute("store_lse", i),)),
-            *(  # varlen: the WG's threads copy the sequence's rows to o_ptr (templates/sm90/fa4_fwd.ptx.j2)
+            *(  # KV cache: each thread stores its rows of O (one split: the output; several: the fp32
+                # partials fa4_combine merges) straight from the registers, rows < Sq only
+                (Compute("store_o_rows", i, reads=("O",)),) if cfg.kvcache else
+                # varlen: the WG's threads copy the sequence's rows to o_ptr (templates/sm90/fa4_fwd.ptx.j2)
                 (NamedSync("epi", i),  # every thread of the WG has read the previous task's O_smem
                  SmemSt("O_smem", i, "O"), NamedSync("epi", i), StoreRows("O_smem", i)) if cfg.varlen else
                 (TmaStoreWait(), NamedSync("epi", i),  # the previous task's store has read O_smem
@@ -127,7 +131,7 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
         epilogue = (NamedSync("sched", 0),) if i == 0 else ()
         return Role(f"consumer{i}", tuple(range(4 + 4 * i, 8 + 4 * i)), CONSUMER_REGS,
                     (State("q", nq, 0), State("k", kv, 0), State("v", kv, 0)),
-                    (*prologue, Loop(LoopKind.TASKS, body), *epilogue, TmaStoreWait()))
+                    (*prologue, Loop(LoopKind.TASKS, body), *epilogue, *(() if cfg.kvcache else (TmaStoreWait(),))))
 
     roles = (producer, Role("producer_idle", (1, 2, 3), PRODUCER_REGS, (), ()), consumer(0), consumer(1))
     return Pipeline(cfg, "sm_90a", 12, regions, barriers, roles, 0, SM90_SMEM_LIMIT,

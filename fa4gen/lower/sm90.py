@@ -217,6 +217,8 @@ def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
         # split-KV partial O from the accumulator: column pair 8 c + 2 (lane % 4) of row half r
         "o_part_store": [{"r": r, "lo": o_regs[4 * c + 2 * r], "hi": o_regs[4 * c + 2 * r + 1], "off": 32 * c}
                          for r in range(2) for c in range(D // 8)],
+        "o_direct_store": [{"r": r, "lo": o_regs[4 * c + 2 * r], "hi": o_regs[4 * c + 2 * r + 1], "off": 16 * c}
+                           for r in range(2) for c in range(D // 8)],
         "cmb": combine_context(cfg),
         "log2e": f"0f{_f32_hex(1.0 / LN2)}",
         "log2_sqt": sqt.bit_length() - 1,

@@ -19,8 +19,9 @@ from .. import reference
 from ..encodings import TensorMapSpec
 from ..runtime import launch_geometry, manifest_gqa, tensor_map_geometry, varlen_num_tasks
 from . import units
+from .kvcache import KvShape, KvUsageError, default_kv_shapes, run_kvcache_once  # noqa: F401 (KvShape re-exported)
 from .machine import SMEM_BASE, Emulator, Fault, GlobalMemory
-from .parse import PtxSyntaxError, parse
+from .parse import PtxSyntaxError, manifest_entries, parse, parse_for_manifest
 
 UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
 SUBNORMAL_HALF_SPACING = {"fp16": 2.0 ** -25, "bf16": 0.0}
@@ -149,6 +150,8 @@ def default_shapes(man: dict) -> list:
     Varlen kernels: ragged batches with a zero-length sequence, one with no keys, q_len != k_len
     both ways, a sequence of more than one task, and (second shape) seqused_k."""
     cfg = man["config"]
+    if man.get("kvcache"):
+        return default_kv_shapes(man)
     g, pack = manifest_gqa(man)
     rows = 128 // pack
     per_task = int(man["grid"].get("tiles_per_task", 1))
@@ -330,8 +333,9 @@ def entry_registers(mod, man: dict | None, threads: int) -> int:
     """Registers per thread at kernel entry: the assembler's report when the manifest has one, else
     what ptxas gives a kernel of this many threads (.maxnreg, or 64K / threads rounded down to 8)."""
     asm = (man or {}).get("assembler", {}).get("entries", [])
-    if asm:
-        return int(asm[0]["registers"])
+    mine = [e for e in asm if e.get("name") == mod.entry]
+    if mine or (asm and len(asm) == 1 and len(manifest_entries(man)) == 1):
+        return int((mine or asm)[0]["registers"])
     if mod.maxnreg:
         return int(mod.maxnreg)
     return min(255, 65536 // max(threads, 1) // 8 * 8)
@@ -386,7 +390,22 @@ def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2
              mod=None, progress=None, inputs=None, delays=None, l2_group: int | None = None,
              options: dict | None = None) -> RunResult:
     cfg = man["config"]
-    mod = mod or parse(ptx_text)
+    mods = mod if isinstance(mod, dict) else None
+    if cfg.get("kvcache") and not man.get("kvcache"):
+        raise UsageError("the manifest's config is a KV-cache kernel but it has no \"kvcache\" record (no combine "
+                         "entry declared): not a KV-cache build the emulator can launch")
+    if man.get("kvcache") or isinstance(shape, KvShape):
+        if not man.get("kvcache") or not isinstance(shape, KvShape):
+            raise UsageError(f"shape {shape}: the kernel is {'' if man.get('kvcache') else 'not '}a KV-cache kernel")
+        mods = mods or parse_for_manifest(ptx_text, man)
+        try:
+            return run_kvcache_once(mods, man, shape, seed, ctas=ctas, step_limit=step_limit, progress=progress,
+                                    inputs=inputs, delays=delays, options=options)
+        except KvUsageError as e:
+            raise UsageError(str(e)) from None
+    if mods is not None:
+        mod = mods[manifest_entries(man)[0]]
+    mod = mod or parse_for_manifest(ptx_text, man)[manifest_entries(man)[0]]
     d = int(cfg["head_dim"])
     varlen = isinstance(shape, VarShape)
     if inputs is None:
@@ -574,15 +593,17 @@ def _ranges(idx) -> str:
 
 
 def emulate_file(ptx_path, manifest_path=None, *, shapes=None, seeds=2, ctas: int = 2, step_limit=30_000_000,
-                 progress=None, ptx_text: str | None = None, manifest: dict | None = None, seed0: int = 0) -> EmulateReport:
-    """Run the PTX file as it is on disk (or `ptx_text`), each seed on each shape."""
+                 progress=None, ptx_text: str | None = None, manifest: dict | None = None, seed0: int = 0,
+                 stop_on_failure: bool = False) -> EmulateReport:
+    """Run the PTX file as it is on disk (or `ptx_text`), each seed on each shape (stop_on_failure:
+    the runs end with the first that fails; the corpus tests need one finding, not all)."""
     ptx_path = Path(ptx_path)
     if ptx_text is None:
         if not ptx_path.exists():
             raise UsageError(f"{ptx_path}: no such file")
         ptx_text = ptx_path.read_text()
     man = manifest if manifest is not None else load_manifest(ptx_path, Path(manifest_path) if manifest_path else None)
-    mod = parse(ptx_text)  # PtxSyntaxError / UnsupportedInstruction propagate to the caller
+    mod = parse_for_manifest(ptx_text, man)  # PtxSyntaxError / UnsupportedInstruction propagate to the caller
     shapes = shapes or default_shapes(man)
     rep = EmulateReport(True, str(ptx_path))
     for shape in shapes:
@@ -590,4 +611,6 @@ def emulate_file(ptx_path, manifest_path=None, *, shapes=None, seeds=2, ctas: in
             r = run_once(ptx_text, man, shape, seed0 + s, ctas=ctas, step_limit=step_limit, mod=mod, progress=progress)
             rep.runs.append(r)
             rep.ok &= r.ok
+            if stop_on_failure and not r.ok:
+                return rep
     return rep

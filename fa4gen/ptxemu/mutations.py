@@ -322,6 +322,82 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
 )
 
 
+# ---- KV cache (decode over a contiguous or paged cache, split-KV, the combine entry): each edit names
+# the KV-cache instruction it changes (plan "KV-cache rules"); the default decode batches
+# (ptxemu/kvcache.py default_kv_shapes: a shuffled page table with out-of-range entries, a sequence
+# past the capacity and one of negative length, 3 uneven splits, and one run of a single split)
+# make each of them visible. All are data-path bugs below the IR: `fa4gen check` does not see them.
+_SM90K = dict(arch="sm_90a", head_dim=128, causal=True, gqa_ratio=4, dtype="bf16", kvcache=True, page_size=16)
+_SM90K0 = dict(arch="sm_90a", head_dim=128, causal=False, gqa_ratio=4, dtype="bf16", kvcache=True, page_size=0)
+_SM90K256 = dict(arch="sm_90a", head_dim=64, causal=True, gqa_ratio=4, dtype="bf16", kvcache=True, page_size=256)
+
+
+def _combine_sub(pattern, repl, **kw):
+    """_sub restricted to the fa4_combine entry (the text from its .entry line on)."""
+    def edit(text, man):
+        at = text.index(".visible .entry fa4_combine(")
+        return text[:at] + _sub(pattern, repl, **kw)(text[at:], man)
+    return edit
+
+
+PTX_MUTATIONS = PTX_MUTATIONS + (
+    PtxMutation("kv_page_index_clamp", _SM90K, "paged K/V: the page-table index key / page_size is not clamped "
+                "to max_pages - 1 (the last block of a sequence at the capacity reads past its table row)",
+                ("GMEM_OOB", "mismatch"), _sub(r"^\s*min\.u32 %c3, %c3, %tmp6;\n", "", count=0), protocol=False),
+    PtxMutation("kv_page_clamp", _SM90K, "paged K/V: a page-table entry is not clamped to num_pages - 1 (an "
+                "out-of-range entry reads TMA zero fill, not the last page)", ("mismatch",),
+                _sub(r"min\.u32 %c3, (%pg\d+), %tmp6;", r"mov.u32 %c3, \1;", count=0), protocol=False),
+    PtxMutation("kv_page_table_row", _SM90K, "paged K/V: the page-table row offset b * page_table_stride is "
+                "dropped (every sequence reads sequence 0's pages)", ("mismatch", "GMEM_OOB"),
+                _sub(r"mul\.lo\.u32 %c0, %b, %c0;", "mov.u32 %c0, 0;", count=0), protocol=False),
+    PtxMutation("kv_page_row_in_page", _SM90K256, "pages of 256 keys: the block's first row inside its page "
+                "(key % page_size) is not taken (the second block of a page reads past the page)",
+                ("mismatch",), _sub(r"^\s*and\.b32 %c2, %c2, 255;\n", "", count=0), protocol=False),
+    PtxMutation("kv_seqlen_clamp", _SM90K0, "cache_seqlens is not clamped to the capacity (seqlen_k): a "
+                "sequence past it attends to TMA zero fill beyond the cache", ("mismatch",),
+                _sub(r"^\s*min\.u32 %skv, %skv, %cap;\n", "", count=0), protocol=False),
+    PtxMutation("kv_seqlen_negative", _SM90K0, "a negative cache_seqlens is not clamped to 0 (read unsigned, "
+                "the capacity's keys)", ("mismatch",),
+                _sub(r"^\s*max\.s32 %skv, %skv, 0;\n", "", count=0), protocol=False),
+    PtxMutation("kv_split_lo", _SM90K, "split-KV: every split starts at block 0 (blocks counted by several "
+                "splits)", ("mismatch",),
+                _sub(r"mul\.lo\.u32 %nlo, %split, %tmp0;", "mov.u32 %nlo, 0;", count=0), protocol=False),
+    PtxMutation("kv_split_floor", _SM90K, "split-KV: blocks per split rounded down (nblk / S, not ceil): the "
+                "tile's last blocks belong to no split", ("mismatch",),
+                _sub(r"add\.u32 %tmp0, %nblk, %nsplit;\n\s*sub\.u32 %tmp0, %tmp0, 1;\n", "mov.u32 %tmp0, %nblk;\n",
+                     count=0), protocol=False),
+    PtxMutation("kv_partial_row", _SM90K, "split-KV epilogue: the partial row lacks the batch term b * Sq "
+                "(sequences share partial rows)", ("WRITTEN_TWICE", "PARTIALS", "mismatch"),
+                _sub(r"mad\.lo\.u32 %tmp1, %b, %sq, (%seq[01]);", r"mov.u32 %tmp1, \1;", count=0), protocol=False),
+    PtxMutation("kv_lse_partial", _SM90K, "split-KV epilogue: row 0 of each quad stores row 1's LSE partial",
+                ("mismatch",), _sub(r"@%pp4 st\.global\.f32 \[%db\], %lsev0;", "@%pp4 st.global.f32 [%db], %lsev1;"),
+                protocol=False),
+    PtxMutation("kv_single_split_branch", _SM90K, "num_splits == 1 also takes the partial path (through the null partial pointers; O and LSE never "
+                "written)", ("PARTIALS", "GMEM_OOB", "mismatch"),
+                _sub(r"setp\.gt\.u32 %pp0, %nsplit, 1;", "setp.gt.u32 %pp0, %nsplit, 0;"), protocol=False),
+    PtxMutation("kv_idle_wg_first_row", _SM90K, "sm_90a: the idle test of a consumer warpgroup takes its first "
+                "row as cw * 128, not cw * 64 (the second warpgroup idles although P * 3 of its rows are real)",
+                ("mismatch",), _sub(r"shl\.b32 %tmp0, %cw, 6;\n(\s*shr\.u32 %tmp0, %tmp0, \d+;\n\s*mad\.lo\.u32 %tmp0, %mb, \d+, "
+                                    r"%tmp0;\n\s*setp\.ge\.u32 %p_idle)", r"shl.b32 %tmp0, %cw, 7;\n\1"), protocol=False),
+    PtxMutation("combine_weight", _SM90K, "fa4_combine: the split weights exp(lse_s - max) are not divided by "
+                "their sum", ("mismatch",), _combine_sub(r"^\s*mul\.f32 %cw, %cw, %cinv;\n", ""), protocol=False),
+    PtxMutation("combine_max", _SM90K, "fa4_combine: the row maximum skips the last butterfly step (lanes "
+                "disagree on it: a warp whose lanes see different maxima diverges at the all -inf test, and its "
+                "shfl.sync runs on half the warp)", ("mismatch", "SHFL"),
+                _combine_sub(r"(shfl\.sync\.bfly\.b32 %cx, %cmax, 1, 31, -1;\n)\s*max\.f32 %cmax, %cmax, %cx;\n", r"\1"),
+                protocol=False),
+    PtxMutation("combine_store_offset", _SM90K, "fa4_combine: O rows are stored D bytes apart instead of 2 D "
+                "(rows overlap)", ("WRITTEN_TWICE", "mismatch"),
+                _combine_sub(r"mul\.wide\.u32 %cix, %crow, 256;", "mul.wide.u32 %cix, %crow, 128;"), protocol=False),
+    PtxMutation("combine_lse_null", _SM90K, "fa4_combine: the LSE is stored although lse_ptr is 0 (the caller "
+                "asked for no LSE)", ("GMEM_OOB",),
+                _combine_sub(r"setp\.ne\.u64 %cp3, %cad, 0;", "setp.eq.u64 %cp3, %cad, %cad;"), protocol=False),
+    PtxMutation("combine_lse_index", _SM90K, "fa4_combine: the LSE index drops the head ((b * Hq + head) * Sq "
+                "+ pos -> b * Hq * Sq + pos)", ("WRITTEN_TWICE", "mismatch"),
+                _combine_sub(r"mad\.lo\.u32 %cb3, %cb3, %ch1, %ch3;", "mul.lo.u32 %cb3, %cb3, %ch1;"), protocol=False),
+)
+
+
 def by_name(name: str) -> PtxMutation:
     for m in PTX_MUTATIONS:
         if m.name == name:

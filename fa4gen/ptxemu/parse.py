@@ -109,6 +109,7 @@ class Module:
     maxntid: int | None = None
     maxnreg: int | None = None
     directives: dict = field(default_factory=dict)
+    lines: tuple | None = None  # (first, last) source line of the entry: its .entry line to its closing brace
 
 
 _REG_TYPES = {".pred", ".b8", ".b16", ".b32", ".b64", ".u8", ".u16", ".u32", ".u64", ".s8", ".s16",
@@ -234,29 +235,90 @@ def _expand_reg_decl(decl: str, line: int) -> list[tuple[str, str]]:
     return out
 
 
-def parse(text: str) -> Module:
+def parse(text: str, entry: str | None = None) -> Module:
+    """The Module of one kernel entry of the file. entry=None: the file must hold exactly one
+    .entry (a module of several is refused: say which one); a name picks that entry, and the
+    file's other entries must still parse. Callers that have the manifest use `parse_for_manifest`,
+    which also holds the file to the entries the manifest declares."""
+    mods = parse_entries(text)
+    if entry is None:
+        if len(mods) != 1:
+            raise PtxSyntaxError(f"{len(mods)} .entry directives ({', '.join(mods)}): name the kernel to run "
+                                 "(parse(text, entry=...)) or pass the manifest that declares them")
+        return next(iter(mods.values()))
+    if entry not in mods:
+        raise PtxSyntaxError(f"no .entry {entry} in the file (entries: {', '.join(mods) or 'none'})")
+    return mods[entry]
+
+
+def manifest_entries(man: dict) -> tuple[str, ...]:
+    """The kernel entries a build manifest declares, main kernel first: its "entry" (fa4_fwd when the
+    manifest predates the key), plus the combine kernel of a KV-cache module ("kvcache" -> "combine")."""
+    main = man.get("entry", "fa4_fwd")
+    kv = man.get("kvcache")
+    if kv:
+        comb = (kv.get("combine") or {}).get("entry")
+        if not comb:
+            raise PtxSyntaxError("the manifest's \"kvcache\" record names no combine entry")
+        return (main, comb)
+    return (main,)
+
+
+def parse_for_manifest(text: str, man: dict) -> dict:
+    """{entry name: Module} for every entry of the file, which must be exactly the entries the
+    manifest declares (a KV-cache module: fa4_fwd and fa4_combine; any other module: its one
+    kernel). A missing or an extra entry is a PtxSyntaxError naming it."""
+    mods = parse_entries(text)
+    want = manifest_entries(man)
+    missing = [e for e in want if e not in mods]
+    extra = [e for e in mods if e not in want]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"no .entry {', '.join(missing)}")
+        if extra:
+            parts.append(f"an .entry the manifest does not declare: {', '.join(extra)}")
+        raise PtxSyntaxError("; ".join(parts) + f" (the manifest declares {', '.join(want)})")
+    return {e: mods[e] for e in want}
+
+
+@dataclass
+class _Entry:
+    name: str
+    line: int
+    params: list = field(default_factory=list)
+    regs: dict = field(default_factory=dict)
+    instrs: list = field(default_factory=list)
+    labels: dict = field(default_factory=dict)
+    directives: dict = field(default_factory=dict)
+    maxntid: int | None = None
+    maxnreg: int | None = None
+    closed: bool = False  # its body's closing brace was read
+    end: int = 0  # the line of that brace
+
+
+def parse_entries(text: str) -> dict:
+    """{entry name: Module}, in file order, for every .visible .entry of the text (at least one).
+    Module-level directives (.version, .target, .address_size, .extern .shared) belong to every
+    entry; registers, labels and instructions to their own."""
     lines = _strip_comments(text)
     # Statements end with ';' (instructions, directives) or are labels 'name:'; '{' '}' structure.
-    version = target = entry = None
-    params: list[Param] = []
-    regs: dict = {}
-    instrs: list[Instr] = []
-    labels: dict = {}
+    version = target = None
     shared: dict = {}
     directives: dict = {}
-    maxntid = maxnreg = None
+    entries: dict = {}
+    cur: _Entry | None = None
     buf, buf_line = "", 0
     in_params = False
     body_depth = 0
 
     def flush_stmt(stmt: str, ln: int):
-        nonlocal version, target, maxntid, maxnreg
         s = stmt.strip()
         if not s:
             return
         if s.startswith(".reg"):
             for name, rtype in _expand_reg_decl(s, ln):
-                regs[name] = rtype
+                cur.regs[name] = rtype
             return
         if s.startswith("."):
             raise UnsupportedInstruction(f"unsupported directive {s.split()[0]} at line {ln}")
@@ -269,7 +331,7 @@ def parse(text: str) -> Module:
             raise PtxSyntaxError(f"line {ln}: cannot read instruction {stmt.strip()!r}")
         opcode, rest = m.group(1), m.group(2).strip()
         ops = tuple(parse_operand(t, ln) for t in _split_top(rest)) if rest else ()
-        instrs.append(Instr(ln, opcode, ops, guard, neg, " ".join(stmt.split())))
+        cur.instrs.append(Instr(ln, opcode, ops, guard, neg, " ".join(stmt.split())))
 
     for i, raw in enumerate(lines, start=1):
         ln = raw.strip()
@@ -291,9 +353,12 @@ def parse(text: str) -> Module:
                 continue
             m = re.match(r"^\.visible\s+\.entry\s+([A-Za-z_$][\w$]*)\s*\(\s*$", ln)
             if m:
-                if entry is not None:
-                    raise UnsupportedInstruction(f"a second .entry at line {i}: one kernel per file")
-                entry = m.group(1)
+                if cur is not None and not cur.closed:
+                    raise PtxSyntaxError(f"line {i}: .entry {m.group(1)} before the body of .entry {cur.name}")
+                if m.group(1) in entries:
+                    raise PtxSyntaxError(f"line {i}: a second .entry named {m.group(1)} (first at line "
+                                         f"{entries[m.group(1)].line})")
+                cur = entries[m.group(1)] = _Entry(m.group(1), i)
                 in_params = True
                 continue
             if in_params:
@@ -306,22 +371,23 @@ def parse(text: str) -> Module:
                 ptype = m.group(2)
                 n = int(m.group(4) or 1)
                 size = _TYPE_BYTES[ptype[1:]] * n
-                params.append(Param(m.group(3), ptype, size, int(m.group(1) or _TYPE_BYTES[ptype[1:]])))
+                cur.params.append(Param(m.group(3), ptype, size, int(m.group(1) or _TYPE_BYTES[ptype[1:]])))
                 continue
-            m = re.match(r"^\.maxntid\s+(\d+)", ln)
-            if m:
-                maxntid = int(m.group(1))
-                continue
-            m = re.match(r"^\.maxnreg\s+(\d+)", ln)
-            if m:
-                maxnreg = int(m.group(1))
-                continue
-            if ln.startswith(".minnctapersm") or ln.startswith(".reqntid"):
-                directives[ln.split()[0]] = ln.split()[1:]
-                continue
-            if ln == "{":
-                body_depth = 1
-                continue
+            if cur is not None and not cur.closed:
+                m = re.match(r"^\.maxntid\s+(\d+)", ln)
+                if m:
+                    cur.maxntid = int(m.group(1))
+                    continue
+                m = re.match(r"^\.maxnreg\s+(\d+)", ln)
+                if m:
+                    cur.maxnreg = int(m.group(1))
+                    continue
+                if ln.startswith(".minnctapersm") or ln.startswith(".reqntid"):
+                    cur.directives[ln.split()[0]] = ln.split()[1:]
+                    continue
+                if ln == "{":
+                    body_depth = 1
+                    continue
             raise UnsupportedInstruction(f"unsupported directive {ln.split()[0]} at line {i}")
         # inside the body
         while ln:
@@ -329,13 +395,14 @@ def parse(text: str) -> Module:
                 buf_line = i
                 m = re.match(r"^([$A-Za-z_][\w$]*):\s*(.*)$", ln)
                 if m and not ln.startswith("."):
-                    if m.group(1) in labels:
+                    if m.group(1) in cur.labels:
                         raise PtxSyntaxError(f"line {i}: label {m.group(1)} defined twice")
-                    labels[m.group(1)] = len(instrs)
+                    cur.labels[m.group(1)] = len(cur.instrs)
                     ln = m.group(2).strip()
                     continue
                 if ln == "}":
                     body_depth -= 1
+                    cur.closed, cur.end = True, i
                     ln = ""
                     continue
                 if ln == "{":
@@ -348,9 +415,13 @@ def parse(text: str) -> Module:
                 flush_stmt(buf + " " + ln[:j], buf_line)
                 buf = ""
                 ln = ln[j + 1:].strip()
-    if entry is None:
+    if not entries:
         raise PtxSyntaxError("no .visible .entry in the file")
     if buf.strip():
         raise PtxSyntaxError(f"line {buf_line}: statement without ';'")
-    return Module(version or "?", target or "?", entry, params, regs, instrs, labels, shared,
-                  maxntid, maxnreg, directives)
+    open_ = [e.name for e in entries.values() if not e.closed]
+    if open_:
+        raise PtxSyntaxError(f".entry {open_[0]} has no closed body")
+    return {e.name: Module(version or "?", target or "?", e.name, e.params, e.regs, e.instrs, e.labels, dict(shared),
+                           e.maxntid, e.maxnreg, dict(directives, **e.directives), (e.line, e.end))
+            for e in entries.values()}
