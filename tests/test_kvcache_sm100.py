@@ -130,7 +130,7 @@ CHECKED = [kv(head_dim=64), kv(causal=True, gqa_ratio=4, page_size=16), kv(page_
 def test_check_reads_the_kernel_back(cfg):
     ptx, man = built(cfg)
     assert ptx.count(".visible .entry ") == 2 and f".visible .entry {COMBINE_ENTRY}(" in ptx
-    rep = check_ptx(fwd_only(ptx), man)
+    rep = check_ptx(ptx, man)  # the module: fa4_fwd against the IR, fa4_combine's static checks
     assert rep.ok, rep.summary()
 
 
@@ -140,9 +140,8 @@ def test_check_reads_the_kernel_back(cfg):
 ])
 def test_check_fails_a_mutated_partial_store(old, new):
     ptx, man = built(kv(causal=True, page_size=64))
-    body = fwd_only(ptx)
-    assert old in body
-    rep = check_ptx(body.replace(old, new, 1), man)
+    assert old in fwd_only(ptx)
+    rep = check_ptx(ptx.replace(old, new, 1), man)
     if old.startswith("@%p_row"):
         assert not rep.ok, "the unpredicated partial store was not noticed"
     else:
@@ -301,22 +300,31 @@ def test_dense_and_varlen_ptx_unchanged(name):
         assert word not in ptx
 
 
-# ---- emulation (a small set; scripts/kvcache_sm100_emulate.py runs the matrix and the mutations) ---------
-def _emu_script():
-    spec = importlib.util.spec_from_file_location("_kv_emu", ROOT / "scripts" / "kvcache_sm100_emulate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+# ---- emulation (a small set; scripts/kvcache_sm100_evidence.py emulates the matrix) -------------------
+def _first_batch(man):
+    from fa4gen.ptxemu.kvcache import default_kv_shapes
+    return default_kv_shapes(man)[:1]  # Sq = 3, 3 splits (uneven and empty), no keys, past the capacity
 
 
-@pytest.mark.parametrize("case", [2, 3], ids=["paged64_split3", "paged16_causal_gqa8_split5"])
-def test_emulated_module_matches_the_exact_attention(case):
-    """fa4_fwd then fa4_combine in the PTX emulator, launched as runtime.Kernel.kvcache does (no keys,
-    negative and over-capacity lengths, empty splits), judged per sequence."""
-    emu = _emu_script()
-    assert emu.run(*emu.CASES[case], seed=0)
+@pytest.mark.parametrize("cfg", [kv(head_dim=64, gqa_ratio=4), kv(head_dim=64, causal=True, gqa_ratio=8, page_size=16)],
+                         ids=lambda c: c.name)
+def test_emulated_module_matches_the_exact_attention(cfg):
+    """fa4_fwd then fa4_combine in the PTX emulator (fa4gen emulate), judged per sequence."""
+    from fa4gen.ptxemu import harness
+    ptx, man = built(cfg)
+    rep = harness.emulate_file("k.ptx", ptx_text=ptx, manifest=man, shapes=_first_batch(man), seeds=1)
+    assert rep.ok, rep.summary()
 
 
-def test_emulation_fails_a_mutated_page_lookup():
-    emu = _emu_script()
-    assert not emu.run(*emu.MUTATED, seed=0, mutate=emu.MUTATIONS["every box from page 0"], bad_table=True)
+@pytest.mark.parametrize("name, edit", [
+    ("every box from page 0", lambda t: re.sub(r"%prow, %pg[1-9]\}", "%prow, %pg0}", t)),
+    ("softmax block offset dropped", lambda t: t.replace("    add.u32 %nb, %nb, %nlo;\n", "", 1)),
+])
+def test_emulation_fails_a_mutated_kvcache_line(name, edit):
+    from fa4gen.ptxemu import harness
+    ptx, man = built(kv(head_dim=64, causal=True, gqa_ratio=8, page_size=16))
+    bad = edit(ptx)
+    assert bad != ptx
+    rep = harness.emulate_file("k.ptx", ptx_text=bad, manifest=man, shapes=_first_batch(man), seeds=1,
+                               stop_on_failure=True)
+    assert not rep.ok, name
