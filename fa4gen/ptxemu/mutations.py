@@ -375,6 +375,10 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
     PtxMutation("kv_single_split_branch", _SM90K, "num_splits == 1 also takes the partial path (through the null partial pointers; O and LSE never "
                 "written)", ("PARTIALS", "GMEM_OOB", "mismatch"),
                 _sub(r"setp\.gt\.u32 %pp0, %nsplit, 1;", "setp.gt.u32 %pp0, %nsplit, 0;"), protocol=False),
+    PtxMutation("kv_direct_o_row_predicate", _SM90K, "num_splits == 1: the O store from the registers writes every "
+                "row of the tile, also those past Sq (the next sequence's rows, or past the tensor)",
+                ("WRITTEN_TWICE", "GMEM_OOB", "mismatch"),
+                _sub(r"@%pp3 st\.global\.b32 \[%db\+", "st.global.b32 [%db+", count=0), protocol=False),
     PtxMutation("kv_idle_wg_first_row", _SM90K, "sm_90a: the idle test of a consumer warpgroup takes its first "
                 "row as cw * 128, not cw * 64 (the second warpgroup idles although P * 3 of its rows are real)",
                 ("mismatch",), _sub(r"shl\.b32 %tmp0, %cw, 6;\n(\s*shr\.u32 %tmp0, %tmp0, \d+;\n\s*mad\.lo\.u32 %tmp0, %mb, \d+, "
