@@ -28,7 +28,7 @@ from .plan import smem_plan
 from .ptxemu.parse import _split_top as _operands
 from .encodings import EncodingError, Major, TcgenInstrDesc
 from .ir.core import (Arrive, BarrierKind, BlockRef, Commit, ExpectTx, FenceProxyAsync, If, Loop, LoopKind, Mma,
-                      MmaWait, NamedArrive, NamedSync, Scope, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt,
+                      MmaWait, NamedArrive, NamedSync, Scope, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt,
                       Wait, WaitLd, WaitSt, walk_ops)
 
 
@@ -379,6 +379,10 @@ def _parse_sm100(numbered, pipe, manifest) -> dict:
                     raise _Unreadable(ln, f"ld.shared offset {off} is in no SMEM region")
                 rows_src[:] = [(reg[0], reg[1] if st is None else (st, reg[1]), pred)]
                 continue
+            elif opc.startswith("st.global.v4.f32"):  # StorePartial (KV cache): fp32 O of the thread's row
+                p = pred.lstrip("@")
+                ev = ("store_partial", "rows < %sq" if p in sq_guard and not p.startswith("!")
+                      else f"st.global predicate {pred or 'none'}")
             elif opc.startswith("st.global.v4"):  # ... and write its rows to global memory
                 region, slot, ld_pred = rows_src[0] if rows_src else ("?", None, None)
                 p = pred.lstrip("@")
@@ -445,6 +449,12 @@ def _collapse(events):
             else:
                 out.append((ln, (kind, ev[1:], 1)))
             continue
+        if ev[0] == "store_partial":  # one st.global.v4.f32 per 4 columns: n instructions, one op
+            if out and out[-1][1][0] == "store_partial_n" and out[-1][1][1] == ev[1]:
+                out[-1] = (out[-1][0], ("store_partial_n", ev[1], out[-1][1][2] + 1))
+            else:
+                out.append((ln, ("store_partial_n", ev[1], 1)))
+            continue
         if ev[0] == "bulk_commit":
             if out and out[-1][1][0] == "tma_store_n":
                 out[-1] = (out[-1][0], out[-1][1] + ("committed",))
@@ -469,6 +479,8 @@ def _collapse(events):
 def _expected_sm100(pipe) -> dict:
     cfg = pipe.config
     boxes = cfg.head_dim // 64
+    from .plan import ROWS, kv_box_rows
+    kv_boxes = boxes * (ROWS // kv_box_rows(cfg))  # a paged K/V block: one box per page and 64 columns
     out = {}
     mtype = {"bf16": "BF16", "fp16": "F16"}[cfg.dtype]
     for role in pipe.roles:
@@ -496,13 +508,16 @@ def _expected_sm100(pipe) -> dict:
             elif isinstance(op, ExpectTx):
                 ev = ("expect_tx", op.barrier, slot(op.slot), op.bytes, True)
             elif isinstance(op, TmaLoad):
-                ev = ("tma_load_n", (op.tensor, op.dst, slot(op.dst_slot), op.barrier, slot(op.bar_slot), True), boxes)
+                ev = ("tma_load_n", (op.tensor, op.dst, slot(op.dst_slot), op.barrier, slot(op.bar_slot), True),
+                      boxes if op.tensor == "q" else kv_boxes)
             elif isinstance(op, TmaStore):
                 ev = ("tma_store_n", ("o", True), boxes, "committed")
             elif isinstance(op, TmaStoreWait):
                 ev = ("store_wait", True)
             elif isinstance(op, StoreRows):
                 ev = ("store_rows", op.src, slot(op.src_slot), "rows < %sq")
+            elif isinstance(op, StorePartial):
+                ev = ("store_partial_n", "rows < %sq", (op.col_hi - op.col_lo) // 4)
             elif isinstance(op, Mma):
                 d = pipe.region(op.d)
                 steps = (op.k_hi - op.k_lo) // 16

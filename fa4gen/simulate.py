@@ -23,7 +23,7 @@ from .passes.engine import DataModel, Engine, Finding, Scenario
 from .reference import (LN2, RowState, _as_compute, _check_shapes, _default_scale, block_needs_mask,
                         block_update, col_limits, n_block_max, round_to_dtype, scale_log2_f32)
 from .exp2 import emulated_columns
-from .schedule import task_tile, varlen_tasks
+from .schedule import kvcache_k_len, kvcache_page, kvcache_split, kvcache_task, task_tile, varlen_tasks
 
 
 def _to_bits(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -52,6 +52,9 @@ class Task:
     q_len: int | None = None
     k_start: int = 0
     k_len: int | None = None
+    # KV cache (simulate_kvcache): the split and its first K/V block (blocks [block_lo, block_lo + n_blocks))
+    split: int = 0
+    block_lo: int = 0
 
 
 def tiles_per_task(cfg: KernelConfig) -> int:
@@ -121,7 +124,7 @@ class NumpyData(DataModel):
         return tile
 
     def kv_block(self, task: Task, t: int) -> int:
-        return task.n_blocks - 1 - t  # blocks are visited in reverse
+        return task.block_lo + task.n_blocks - 1 - t  # blocks are visited in reverse
 
     # ---- hooks -----------------------------------------------------------------------------------
     def cond(self, role: Role, cond: Cond, ctx: dict) -> bool:
@@ -179,6 +182,10 @@ class NumpyData(DataModel):
             t = self.tasks[t_idx]
             seq, head, valid = self.tile_rows(t, qtile)
             self.o[t.batch, t.q_start + seq[valid], head[valid], :] = tile[valid][:, :self.d]
+        elif kind == "store_partial":  # KV cache: the split's fp32 O columns of the rows < Sq
+            seq, head, valid = self.tile_rows(task, op.qtile)
+            r = (task.batch * self.sq + seq[valid]) * self.hq + head[valid]
+            self.o_partial[task.split, r, op.col_lo:op.col_hi] = regs[op.src][valid, op.col_lo:op.col_hi]
         elif kind == "compute":
             self._compute(role, op, ctx, task, regs)
 
@@ -233,6 +240,18 @@ class NumpyData(DataModel):
             regs["tag"] = (ctx["task"], op.qtile)
         elif op.fn == "store_lse":
             self._store_lse(task, op.qtile, rows, regs)
+        elif op.fn == "normalize_partial":  # fp32, not cast: the split's partial O
+            inv = np.zeros(regs[op.reads[1]].shape, np.float32)
+            pos = regs[op.reads[1]] > 0
+            inv[pos] = np.float32(1) / regs[op.reads[1]][pos]
+            regs["o"] = (regs["o"] * inv[:, None]).astype(np.float32)
+        elif op.fn == "store_lse_partial":
+            seq, head, valid = self.tile_rows(task, op.qtile)
+            rs, ref = regs["row_sum"], regs["row_max"]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                lse = np.log(rs.astype(np.float64)) + ref.astype(np.float64) * float(self.sl2) * LN2
+            r = (task.batch * self.sq + seq[valid]) * self.hq + head[valid]
+            self.lse_partial[task.split, r] = np.where(rs > 0, lse, -np.inf).astype(np.float32)[valid]
         else:
             raise ValueError(f"simulator has no function {op.fn!r}")
 
@@ -311,7 +330,7 @@ def simulate(pipe_or_cfg, q, k, v, softmax_scale=None, seed: int = 0, num_ctas: 
     return SimResult(data.o, data.lse, _run_ctas(pipe, data, tasks, num_ctas, seed, priority))
 
 
-def _run_ctas(pipe, data, tasks, num_ctas: int, seed: int, priority) -> list:
+def _run_ctas(pipe, data, tasks, num_ctas: int, seed: int, priority, split_kv: bool = False) -> list:
     """Deal the tasks round-robin to num_ctas CTAs and run each CTA's programs over its share (one
     engine per CTA, seeded per CTA); the findings of all of them."""
     findings: list[Finding] = []
@@ -320,8 +339,8 @@ def _run_ctas(pipe, data, tasks, num_ctas: int, seed: int, priority) -> list:
         if not mine:
             continue
         data.tasks = mine
-        eng = Engine(pipe, Scenario(tuple(t.n_blocks for t in mine)), data=data, seed=seed * 7919 + cta,
-                     priority=priority)
+        eng = Engine(pipe, Scenario(tuple(t.n_blocks for t in mine), split_kv=split_kv), data=data,
+                     seed=seed * 7919 + cta, priority=priority)
         findings += eng.run()
     return findings
 
@@ -355,3 +374,82 @@ def simulate_varlen(pipe_or_cfg, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=
     data = (NumpyData if pipe.arch == "sm_100a" else NumpyDataSm90)(pipe, q64, k64, v64, scale, tasks)
     findings = _run_ctas(pipe, data, tasks, num_ctas, seed, priority)
     return SimResult(data.o[0], data.lse[0], findings)
+
+
+@dataclass
+class KvSimResult:
+    o: np.ndarray  # (B, Sq, Hq, D): the kernel's O (S == 1) or fa4_combine's merge of the partials
+    lse: np.ndarray  # (B, Hq, Sq)
+    o_partial: np.ndarray | None  # (S, B*Sq*Hq, D) fp32 when S > 1 (NaN where no task wrote)
+    lse_partial: np.ndarray | None  # (S, B*Sq*Hq)
+    findings: list[Finding]
+
+
+def combine_partials(o_partial: np.ndarray, lse_partial: np.ndarray):
+    """fa4_combine's merge (fa4gen/plan.py "KV-cache rules") in NumPy: lse = log sum_s exp(lse_s),
+    O = sum_s exp(lse_s - lse) O_s; O = 0, LSE = -inf where every split is -inf. (S, R, D) -> (R, D), (R,)."""
+    lp = lse_partial.astype(np.float64)
+    mx = lp.max(axis=0)
+    empty = ~np.isfinite(mx)
+    with np.errstate(invalid="ignore", over="ignore"):
+        w = np.exp(lp - np.where(empty, 0.0, mx)[None])
+        tot = w.sum(axis=0)
+        lse = np.where(empty, -np.inf, np.log(np.where(empty, 1.0, tot)) + np.where(empty, 0.0, mx))
+        wn = np.where(empty[None], 0.0, w / np.where(empty, 1.0, tot)[None])
+    o = np.einsum("sr,srd->rd", wn, np.where(wn[..., None] > 0, o_partial, 0.0))
+    return o.astype(np.float32), lse.astype(np.float32)
+
+
+def simulate_kvcache(pipe_or_cfg, q, k_cache, v_cache, cache_seqlens, page_table=None, num_splits: int = 1,
+                     softmax_scale=None, seed: int = 0, num_ctas: int = 1, priority=None) -> KvSimResult:
+    """Run a KV-cache pipeline's programs (fa4gen/plan.py "KV-cache rules") over q (B, Sq, Hq, D)
+    and a cache: contiguous k_cache, v_cache (B, Smax, Hkv, D), or paged (num_pages, page_size,
+    Hkv, D) through page_table (B, max_pages). Tasks in the kernels' order (schedule.kvcache_task
+    over m units of the pipeline's tiles per task), each split's blocks from schedule.kvcache_split
+    (an empty split runs one block whose keys every row's mask hides, as the kernel does), lengths
+    and page entries clamped as on the device (kvcache_k_len, kvcache_page). A TMA K/V tile reads
+    the keys of its pages (zero past the capacity). num_splits > 1 runs the split-KV epilogue
+    (Cond.SPLIT_KV: StorePartial / store_lse_partial) and merges the partials as fa4_combine does."""
+    pipe = pipe_or_cfg if isinstance(pipe_or_cfg, Pipeline) else build_pipeline(pipe_or_cfg)
+    cfg = pipe.config
+    if not cfg.kvcache:
+        raise ValueError(f"{cfg.name} is not a KV-cache pipeline")
+    q, k_cache, v_cache = (np.asarray(t) for t in (q, k_cache, v_cache))
+    B, sq, hq, d = q.shape
+    if cfg.page_size:
+        if page_table is None or k_cache.shape[1] != cfg.page_size:
+            raise ValueError(f"{cfg.name}: a paged cache (num_pages, {cfg.page_size}, Hkv, D) and a page_table")
+        pt = np.asarray(page_table)
+        max_pages, num_pages = pt.shape[1], k_cache.shape[0]
+        capacity = max_pages * cfg.page_size
+        idx = [[kvcache_page(pt[b], j, cfg.page_size, max_pages, num_pages) for j in range(capacity)]
+               for b in range(B)]
+        k = np.stack([np.stack([k_cache[p, r] for p, r in row]) for row in idx])  # the keys as TMA reads them
+        v = np.stack([np.stack([v_cache[p, r] for p, r in row]) for row in idx])
+    else:
+        k, v, capacity = k_cache, v_cache, k_cache.shape[1]
+    _, _, hq, skv, hkv, _ = _check_shapes(q, k, v)
+    if d != cfg.head_dim or hq != hkv * cfg.gqa_ratio:
+        raise ValueError(f"shapes {q.shape}/{k.shape} do not fit {cfg.name}")
+    q64, k64, v64 = (_as_compute(t, cfg.dtype, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
+    scale = _default_scale(d, softmax_scale)
+    S = max(int(num_splits), 1)
+    tpt, ng = tiles_per_task(cfg), cfg.head_groups
+    units = -(-sq // (tpt * cfg.seq_q_per_tile))
+    tasks = []
+    for t in range(B * hkv * ng * units * S):
+        split, m, b, hg = kvcache_task(t, S, units, hkv * ng)
+        kl = kvcache_k_len(int(np.asarray(cache_seqlens)[b]), capacity)
+        nblk = max(n_block_max(cfg, tpt * m + j, sq, kl) for j in range(tpt))
+        lo, hi = kvcache_split(nblk, split, S)
+        tasks.append(Task(b, hg // ng, m, max(hi - lo, 1), hg % ng, k_len=kl, split=split, block_lo=lo))
+    data = (NumpyData if pipe.arch == "sm_100a" else NumpyDataSm90)(pipe, q64, k64, v64, scale, tasks)
+    R = B * sq * hq
+    data.o_partial = np.full((S, R, d), np.nan, np.float32)
+    data.lse_partial = np.full((S, R), np.nan, np.float32)
+    findings = _run_ctas(pipe, data, tasks, num_ctas, seed, priority, split_kv=S > 1)
+    if S == 1:
+        return KvSimResult(data.o, data.lse, None, None, findings)
+    o, lse = combine_partials(data.o_partial, data.lse_partial)
+    o = round_to_dtype(o, cfg.dtype).reshape(B, sq, hq, d)
+    return KvSimResult(o, lse.reshape(B, sq, hq).transpose(0, 2, 1), data.o_partial, data.lse_partial, findings)

@@ -192,7 +192,9 @@ def _matches(row: tuple[str, ...], classes: list[str]) -> bool:
     return re.fullmatch(pat, "".join(c + ";" for c in classes)) is not None
 
 
-@pytest.mark.parametrize("cfg", [KernelConfig(), KernelConfig(causal=True, gqa_ratio=4)], ids=lambda c: c.name)
+@pytest.mark.parametrize("cfg", [KernelConfig(), KernelConfig(causal=True, gqa_ratio=4),
+                                 KernelConfig(kvcache=True, page_size=16), KernelConfig(kvcache=True, causal=True)],
+                         ids=lambda c: c.name)
 def test_each_op_segment_spells_its_op_ptx_row(cfg):
     """The table inverted mechanically: cut each role at its `// op N` markers and require every
     segment's protocol instructions to be exactly the row OP_PTX gives for op N's type."""

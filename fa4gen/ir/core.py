@@ -50,6 +50,9 @@ class Cond(enum.Enum):
     LAST_BLOCK = "last_block"  # the current K/V iteration (block 0 outside a K/V loop) is the last
     ANY_RESCALE = "any_rescale"  # data-dependent: vote.any(acc_scale < 1) over the warp
     HAS_LSE = "has_lse"  # runtime: the caller asked for LSE (lse_ptr != 0)
+    # runtime, uniform over the launch: a KV-cache kernel launched with num_splits > 1 writes each
+    # split's normalized fp32 O and LSE to o_partial / lse_partial (fa4gen/plan.py "KV-cache rules")
+    SPLIT_KV = "split_kv"
     # runtime, per warpgroup (sm_90a KV cache): some of this consumer's rows are query positions < Sq;
     # otherwise (decode packs Sq * G rows into the first warpgroup) it takes the barrier-only path
     ROWS_IN_SQ = "rows_in_sq"
@@ -201,6 +204,31 @@ class StoreRows:
 
 
 @dataclass(frozen=True)
+class PageLookup:
+    """Paged KV cache (fa4gen/plan.py "KV-cache rules"): the role's threads read the page-table
+    entries of K/V block `block` (one per TMA box of the block, clamped as the rules say) from global
+    memory into registers, before the waits of that block's loads, so the reads are in flight while
+    the role waits. The K and V TmaLoads of the same block that follow address their boxes by them.
+    No SMEM or TMEM access."""
+
+    block: BlockRef = BlockRef.CUR
+
+
+@dataclass(frozen=True)
+class StorePartial:
+    """KV-cache split-KV epilogue (fa4gen/plan.py "KV-cache rules"): every thread of the role writes
+    columns [col_lo, col_hi) of its row's normalized fp32 O (register buffer `src`, the result of
+    Compute "normalize_partial") to o_partial[(split * R + r) * D ...], r = (b * Sq + pos) * Hq +
+    head, rows pos < Sq only, with st.global. Reads registers only: no SMEM or TMEM access (the O
+    columns came from TMEM through the TmemLd / WaitLd before it)."""
+
+    src: str
+    col_lo: int
+    col_hi: int
+    qtile: int
+
+
+@dataclass(frozen=True)
 class TmaStoreWait:
     """cp.async.bulk.wait_group.read 0: the SMEM source of every prior store may be reused."""
 
@@ -313,7 +341,8 @@ class Compute:
 
     Functions: "softmax_max" (mask + row max + rescale decision), "softmax_exp" (P = exp2 split,
     cast), "row_sum" (row_sum = row_sum * acc_scale + sum P), "rescale_o" (O regs *= acc_scale),
-    "normalize" (O / row_sum, cast, LSE), "store_lse".
+    "normalize" (O / row_sum, cast, LSE), "store_lse"; KV-cache split-KV: "normalize_partial"
+    (O / row_sum kept in fp32 for StorePartial), "store_lse_partial" (LSE to lse_partial).
     """
 
     fn: str
@@ -322,7 +351,7 @@ class Compute:
     writes: tuple[str, ...] = ()
 
 
-Op = Union[Wait, Arrive, ExpectTx, TmaLoad, TmaStore, StoreRows, TmaStoreWait, Mma, MmaWait, Commit, TmemLd, TmemSt, WaitLd,
+Op = Union[Wait, Arrive, ExpectTx, TmaLoad, PageLookup, TmaStore, StoreRows, StorePartial, TmaStoreWait, Mma, MmaWait, Commit, TmemLd, TmemSt, WaitLd,
            WaitSt, SmemSt, SmemLd, FenceProxyAsync, NamedArrive, NamedSync, Advance, Compute]
 
 

@@ -12,7 +12,7 @@ from ..config import KernelConfig
 from ..plan import SM100_SMEM_LIMIT, SM100_STATS_BAR_ID, tile_bytes as plan_tile_bytes
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
                    FenceProxyAsync, If, Loop, LoopKind, Mma, NamedArrive, NamedSync, Pipeline, Region,
-                   Role, Scope, SmemLd, SmemSt, Space, State, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd,
+                   PageLookup, Role, Scope, SmemLd, SmemSt, Space, State, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd,
                    TmemSt, Wait, WaitLd, WaitSt)
 
 TMEM_COLS = 512
@@ -72,10 +72,14 @@ def _load_role(cfg: KernelConfig) -> Role:
         return (Wait("q_empty", state), ExpectTx("q_full", state, tb),
                 TmaLoad("q", "Q", state, "q_full", state, tb, qtile=qtile), Advance(state))
 
+    # paged KV cache: a block's page-table entries are read once for its K and V loads, before the
+    # waits (the reads overlap them)
+    pages = (lambda ref: (PageLookup(ref),)) if cfg.page_size else (lambda ref: ())
     body = (
-        *load_q("qa", 0), *load_kv("k", "k", BlockRef.FIRST),
+        *pages(BlockRef.FIRST), *load_q("qa", 0), *load_kv("k", "k", BlockRef.FIRST),
         *load_q("qb", 1), *load_kv("v", "v", BlockRef.FIRST),
-        Loop(LoopKind.KV_REST, (*load_kv("k", "k", BlockRef.CUR), *load_kv("v", "v", BlockRef.CUR))),
+        Loop(LoopKind.KV_REST, (*pages(BlockRef.CUR), *load_kv("k", "k", BlockRef.CUR),
+                                *load_kv("v", "v", BlockRef.CUR))),
     )
     states = (State("qa", 2, 1, start=0, stride=2), State("qb", 2, 1, start=1, stride=2),
               State("k", kv, 1, start=0, stride=2), State("v", kv, 1, start=1, stride=2))
@@ -136,7 +140,22 @@ def _epilogue_ops(cfg: KernelConfig, i: int, o_state: str, e_state: str, row_sum
     # The TMA store reads O_smem through the async proxy: fence the generic-proxy writes first. A
     # varlen kernel's store warp copies it with ld.shared (generic proxy, ordered by the barrier).
     fence = () if cfg.varlen else (FenceProxyAsync(),)
-    return (Wait("o_ready", o_state), Wait("corr_epi_empty", e_state), *body, *fence,
+    staged = (*body, *fence)
+    if cfg.kvcache:
+        # KV cache with num_splits > 1: the split's normalized O stays fp32 and goes from the
+        # registers to o_partial (StorePartial); O_smem is not written, the store warp stores nothing.
+        # The corr_epi hand-off is kept on both paths, so the store warp's protocol is one.
+        def part(lo, hi):
+            return (Compute("normalize_partial", i, reads=("o", row_sum_src), writes=("o",)),
+                    StorePartial("o", lo, hi, i))
+        # one chunk at a time in every role: the fp32 row is not packed to 16 bits, so a whole row
+        # (D registers) beside the partial's addresses does not fit the softmax budget, nor 32
+        # columns WG2's 64 registers (ptxas spilled): 16-column chunks there
+        chunk = LD_CHUNK if regs > 2 * LD_CHUNK else RESCALE_CHUNK
+        split = [op for c in range(0, cfg.head_dim, chunk)
+                 for op in (TmemLd(f"O{i}", c, c + chunk, "o"), WaitLd(), *part(c, c + chunk))]
+        staged = (If(Cond.SPLIT_KV, tuple(split), staged),)
+    return (Wait("o_ready", o_state), Wait("corr_epi_empty", e_state), *staged,
             Arrive("corr_epi_full", e_state, Scope.ALL), Advance(e_state), Advance(o_state))
 
 
@@ -158,6 +177,8 @@ def _softmax_role(cfg: KernelConfig, i: int) -> Role:
     )
     # LSE needs the final reference and row_sum, both in this role's registers.
     lse = (If(Cond.HAS_LSE, (Compute("store_lse", i, reads=("row_sum", "row_max")),)),)
+    if cfg.kvcache:  # split-KV: the split's LSE always goes to lse_partial (fa4_combine reads it)
+        lse = (If(Cond.SPLIT_KV, (Compute("store_lse_partial", i, reads=("row_sum", "row_max")),), lse),)
     if cfg.causal:
         tail = lse + _epilogue_ops(cfg, i, "or", "e", "row_sum", SOFTMAX_REGS)
         states = (State("or", 1, 0, slot_base=i), State("e", 1, 1, slot_base=i))
@@ -216,6 +237,10 @@ def _store_role(cfg: KernelConfig) -> Role:
             # Varlen: the tile's rows past the sequence's end belong to the next sequence (or lie
             # past total_q): the warp's threads copy only the sequence's rows (StoreRows).
             store = (StoreRows("O_smem", "e"),)
+        elif cfg.kvcache:
+            # KV cache: num_splits > 1 writes partials from the epilogue's registers; O_smem holds
+            # nothing to store, so only num_splits == 1 stores the tile (as the dense kernel).
+            store = (If(Cond.SPLIT_KV, (), (TmaStore("O_smem", "e"), TmaStoreWait())),)
         else:
             store = (TmaStore("O_smem", "e"), TmaStoreWait())
         body += [Wait("corr_epi_full", "e"), *store, Arrive("corr_epi_empty", "e", Scope.ALL), Advance("e")]
@@ -231,5 +256,9 @@ def build_sm100(cfg: KernelConfig) -> Pipeline:
     if cfg.varlen:
         notes += ("varlen: packed sequences (cu_seqlens); the store warp writes O rows of the task's sequence "
                   "with st.global (StoreRows), not a TMA store",)
+    if cfg.kvcache:
+        notes += ("kvcache: split-KV decode over a KV cache (cache_seqlens" + (f", pages of {cfg.page_size} keys"
+                  if cfg.page_size else "") + "); num_splits > 1 writes fp32 partial O (StorePartial) and LSE, "
+                  "merged by the fa4_combine entry",)
     return Pipeline(cfg, "sm_100a", 16, regions(cfg), barriers(cfg), roles, TMEM_COLS, SM100_SMEM_LIMIT,
                     notes=notes)

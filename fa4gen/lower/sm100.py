@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 
 from ..assemble import PTX_VERSION
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import (VARLEN_ORDER, abi_params, HALF_COLS, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS,
+from ..plan import (KVCACHE_ORDER, combine_context, kv_box_rows, kvcache_manifest, VARLEN_ORDER, abi_params, HALF_COLS, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS,
                     SMEM_ALIGN, gqa_manifest, mask_words, panel_bytes, qo_map_dims, varlen_manifest)
 from ..encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, check_tmem_alloc
 from ..exp2 import EXP2_POLY, FRAG_COLS, ROUND_MAGIC, emulated_mask
 from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
                        FenceProxyAsync, If, Loop, LoopKind, Mma, NamedArrive, NamedSync, Pipeline, Role,
-                       Scope, SmemLd, SmemSt, Space, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt,
+                       PageLookup, Scope, SmemLd, SmemSt, Space, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt,
                        Wait, WaitLd, WaitSt, walk_ops)
 from ..render import render
 
@@ -99,6 +99,8 @@ OP_PTX: dict[type, tuple[str, ...]] = {
     # register-only or generic-proxy ops: no protocol instruction (StoreRows: ld.shared / st.global
     # by the role's threads, read back by fa4gen.check as its own event)
     StoreRows: (),
+    StorePartial: (),  # KV cache: st.global of the registers (no protocol instruction)
+    PageLookup: (),  # paged KV cache: ld.global of page-table entries into registers
     SmemSt: (),
     SmemLd: (),
     Advance: (),
@@ -442,9 +444,13 @@ class _RoleEmitter:
             cfg = self.cfg
             if cfg.varlen:
                 self.varlen_regs()
+            if cfg.kvcache:
+                for n in ("nsplit", "split", "nlo"):
+                    self.r("b32", n)
             unit = 2 * cfg.seq_q_per_tile  # varlen m unit: the task's pair of Q tiles (plan "Varlen task order")
             self.emit("task_begin", head=head, done=done, causal=cfg.causal, sqt=cfg.seq_q_per_tile,
-                      varlen=cfg.varlen, unit_rows=unit, unit_shift=unit.bit_length() - 1, uid=self.p)
+                      varlen=cfg.varlen, unit_rows=unit, unit_shift=unit.bit_length() - 1, uid=self.p,
+                      **({"kvcache": True} if cfg.kvcache else {}))
             self.task_prologue()
             self.loop_kind = lp.kind
             self.stmts(lp.body)
@@ -529,7 +535,14 @@ class _RoleEmitter:
         self.emit("expect_tx", pre=pre, addr=addr, bytes=op.bytes, skip=self.label("noel"), note=note)
 
     def block_reg(self, ref: BlockRef, dst: str) -> list[tuple]:
-        """Instructions computing the K/V block index (blocks visited in reverse: n-1, n-2, ...)."""
+        """Instructions computing the K/V block index (blocks visited in reverse: n-1, n-2, ...).
+        KV cache: the split's blocks [%nlo, %nlo + n), so the index is %nlo + that."""
+        ins = self._block_rel(ref, dst)
+        if self.cfg.kvcache:
+            ins = [("mov.u32", dst, "%nlo")] if ins == [("mov.u32", dst, "0")] else ins + [("add.u32", dst, dst, "%nlo")]
+        return ins
+
+    def _block_rel(self, ref: BlockRef, dst: str) -> list[tuple]:
         if ref is BlockRef.FIRST:
             return [("sub.u32", dst, "%n", "1")]
         if ref is BlockRef.LAST:
@@ -563,6 +576,8 @@ class _RoleEmitter:
                 pre += [("add.u32", "%c2", "%c2", "%koff"), ("mov.u32", "%c3", "0")]
                 coords[3] = "%c3"
             tmap, rank = f"%tm{op.tensor}", 4
+            if cfg.page_size:
+                return self.paged_kv_load(op, pre, base, off, kvh, tmap)
         else:
             raise Sm100LoweringError(f"TMA load of unknown tensor {op.tensor!r}")
         what = f"Q tile {op.qtile}" if op.tensor == "q" else f"{op.tensor.upper()} block {self.block_note(op.block)}"
@@ -574,6 +589,64 @@ class _RoleEmitter:
         bpre, mbar = self.bar_addr(op.barrier, op.bar_slot)
         self.emit("tma_load", pre=pre + bpre, rank=rank, tmap=tmap, coords=coords, boxes=boxes, mbar=mbar,
                   skip=self.label("noel"))
+
+    def op_PageLookup(self, op: PageLookup) -> None:
+        """The page-table entries of a K/V block (fa4gen/plan.py "KV-cache rules"), one per TMA box
+        of box_rows = min(page_size, 128) keys: box i starts at key j = block * 128 + i * box_rows,
+        its entry is page_table[b * stride + min(j / page_size, max_pages - 1)], then
+        min(entry, num_pages - 1) as unsigned. Into %pg<i>, read by the block's K and V TmaLoads."""
+        cfg = self.cfg
+        if not cfg.page_size:
+            raise Sm100LoweringError(f"{self.p}: PageLookup in a kernel without pages")
+        rows = kv_box_rows(cfg)
+        nbox = ROWS // rows
+        self.ctx.family("b32", "%pg", nbox)
+        key, pt = self.r("b32", "pkey"), self.r("b64", "ptab")
+        ins = self.block_reg(op.block, key) + [("shl.b32", key, key, "7"),
+                                               ("ld.param.u64", pt, "[page_table]"),
+                                               ("ld.param.u32", "%tmp1", "[page_table_stride]"),
+                                               ("mul.lo.u32", "%tmp1", "%b", "%tmp1")]
+        for i in range(nbox):
+            pg = f"%pg{i}"
+            ins += [("add.u32", pg, key, str(i * rows)) if i else ("mov.u32", pg, key),
+                    ("shr.u32", pg, pg, str(cfg.page_size.bit_length() - 1)),
+                    ("ld.param.u32", "%tmp0", "[max_pages]"), ("sub.u32", "%tmp0", "%tmp0", "1"),
+                    ("min.u32", pg, pg, "%tmp0"), ("add.u32", pg, pg, "%tmp1"),
+                    ("mul.wide.u32", "%rdt", pg, "4"), ("add.s64", "%rdt", "%rdt", pt),
+                    ("ld.global.nc.u32", pg, "[%rdt]")]
+        for i in range(nbox):
+            ins += [("ld.param.u32", "%tmp0", "[num_pages]"), ("sub.u32", "%tmp0", "%tmp0", "1"),
+                    ("min.u32", f"%pg{i}", f"%pg{i}", "%tmp0")]
+        self.page_block = op.block
+        self.what(f"page-table entries of K/V block {self.block_note(op.block)}: {nbox} box(es) of {rows} keys, "
+                  "entry min(key / page_size, max_pages - 1) of row b, page min(entry, num_pages - 1)")
+        self.emit("instrs_item", list=ins)
+
+    def paged_kv_load(self, op: TmaLoad, pre: list, base: str, off: int, kvh: str, tmap: str) -> None:
+        """A paged K/V block: its 128 keys are 128 / box_rows TMA boxes of box_rows = min(page_size,
+        128) rows, box i from page %pg<i> (the block's PageLookup), row j % page_size of it
+        (j = block * 128: 0 unless a page holds more than one block). Tensor maps (D, Hkv, page_size, pages)."""
+        cfg = self.cfg
+        if getattr(self, "page_block", None) is not op.block:
+            raise Sm100LoweringError(f"{self.p}: paged TmaLoad of block {op.block.value} without a PageLookup "
+                                     "of that block before it")
+        rows = kv_box_rows(cfg)
+        row = self.r("b32", "prow")
+        pre = pre + ([("and.b32", row, "%c2", str(cfg.page_size - 1))] if cfg.page_size > ROWS
+                     else [("mov.u32", row, "0")])
+        half_bytes = panel_bytes(cfg)
+        what = f"{op.tensor.upper()} block {self.block_note(op.block)}"
+        into, bar = f"{op.dst}[{self.slot_note(op.dst_slot)}]", self.bar_note(op.barrier, op.bar_slot)
+        bpre, mbar = self.bar_addr(op.barrier, op.bar_slot)
+        boxes = []
+        for i in range(ROWS // rows):
+            for h in range(cfg.head_dim // HALF_COLS):
+                boxes.append({"dst": f"{base}+{off + h * half_bytes + i * rows * 128}", "c0": h * HALF_COLS,
+                              "coords": ["%c0", kvh, row, f"%pg{i}"],
+                              "note": f"load {what} keys {i * rows}-{(i + 1) * rows - 1} cols {h * HALF_COLS}-"
+                                      f"{(h + 1) * HALF_COLS - 1} into {into} from page %pg{i}, complete_tx on {bar}"})
+        self.emit("tma_load", pre=pre + bpre, rank=4, tmap=tmap, coords=["%c0", kvh, row, "%pg0"], boxes=boxes,
+                  mbar=mbar, skip=self.label("noel"))
 
     def op_TmaStore(self, op: TmaStore) -> None:
         cfg = self.cfg
@@ -632,6 +705,31 @@ class _RoleEmitter:
                   pos0=2 * cfg.seq_q_per_tile, pos_tile=qtile * cfg.seq_q_per_tile, p=p,
                   log2_p=p.bit_length() - 1, g=cfg.gqa_ratio, row_shift=(cfg.head_dim * cfg.elem_bytes).bit_length() - 1,
                   loop=self.label("rows"), qtile=qtile)
+
+    def op_StorePartial(self, op: StorePartial) -> None:
+        """KV cache, num_splits > 1: every thread stores its row's normalized fp32 O columns
+        [col_lo, col_hi) (computed by normalize_partial since their tcgen05.ld) to o_partial, 16 bytes
+        per st.global.v4.f32, rows of position < Sq only."""
+        cfg = self.cfg
+        if not cfg.kvcache:
+            raise Sm100LoweringError(f"{self.p}: StorePartial writes o_partial, a KV-cache parameter")
+        want = list(range(op.col_lo, op.col_hi))
+        have = self.computed.get(op.src, [])
+        missing = [c for c in want if c not in have]
+        if missing or op.col_lo % 4 or op.col_hi % 4:
+            raise Sm100LoweringError(f"{self.p}: StorePartial of {op.src}[{op.col_lo}:{op.col_hi}]: columns "
+                                     f"{missing[:4]}... not normalized since their tcgen05.ld (or not 4-aligned)")
+        self.computed[op.src] = [c for c in have if c not in want]
+        p = cfg.gqa_pack
+        self.r("pred", "p_row")
+        self.what(f"store O tile {op.qtile} cols {op.col_lo}-{op.col_hi - 1} (fp32, normalized) to o_partial row "
+                  "split * R + (b * Sq + pos) * Hq + head, rows pos < Sq only")
+        self.emit("store_partial", pos0=2 * cfg.seq_q_per_tile, pos_tile=op.qtile * cfg.seq_q_per_tile, p=p,
+                  log2_p=p.bit_length() - 1, g=cfg.gqa_ratio, t2=self.r("b32", "kt2"), t3=self.r("b32", "kt3"),
+                  addr=self.r("b64", "kop"),
+                  row_bytes=cfg.head_dim * 4,
+                  stores=[{"off": 4 * c, "regs": [self.buf(op.src, c + j) for j in range(4)]}
+                          for c in range(op.col_lo, op.col_hi, 4)])
 
     def op_TmaStoreWait(self, op: TmaStoreWait) -> None:
         self.emit("tma_store_wait", skip=self.label("noel"))
@@ -959,6 +1057,21 @@ class _RoleEmitter:
                   pairs=pairs, cvt=self.cvt, scaled=self._x2_pairs(cols, "%k_i2"),
                   factors=[(self.r("b64", "k_i2"), inv)])
 
+    def compute_normalize_partial(self, op: Compute) -> None:
+        cols = self._take("o")
+        self.what(f"normalize_partial: O{op.qtile}[{cols[0]}:{cols[-1] + 1}] *= 1/row_sum (0 for a row without "
+                  "keys, packed f32x2), kept in fp32 for the split's partial O")
+        rs = self.scalar(op.reads[1] if len(op.reads) > 1 else "row_sum")
+        self.computed.setdefault("o", []).extend(cols)
+        self.emit("normalize", regs=[self.buf("o", c) for c in cols], sum=rs, inv=self.r("f32", "inv"),
+                  pairs=[], cvt=self.cvt, scaled=self._x2_pairs(cols, "%k_i2"),
+                  factors=[(self.r("b64", "k_i2"), self.r("f32", "inv"))])
+
+    def compute_store_lse_partial(self, op: Compute) -> None:
+        self.what(f"store_lse_partial (Q tile {op.qtile}): LSE = (ref*scale + log2(row_sum)) * ln 2 (-inf for a "
+                  "row without keys) to lse_partial[split * R + (b * Sq + seq) * Hq + head], rows < Sq only")
+        self.emit("store_lse_partial", ln2=_f32(LN2), g=self.cfg.gqa_ratio, neg_inf=NEG_INF, t2=self.r("b32", "kt2"))
+
     def compute_store_lse(self, op: Compute) -> None:
         if self.cfg.varlen:
             self.what(f"store_lse (Q tile {op.qtile}): LSE = (ref*scale + log2(row_sum)) * ln 2 (-inf for a row "
@@ -1076,6 +1189,11 @@ def lower_sm100(pipe: Pipeline) -> dict:
         "one": ONE,
         "zero": ZERO,
         "notes": list(pipe.notes),
+        "kvcache": cfg.kvcache,
+        "page_size": cfg.page_size,
+        # the module's second entry (templates/common/combine.ptx.j2, target-independent SIMT PTX)
+        **({"cmb": combine_context(cfg), "cvt_pack": {"bf16": "cvt.rn.bf16x2.f32", "fp16": "cvt.rn.f16x2.f32"}[cfg.dtype],
+            "ln2": _f32(LN2), "log2e": _f32(1.0 / LN2)} if cfg.kvcache else {}),
     }
 
 
@@ -1085,9 +1203,10 @@ def lower_sm100(pipe: Pipeline) -> dict:
 
 def tensor_maps(cfg: KernelConfig) -> dict:
     qo_dims = qo_map_dims(cfg)
-    kv_dims = ["D", "Hkv", "Skv", "B"]
+    # a paged KV cache: (num_pages, page_size, Hkv, D), one box per page (or per 128-key block)
+    kv_dims = ["D", "Hkv", "Page", "Pages"] if cfg.page_size else ["D", "Hkv", "Skv", "B"]
     qo_box = [HALF_COLS, cfg.gqa_pack, 1, cfg.seq_q_per_tile, 1]  # one 128-row tile, 64 columns
-    kv_box = [HALF_COLS, 1, ROWS, 1]
+    kv_box = [HALF_COLS, 1, kv_box_rows(cfg), 1]
     return {
         "q": {"dims": qo_dims, "box": qo_box, "swizzle": "128B", "dtype": cfg.dtype},
         "k": {"dims": kv_dims, "box": kv_box, "swizzle": "128B", "dtype": cfg.dtype},
@@ -1101,7 +1220,18 @@ def manifest_sm100(pipe: Pipeline) -> dict:
     cfg = pipe.config
     layout = smem_layout(pipe)
     hg, hgu = (f" * {cfg.head_groups}", "head group, ") if cfg.head_groups > 1 else ("", "")
-    if cfg.varlen:
+    if cfg.kvcache:
+        grid = {
+            "policy": "persistent",
+            "task_unit": f"two 128-row Q tiles in flight: (split, batch, kv_head, {hgu}pair of m_blocks)",
+            "num_tasks": f"batch * num_heads_kv{hg} * ceil(num_m_blocks / 2) * max(num_splits, 1)",
+            "tiles_per_task": 2,
+            "order": KVCACHE_ORDER + "; m unit = a pair of m_blocks, task += gridDim.x",
+            "grid_x": "min(num_tasks, SM count read from the device)",
+            "note": f"the kernel clamps num_tasks to batch * num_heads_kv{hg} * ceil(num_m_blocks / 2) * "
+                    "max(num_splits, 1)",
+        }
+    elif cfg.varlen:
         grid = {
             "policy": "one_per_task" if cfg.causal else "persistent",
             "task_unit": f"two 128-row Q tiles in flight: (sequence, kv_head, {hgu}pair of m_blocks of the sequence)",
@@ -1137,6 +1267,7 @@ def manifest_sm100(pipe: Pipeline) -> dict:
         "tensor_maps": tensor_maps(cfg),
         "gqa": gqa_manifest(cfg.gqa_ratio),
         **({"varlen": varlen_manifest(cfg)} if cfg.varlen else {}),
+        **({"kvcache": kvcache_manifest(cfg)} if cfg.kvcache else {}),
         "params": [n for n, _ in abi_params(cfg)],
         "smem_layout": {
             "regions": {k: {"offset": v[0], "bytes_per_slot": v[1], "slots": v[2]} for k, v in layout.regions.items()},

@@ -149,6 +149,7 @@ class Scenario:
 
     blocks_per_task: tuple[int, ...]
     has_lse: bool = True
+    split_kv: bool = False  # KV-cache kernels: the launch's num_splits > 1 (Cond.SPLIT_KV)
     idle_roles: tuple[str, ...] = ()  # roles whose rows are all past Sq (Cond.ROWS_IN_SQ false)
 
 
@@ -243,6 +244,8 @@ class Engine:
                         taken = (t == 0) == (st.cond is Cond.FIRST_BLOCK)
                 elif st.cond is Cond.HAS_LSE:
                     taken = self.sc.has_lse
+                elif st.cond is Cond.SPLIT_KV:
+                    taken = self.sc.split_kv
                 elif st.cond is Cond.ROWS_IN_SQ:
                     taken = role.name not in self.sc.idle_roles
                 else:
@@ -670,6 +673,15 @@ class Engine:
         slot = self.slot(role, op.src_slot)
         self.access(ev, self._keys(op.src, slot), False, op.src)
         self.data.effect("store_rows", role, op, ctx, {"slot": slot})
+
+    def _op_PageLookup(self, role, op, ctx, ev, slots):
+        pass  # global reads into the role's registers: nothing the protocol or the hazards see
+
+    def _op_StorePartial(self, role, op, ctx, ev, slots):
+        # the role's threads store registers to global memory: no SMEM/TMEM access; the registers
+        # must have arrived (tcgen05.wait::ld after their tcgen05.ld)
+        self._check_regs(role, (op.src,), ev)
+        self.data.effect("store_partial", role, op, ctx, {})
 
     def _op_TmaStoreWait(self, role, op, ctx, ev, slots):
         self._join_done(role, "store")

@@ -198,15 +198,17 @@ def _roles_using(pipe: Pipeline, cond: Cond) -> set:
 def verify(pipe: Pipeline, scenarios=DEFAULT_SCENARIOS, random_schedules: int = 6) -> Report:
     findings = static_findings(pipe)
     runs = 0
+    # a launch-uniform branch (KV cache: num_splits > 1 or not) is explored both ways
+    split_kv = (False, True) if _roles_using(pipe, Cond.SPLIT_KV) else (False,)
     if not any(f.code in ("IR_REF", "BARRIER_KIND") for f in findings):
         names = [r.name for r in pipe.roles]
         orders = [tuple([n] + [m for m in names if m != n]) for n in names] + [tuple(reversed(names))]
         seen = {(f.code, f.subject) for f in findings}
-        runs_of = [Scenario(tuple(sc)) for sc in scenarios]
+        runs_of = [Scenario(tuple(sc), split_kv=sp) for sc in scenarios for sp in split_kv]
         # a consumer whose rows are all past Sq (If ROWS_IN_SQ) runs its barrier-only path: the
         # protocol must hold with either consumer on it
         for name in sorted(_roles_using(pipe, Cond.ROWS_IN_SQ)):
-            runs_of += [Scenario(tuple(sc), idle_roles=(name,)) for sc in scenarios]
+            runs_of += [Scenario(tuple(sc), idle_roles=(name,), split_kv=sp) for sc in scenarios for sp in split_kv]
         for sc in runs_of:
             plans = [(o, 1000 + i) for i, o in enumerate(orders)] + [(None, s) for s in range(random_schedules)]
             for prio, seed in plans:
