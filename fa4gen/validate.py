@@ -76,22 +76,8 @@ class TensorMeta:
     element_size: int = 2
 
 
-@dataclass(frozen=True)
-class Problem:
-    """A validated attention call: sizes in flash-attn's (B, S, H, D) layout, the dtype and scale."""
-
-    batch: int
-    seqlen_q: int
-    seqlen_k: int
-    heads_q: int
-    heads_kv: int
-    head_dim: int
-    dtype: str  # "fp16" | "bf16"
-    causal: bool
-    softmax_scale: float
-    return_lse: bool
-    device: str
-    relayout: tuple[tuple[str, str], ...] = ()  # (tensor name, why) for inputs copied for TMA
+class _BshdOutputs:
+    """The outputs of a problem in flash-attn's (B, Sq, Hq, D) layout (dense and KV-cache calls)."""
 
     @property
     def gqa_ratio(self) -> int:
@@ -109,6 +95,24 @@ class Problem:
     def is_empty(self) -> bool:
         """No output element: nothing to compute."""
         return self.batch == 0 or self.seqlen_q == 0 or self.heads_q == 0
+
+
+@dataclass(frozen=True)
+class Problem(_BshdOutputs):
+    """A validated attention call: sizes in flash-attn's (B, S, H, D) layout, the dtype and scale."""
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    dtype: str  # "fp16" | "bf16"
+    causal: bool
+    softmax_scale: float
+    return_lse: bool
+    device: str
+    relayout: tuple[tuple[str, str], ...] = ()  # (tensor name, why) for inputs copied for TMA
 
     @property
     def no_keys(self) -> bool:
@@ -479,7 +483,7 @@ def check_varlen_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cu_q: Tens
 
 # ---- KV cache (fa4gen.attention_with_kvcache) ----------------------------------------------------------
 @dataclass(frozen=True)
-class KvcacheProblem:
+class KvcacheProblem(_BshdOutputs):
     """A validated KV-cache call: q (B, Sq, Hq, D); a contiguous cache (B, Smax, Hkv, D) or a paged
     one (num_pages, page_size, Hkv, D) with a (B, max_pages) page table."""
 
@@ -500,22 +504,6 @@ class KvcacheProblem:
     device: str
     host_index: bool  # cache_seqlens / page_table given on the CPU: checked here, then copied
     relayout: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def gqa_ratio(self) -> int:
-        return self.heads_q // self.heads_kv if self.heads_kv else 0
-
-    @property
-    def out_shape(self) -> tuple[int, int, int, int]:
-        return (self.batch, self.seqlen_q, self.heads_q, self.head_dim)
-
-    @property
-    def lse_shape(self) -> tuple[int, int, int]:
-        return (self.batch, self.heads_q, self.seqlen_q)
-
-    @property
-    def is_empty(self) -> bool:
-        return self.batch == 0 or self.seqlen_q == 0 or self.heads_q == 0
 
     @property
     def no_keys(self) -> bool:
