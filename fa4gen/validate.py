@@ -54,6 +54,18 @@ class InputErrors(InputTypeError, InputValueError):
         super().__init__(f"{len(self.errors)} problems with the inputs: " + "; ".join(str(e) for e in self.errors))
 
 
+class _Errors(list):
+    """The problems one validation collects: `attempt(fn, *args)` returns fn's result, or records the
+    Fa4genInputError it raised and returns None, so every check group runs and all are reported."""
+
+    def attempt(self, fn, *args):
+        try:
+            return fn(*args)
+        except Fa4genInputError as e:
+            self.append(e)
+            return None
+
+
 def raise_all(errors) -> None:
     """Raise nothing, the one error, or InputErrors of several."""
     errors = list(errors)
@@ -306,14 +318,8 @@ def check_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, *, causal=False, 
     layout=False skips the TMA layout checks (`relayout` stays empty): torch_ops' fake
     implementation has no data pointer to check, and the real call checks again anyway."""
     metas = (q, k, v)
-    errors = []
-
-    def attempt(fn, *args):
-        try:
-            return fn(*args)
-        except Fa4genInputError as e:
-            errors.append(e)
-            return None
+    errors = _Errors()
+    attempt = errors.attempt
 
     device = attempt(check_devices, metas)
     dtype = attempt(check_dtypes, metas)
@@ -434,14 +440,8 @@ def check_varlen_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cu_q: Tens
     one error. What it cannot see (non-monotonic or out-of-range offsets on the device) the kernel
     clamps: no sequence reads or writes outside q, k, v, o or lse."""
     metas = (q, k, v)
-    errors = []
-
-    def attempt(fn, *args):
-        try:
-            return fn(*args)
-        except Fa4genInputError as e:
-            errors.append(e)
-            return None
+    errors = _Errors()
+    attempt = errors.attempt
 
     device = attempt(check_devices, metas)
     dtype = attempt(check_dtypes, metas)
@@ -536,14 +536,8 @@ def check_kvcache_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cache_seq
     from .config import PAGE_SIZES
     from .plan import KVCACHE_MAX_SPLITS
 
-    errors = []
-
-    def attempt(fn, *args):
-        try:
-            return fn(*args)
-        except Fa4genInputError as e:
-            errors.append(e)
-            return None
+    errors = _Errors()
+    attempt = errors.attempt
 
     device = attempt(check_devices, (q, k, v))
     dtype = attempt(check_dtypes, (q, k, v))
