@@ -68,8 +68,13 @@ SHAPES = (
 # --suite gqa (the any-ratio issue): ratios 3, 5, 6, 7 beside the ratios that divide 128 around them
 # (2, 4, 8), one kv-head count (8), S 8192, D 128; non-causal and causal
 GQA_SHAPES = tuple((2, 8192, 8 * g, 8, 128, causal) for causal in (False, True) for g in (2, 3, 4, 5, 6, 7, 8))
+# --suite d64 (head_dim 64 across S, the 192-row tile's quantization at short S included; GQA 4; fp16)
+D64_SHAPES = tuple((16 * 1024 // s, s, 16, 16, 64, causal) for causal in (False, True)
+                   for s in (512, 1024, 2048, 8192)) + ((2, 8192, 32, 8, 64, False), (2, 8192, 32, 8, 64, True),
+                                                        (4, 4096, 32, 32, 64, False, "fp16"),
+                                                        (1, 32768, 16, 16, 64, True))
 DEVICE = "cuda"
-IMPLS = ("fa4gen", "fa4gen_kernel", "previous", "cudnn", "flash", "fa4cute")
+IMPLS = ("fa4gen", "fa4gen_kernel", "fa4gen_m128", "previous", "cudnn", "flash", "fa4cute")
 PEERS = ("cudnn", "flash", "fa4cute")
 FA4_DEFAULT_SITE = "/tmp/fa4/site"
 FA4_PACKAGES = ("flash-attn-4", "nvidia-cutlass-dsl")
@@ -247,6 +252,15 @@ def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None)
             o = torch.empty_like(q)
             scale = d ** -0.5
             ms["fa4gen_kernel"] = _median_ms(lambda: kernel(q, k, v, o, softmax_scale=scale), warmup_ms, rep_ms)
+            chosen = api.config_for(info.problem)
+            row["fa4gen_block_m"] = chosen.block_m
+            if chosen.block_m != 128:  # the same generator's 128-row (two-consumer) kernel beside it
+                k128, _ = api.get_kernel(chosen.replace(block_m=128), q.device)
+                o128 = torch.empty_like(q)
+                k128(q, k, v, o128, softmax_scale=scale)
+                torch.cuda.synchronize()
+                outputs["fa4gen_m128"] = o128
+                ms["fa4gen_m128"] = _median_ms(lambda: k128(q, k, v, o128, softmax_scale=scale), warmup_ms, rep_ms)
         except Exception as e:
             notes["fa4gen"] = _one_line(e)
         if baseline:
@@ -285,7 +299,7 @@ def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None)
         row[f"{name}_ms"] = round(ms[name], 5) if name in ms else None
         row[f"{name}_tflops"] = round(tflops(b, hq, s, s, d, causal, ms[name]), 1) if name in ms else None
     ref_name = "cudnn" if "cudnn" in outputs else "flash" if "flash" in outputs else None
-    for name in ("fa4gen", "previous", "fa4cute"):
+    for name in ("fa4gen", "fa4gen_m128", "previous", "fa4cute"):
         if name in outputs and ref_name:
             diff = (outputs[name].float() - outputs[ref_name].float()).abs().max().item()
             row[f"{name}_max_abs_diff_vs_{ref_name}"] = diff
@@ -351,15 +365,16 @@ def markdown(rows) -> str:
         x = next((v for key, v in r.items() if key.startswith(f"{name}_max_abs_diff")), None)
         return "—" if x is None else f"{x:.3g}"
 
-    lines = ["| B, S, Hq/Hkv, D | dtype | causal | fa4gen | fa4gen kernel | previous | cuDNN | flash | FA4-CuTe | "
-             "fa4gen/cuDNN | fa4gen/best peer | vs previous | max diff fa4gen / FA4-CuTe |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| B, S, Hq/Hkv, D | dtype | causal | tile | fa4gen | fa4gen kernel | 128-row kernel | previous | cuDNN | "
+             "flash | FA4-CuTe | fa4gen/cuDNN | fa4gen/best peer | vs previous | max diff fa4gen / FA4-CuTe |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         peer, peer_tf = best_peer(r)
         best = f"{ratio(r.get('fa4gen_kernel_tflops'), peer_tf)}" + (f" ({peer})" if peer and peer_tf else "")
         lines.append(f"| {r['B']}, {r['Sq']}, {r['Hq']}/{r['Hkv']}, {r['D']} | {r['dtype']} | "
-                     f"{'yes' if r['causal'] else 'no'} | "
-                     f"{cell(r['fa4gen_tflops'])} | {cell(r['fa4gen_kernel_tflops'])} | {cell(r.get('previous_tflops'))} | "
+                     f"{'yes' if r['causal'] else 'no'} | {r.get('fa4gen_block_m', '—')} | "
+                     f"{cell(r['fa4gen_tflops'])} | {cell(r['fa4gen_kernel_tflops'])} | {cell(r.get('fa4gen_m128_tflops'))} | "
+                     f"{cell(r.get('previous_tflops'))} | "
                      f"{cell(r['cudnn_tflops'])} | "
                      f"{cell(r['flash_tflops'])} | {cell(r.get('fa4cute_tflops'))} | "
                      f"{ratio(r.get('fa4gen_kernel_tflops'), r.get('cudnn_tflops'))} | {best} | "
@@ -383,8 +398,8 @@ def main(argv=None):
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
                     help="dtype of the SHAPES rows that name none (default bf16)")
     ap.add_argument("--only", default="", help="comma-separated indices into the suite's shapes (default: all)")
-    ap.add_argument("--suite", choices=("main", "gqa"), default="main",
-                    help="main: SHAPES (BASELINES.md's table and the tracker's rows); gqa: GQA_SHAPES")
+    ap.add_argument("--suite", choices=("main", "gqa", "d64"), default="main",
+                    help="main: SHAPES (BASELINES.md's table and the tracker's rows); gqa: GQA_SHAPES; d64: D64_SHAPES")
     ap.add_argument("--warmup-ms", type=int, default=25)
     ap.add_argument("--rep-ms", type=int, default=100)
     ap.add_argument("--budget-s", type=float, default=160.0,
@@ -401,7 +416,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("bench.attention: no CUDA GPU visible to torch; nothing measured", file=sys.stderr)
         return 2
-    suite = SHAPES if args.suite == "main" else GQA_SHAPES
+    suite = {"main": SHAPES, "gqa": GQA_SHAPES, "d64": D64_SHAPES}[args.suite]
     shapes = suite if not args.only else tuple(suite[int(i)] for i in args.only.split(","))
     env = environment(["-m", "bench.attention", *argv])
     if args.no_fa4cute:

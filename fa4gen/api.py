@@ -59,11 +59,14 @@ def last_call_info() -> CallInfo | None:
 
 def config_for(problem) -> KernelConfig:
     """The kernel of a validated Problem (dense) or VarlenProblem (varlen)."""
+    from .plan import q_tile_rows
+
     kv = isinstance(problem, validate.KvcacheProblem)
+    varlen = isinstance(problem, validate.VarlenProblem)
     return KernelConfig(arch=RUNTIME_ARCH, head_dim=problem.head_dim, causal=problem.causal,
-                        gqa_ratio=problem.gqa_ratio, dtype=problem.dtype,
-                        varlen=isinstance(problem, validate.VarlenProblem), kvcache=kv,
-                        page_size=problem.page_size if kv else 0)
+                        gqa_ratio=problem.gqa_ratio, dtype=problem.dtype, varlen=varlen, kvcache=kv,
+                        page_size=problem.page_size if kv else 0,
+                        block_m=q_tile_rows(RUNTIME_ARCH, problem.head_dim, problem.gqa_ratio, varlen, kv))
 
 
 def build(cfg: KernelConfig) -> tuple[bytes, dict]:

@@ -35,6 +35,10 @@ def _config_options(f):
         click.option("--page-size", "page_size", type=click.IntRange(0), default=0, show_default=True,
                      help="With --kvcache: a paged cache (num_pages, N, Hkv, D) read through a page table "
                           "(B, max_pages) int32, N a power of two in [16, 256]; 0 = contiguous."),
+        click.option("--block-m", "block_m", type=click.Choice(["auto", "128", "192"]), default="auto", show_default=True,
+                     help="Q tile rows. auto: what fa4gen.attention runs (fa4gen.plan.q_tile_rows: 192 for dense "
+                          "sm_90a D = 64, three consumer warpgroups; 128 otherwise). 192 is sm_90a-only, dense, "
+                          "GQA packs of at most 64 heads."),
         click.option("--kv-stages", type=int, default=None, help="K/V SMEM ring depth (default: the arch's)."),
         click.option("--rescale-threshold", type=float, default=None,
                      help="Skip rescaling O while the reference max moved less than this (log2 units, default 8)."),
@@ -45,9 +49,14 @@ def _config_options(f):
 
 
 def _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, varlen=False, kvcache=False,
-                 page_size=0) -> KernelConfig:
+                 page_size=0, block_m="auto") -> KernelConfig:
     kw = dict(arch=arch, head_dim=head_dim, dtype=dtype, causal=causal, gqa_ratio=gqa, varlen=varlen, kvcache=kvcache,
               page_size=page_size)
+    if block_m != "auto":
+        kw["block_m"] = int(block_m)
+    elif head_dim in (64, 128) and isinstance(gqa, int) and gqa >= 1:  # others: KernelConfig says what is wrong
+        from .plan import q_tile_rows
+        kw["block_m"] = q_tile_rows(arch, head_dim, gqa, varlen, kvcache)
     if kv_stages is not None:
         kw["kv_stages"] = kv_stages
     if rescale_threshold is not None:
@@ -128,8 +137,10 @@ def _unusable_out_dir(out_dir: Path) -> str | None:
                    "scripts/regen_generated.py writes).")
 @click.option("--emit", type=click.Choice(["ir", "ptx", "cubin", "sass"]), multiple=True,
               help="Artifacts to write besides the manifest (repeatable). Default: ptx and cubin.")
-def build(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, kv_stages, rescale_threshold, out, emit):
-    cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, varlen, kvcache, page_size)
+def build(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, block_m, kv_stages, rescale_threshold, out,
+          emit):
+    cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, varlen, kvcache, page_size,
+                       block_m)
     out_dir = Path(out)
     problem = _unusable_out_dir(out_dir)
     if problem:
@@ -155,7 +166,7 @@ def build(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, kv_sta
 @_config_options
 @click.option("--mutation", default=None, help="Apply a corpus mutation (see --list-mutations).")
 @click.option("--list-mutations", is_flag=True, help="List the broken-pipeline corpus of --arch and exit.")
-def verify(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, kv_stages, rescale_threshold, mutation,
+def verify(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, block_m, kv_stages, rescale_threshold, mutation,
            list_mutations):
     from .codegen import pipeline_summary
     from .ir import build_pipeline
@@ -167,7 +178,8 @@ def verify(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, kv_st
         for m in corpus[arch]:
             click.echo(f"{m.name:28s} {m.code:14s} {m.culprit:12s} {m.what}")
         return
-    cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, varlen, kvcache, page_size)
+    cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, varlen, kvcache, page_size,
+                       block_m)
     if mutation:
         mine = [m for m in corpus[arch] if m.name == mutation]
         if not mine:

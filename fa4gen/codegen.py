@@ -34,8 +34,10 @@ EMITS = ("ir", "ptx", "cubin", "sass")
 DEFAULT_MATRIX = tuple(
     [KernelConfig(head_dim=d, causal=c, gqa_ratio=g) for d in (64, 128) for c in (False, True) for g in (1, 4)]
     + [KernelConfig(dtype="fp16", causal=True, gqa_ratio=4)])
-# One sm_90a default variant beside it, so the PTX of both targets can be reviewed.
+# One sm_90a default variant beside it, so the PTX of both targets can be reviewed, and the 192-row
+# three-consumer tile that fa4gen.attention runs at D = 64 (plan.SM90_Q_ROWS).
 SM90_REVIEW_CONFIG = KernelConfig(arch="sm_90a", head_dim=128, causal=True, gqa_ratio=1)
+SM90_WIDE_REVIEW_CONFIG = KernelConfig(arch="sm_90a", head_dim=64, causal=True, gqa_ratio=4, block_m=192)
 # A varlen variant of each target (packed sequences, cu_seqlens; docs/ABI.md "Varlen") for review.
 VARLEN_REVIEW_CONFIGS = (KernelConfig(head_dim=128, causal=True, gqa_ratio=4, varlen=True),
                          KernelConfig(arch="sm_90a", head_dim=128, causal=True, gqa_ratio=4, varlen=True))
@@ -63,8 +65,9 @@ def kvcache_lowered(cfg: KernelConfig) -> bool:
 
 KVCACHE_REVIEW_CONFIGS = tuple(c for c in KVCACHE_REVIEW_CANDIDATES if kvcache_lowered(c))
 # The variants checked in under generated/ (scripts/regen_generated.py): the sm_100a matrix, the
-# sm_90a review variant, the two varlen ones and the KV-cache ones.
-GENERATED_MATRIX = DEFAULT_MATRIX + (SM90_REVIEW_CONFIG,) + VARLEN_REVIEW_CONFIGS + KVCACHE_REVIEW_CONFIGS
+# sm_90a review variants, the two varlen ones and the KV-cache ones.
+GENERATED_MATRIX = (DEFAULT_MATRIX + (SM90_REVIEW_CONFIG, SM90_WIDE_REVIEW_CONFIG) + VARLEN_REVIEW_CONFIGS
+                    + KVCACHE_REVIEW_CONFIGS)
 # Manifest keys that legitimately differ between two regenerations of the same kernel: the content
 # hash covers a fingerprint of the generator's sources, and the assembler section exists only where
 # an assembler is installed.

@@ -91,7 +91,7 @@ class KernelConfig:
     causal: bool = False
     gqa_ratio: int = 1
     dtype: str = "bf16"
-    block_m: int = 128  # rows of one Q tile (one softmax warpgroup's rows on sm_100a)
+    block_m: int = 128  # rows of one Q tile: 128, or 192 (sm_90a D = 64: three consumers; plan.q_tile_rows)
     block_n: int = 128  # keys per K/V block
     q_stages: int = 2  # Q tiles in flight per CTA task
     kv_stages: int = 3  # K/V SMEM ring depth
@@ -136,8 +136,11 @@ class KernelConfig:
                                                            "KV head; plan.gqa_pack decides the Q tile's row packing)")
         if self.dtype not in DTYPES:
             raise ConfigError("dtype", self.dtype, f"one of {', '.join(DTYPES)}")
-        if self.block_m != 128:
-            raise ConfigError("block_m", self.block_m, "128 (one row per thread of a warpgroup)")
+        from .plan import q_tile_rows_refusal  # the tile rules live in the plan
+
+        why = q_tile_rows_refusal(self.arch, self.head_dim, self.gqa_ratio, self.varlen, self.kvcache, self.block_m)
+        if why:
+            raise ConfigError("block_m", self.block_m, why)
         if self.block_n != 128:
             raise ConfigError("block_n", self.block_n, "128 (four 32-column TMEM fragments)")
         if self.q_stages != 2:
@@ -173,7 +176,7 @@ class KernelConfig:
     # ---- derived -------------------------------------------------------------------------------
     @property
     def gqa_pack(self) -> int:
-        """Query heads packed into one 128-row Q tile (the rule is fa4gen.plan.gqa_pack)."""
+        """Query heads packed into one Q tile (the rule is fa4gen.plan.gqa_pack)."""
         from .plan import gqa_pack  # the rule lives in the plan; imported here only to answer
 
         return gqa_pack(self.gqa_ratio)
@@ -185,7 +188,7 @@ class KernelConfig:
 
     @property
     def seq_q_per_tile(self) -> int:
-        """Sequence positions per 128-row Q tile: the rest of the rows are the packed heads."""
+        """Sequence positions per block_m-row Q tile: the rest of the rows are the packed heads."""
         return self.block_m // self.gqa_pack
 
     @property
@@ -206,9 +209,11 @@ class KernelConfig:
             parts.append("varlen")
         if self.kvcache:
             parts.append(f"kvcache_p{self.page_size}" if self.page_size else "kvcache")
+        if self.block_m != 128:
+            parts.append(f"m{self.block_m}")
         defaults = KernelConfig(arch=self.arch, head_dim=self.head_dim, causal=self.causal,
                                 gqa_ratio=self.gqa_ratio, dtype=self.dtype, varlen=self.varlen,
-                                kvcache=self.kvcache, page_size=self.page_size)
+                                kvcache=self.kvcache, page_size=self.page_size, block_m=self.block_m)
         if self != defaults:  # tuned variants must never share a name with the default one
             parts.append(self.content_hash[:8])
         return "_".join(parts)

@@ -181,6 +181,43 @@ def gqa_pack(gqa_ratio: int) -> int:
     return g if ROWS % g == 0 else 1
 
 
+# Q tile rows (KernelConfig.block_m): 64 rows per sm_90a consumer warpgroup (wgmma M), so a
+# 192-row tile is three consumer warpgroups. At D = 64 the two-warpgroup kernel is latency bound
+# (ncu, bench/results/2026-12-02T0745Z_NVIDIA-H200_ncu_sm90a.txt: 38% issue slots busy, 60% of cycles
+# with no eligible warp): its QK and PV GEMMs are half the D = 128 ones while the softmax is not, so
+# one warpgroup's softmax no longer hides behind the other's GEMMs. A third warpgroup keeps the tensor
+# core fed (two softmaxes under each GEMM). sm_100a keeps 128 (one TMEM lane per row).
+SM90_Q_ROWS = {64: 192, 128: 128}  # dense sm_90a kernels, by head_dim
+Q_ROWS_CHOICES = (128, 192)
+
+
+def q_tile_rows(arch: str, head_dim: int, gqa_ratio: int, varlen: bool = False, kvcache: bool = False) -> int:
+    """The Q tile rows (KernelConfig.block_m) fa4gen.attention and `fa4gen build` choose for a kernel."""
+    rows = SM90_Q_ROWS.get(head_dim, ROWS) if arch == "sm_90a" and not (varlen or kvcache) else ROWS
+    return rows if q_tile_rows_refusal(arch, head_dim, gqa_ratio, varlen, kvcache, rows) is None else ROWS
+
+
+def q_tile_rows_refusal(arch: str, head_dim: int, gqa_ratio: int, varlen: bool, kvcache: bool, rows) -> str | None:
+    """Why a Q tile of `rows` rows cannot be built for this config (None when it can)."""
+    if rows == ROWS:
+        return None
+    if rows not in Q_ROWS_CHOICES:
+        return f"one of {', '.join(map(str, Q_ROWS_CHOICES))} (Q tile rows)"
+    if arch != "sm_90a":
+        return "128 on sm_100a (one TMEM lane per Q row); 192 is sm_90a's three-consumer tile"
+    if varlen or kvcache:
+        return "128 for varlen and KV-cache kernels (their tiles are 128 rows); 192 is for dense kernels"
+    if 64 % gqa_pack(gqa_ratio):
+        return (f"128 at GQA ratio {gqa_ratio}: a 192-row tile packs at most 64 heads (the packed heads of one "
+                f"position must sit in one consumer warpgroup's 64 rows)")
+    return None
+
+
+def sm90_consumers(block_m: int) -> int:
+    """Consumer warpgroups of the sm_90a kernel: one per 64 Q rows."""
+    return block_m // 64
+
+
 def head_groups(gqa_ratio: int) -> int:
     """G / P: the head groups (tiles side by side in the head dimension) per kv head."""
     return int(gqa_ratio) // gqa_pack(gqa_ratio)
@@ -191,11 +228,11 @@ def seq_q_per_tile(gqa_ratio: int) -> int:
     return ROWS // gqa_pack(gqa_ratio)
 
 
-def gqa_manifest(gqa_ratio: int) -> dict:
+def gqa_manifest(gqa_ratio: int, block_m: int = ROWS) -> dict:
     """The manifest's record of the packing rule (read by the runtime and the emulator harness)."""
     p = gqa_pack(gqa_ratio)
     return {"ratio": int(gqa_ratio), "pack": p, "head_groups": int(gqa_ratio) // p,
-            "rule": "pack = ratio if 128 % ratio == 0 else 1; tile rows r -> position m * (128 / pack) + r // pack, "
+            "rule": f"pack = ratio if 128 % ratio == 0 else 1; tile rows r -> position m * ({block_m} / pack) + r // pack, "
                     "query head hkv * ratio + j * pack + r % pack for head group j in [0, ratio / pack); "
                     "kv head of head group index hg = hg // head_groups"}
 
@@ -208,8 +245,18 @@ def qo_map_dims(cfg: KernelConfig) -> list[str]:
 
 
 def tile_bytes(cfg: KernelConfig) -> int:
-    """One 128-row x head_dim tile of 16-bit elements: a Q slot, a K or V stage, the TMA tx count."""
+    """One 128-row x head_dim tile of 16-bit elements: a K or V stage and its TMA tx count."""
     return ROWS * cfg.head_dim * cfg.elem_bytes
+
+
+def q_tile_bytes(cfg: KernelConfig) -> int:
+    """One block_m-row x head_dim Q tile (a Q slot, its TMA tx count, the O staging)."""
+    return cfg.block_m * cfg.head_dim * cfg.elem_bytes
+
+
+def q_panel_bytes(cfg: KernelConfig) -> int:
+    """One block_m-row x 64-column swizzled panel of a Q slot or the O staging."""
+    return cfg.block_m * HALF_COLS * cfg.elem_bytes
 
 
 def panel_bytes(cfg: KernelConfig) -> int:
@@ -242,10 +289,19 @@ REGS_PER_SM = 65536  # 32-bit registers per SM partition set a CTA's warps share
 
 # Named barriers (bar.sync / bar.arrive ids; 0 is the CTA-wide barrier after mbarrier init).
 SM100_STATS_BAR_ID = 1  # softmax -> correction statistics hand-off (ids 1..8 when paired per warp)
-SM90_SCHED_BAR_ID = 1  # ids 1, 2: ping-pong turn on the tensor core for consumer 0 / consumer 1
-SM90_EPI_BAR_ID = 3  # ids 3, 4: each consumer warpgroup's 128 threads around the O staging
-# sm_90a setmaxnreg budgets: the producer warpgroup gives registers to the two consumers
+SM90_SCHED_BAR_ID = 1  # ids 1 .. C: ping-pong turn on the tensor core for consumer i (C consumers)
+SM90_EPI_BAR_ID = 3  # 2 consumers: ids 3, 4 around each one's O staging (see sm90_epi_bar_id)
+
+
+def sm90_epi_bar_id(consumers: int) -> int:
+    """First of the C epilogue named-barrier ids: right after the C ping-pong ids."""
+    return SM90_SCHED_BAR_ID + consumers
+
+# sm_90a setmaxnreg budgets: the producer warpgroup gives registers to the consumers
 SM90_PRODUCER_REGS, SM90_CONSUMER_REGS = 24, 240
+# by consumer count: the CTA's launch pool is (C + 1) x 128 threads x the entry cap
+# (65536 / threads, a multiple of 8): 24 + 2 x 240 <= 3 x 168, 24 + 3 x 160 <= 4 x 128
+SM90_REGS = {2: (24, 240), 3: (24, 160)}
 
 
 class PlanError(ValueError):
@@ -259,7 +315,8 @@ class SmemPlan:
     v: int
     o: int
     bar: int
-    tile_bytes: int  # one 128-row x D tile (Q slot, K or V stage, O staging)
+    tile_bytes: int  # one 128-row x D tile (a K or V stage)
+    q_tile_bytes: int  # one block_m-row x D tile (a Q slot, the O staging)
     q_stages: int
     kv_stages: int
     total: int  # bytes requested at launch, including the slack for aligning the base to 1024
@@ -286,11 +343,11 @@ def smem_plan(cfg: KernelConfig) -> SmemPlan:
     and a third K/V stage at D = 128, 224 KiB, measured the same on contiguous caches and 1.5-4%
     slower on paged ones on the H200, bench/results/2026-12-02T152230Z_kvcache.json: not taken.)
     """
-    tile = tile_bytes(cfg)
-    staging = 0 if cfg.kvcache else tile
+    tile, qtile = tile_bytes(cfg), q_tile_bytes(cfg)
+    staging = 0 if cfg.kvcache else qtile
 
     def stages_for(q_stages):
-        fixed = q_stages * tile + staging + 16 * q_stages + 32 * 4  # Q slots + O staging + barriers (<= 4 stages)
+        fixed = q_stages * qtile + staging + 16 * q_stages + 32 * 4  # Q slots + O staging + barriers (<= 4 stages)
         return min(cfg.kv_stages, (SM90_SMEM_LIMIT - SM90_SMEM_ALIGN - fixed) // (2 * tile))
 
     q_stages = cfg.q_stages
@@ -300,11 +357,12 @@ def smem_plan(cfg: KernelConfig) -> SmemPlan:
     if stages < 2:
         raise PlanError(f"head_dim {cfg.head_dim}: fewer than 2 K/V stages fit in SMEM")
     q = 0
-    k = q + q_stages * tile
+    k = q + q_stages * qtile
     v = k + stages * tile
     o = v + stages * tile
     bar = o + staging
-    plan = SmemPlan(q=q, k=k, v=v, o=o, bar=bar, tile_bytes=tile, q_stages=q_stages, kv_stages=stages, total=0)
+    plan = SmemPlan(q=q, k=k, v=v, o=o, bar=bar, tile_bytes=tile, q_tile_bytes=qtile, q_stages=q_stages,
+                    kv_stages=stages, total=0)
     return dataclasses.replace(plan, total=bar + plan.barrier_bytes + SM90_SMEM_ALIGN)
 
 

@@ -77,12 +77,20 @@ def manifest_gqa(manifest: dict) -> tuple[int, int]:
     return ratio, pack
 
 
+def manifest_tile_rows(manifest: dict) -> int:
+    """Rows of the kernel's Q tile (its config's block_m: 128, or 192 for sm_90a's three-consumer tiles)."""
+    rows = int(manifest["config"].get("block_m") or 128)
+    if rows not in (128, 192):
+        raise RuntimeSetupError(f"the manifest's Q tile has {rows} rows: this runtime knows 128 and 192")
+    return rows
+
+
 @dataclass(frozen=True)
 class LaunchGeometry:
-    """What one launch covers: (batch, head group) pairs x m_blocks of 128 / pack positions."""
-    pack: int  # query heads per 128-row Q tile
+    """What one launch covers: (batch, head group) pairs x m_blocks of block_m / pack positions."""
+    pack: int  # query heads per Q tile
     head_groups: int  # tiles side by side in the head dimension per kv head (G / pack)
-    rows_per_tile: int  # sequence positions per Q tile (128 / pack)
+    rows_per_tile: int  # sequence positions per Q tile (block_m / pack)
     num_m_blocks: int
     num_bh: int  # batch * Hkv * head_groups: the pairs the scheduler orders
     num_tasks: int  # in Q tiles (the kernel clamps it to its own task unit)
@@ -90,7 +98,7 @@ class LaunchGeometry:
 
 def launch_geometry(manifest: dict, batch: int, num_heads_kv: int, seqlen_q: int) -> LaunchGeometry:
     ratio, pack = manifest_gqa(manifest)
-    rows = 128 // pack
+    rows = manifest_tile_rows(manifest) // pack
     nmb = -(-int(seqlen_q) // rows)
     num_bh = int(batch) * int(num_heads_kv) * (ratio // pack)
     return LaunchGeometry(pack, ratio // pack, rows, nmb, num_bh, num_bh * nmb)
@@ -102,7 +110,7 @@ def varlen_num_tasks(manifest: dict, batch: int, num_heads_kv: int, total_q: int
     from .plan import varlen_task_bound
 
     ratio, pack = manifest_gqa(manifest)
-    unit = int(manifest["grid"].get("tiles_per_task", 1)) * (128 // pack)
+    unit = int(manifest["grid"].get("tiles_per_task", 1)) * (manifest_tile_rows(manifest) // pack)
     return varlen_task_bound(batch, total_q, int(num_heads_kv) * (ratio // pack), unit)
 
 

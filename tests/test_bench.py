@@ -102,7 +102,10 @@ def test_best_peer_and_markdown():
     assert "| 520 | 1.11 | 0.96 (fa4cute) | — | 0.0039 / 0.002 |" in table[2]
     assert "| — | — | — | — | — / — |" in table[3]
     with_prev = _row(fa4gen=480, fa4gen_kernel=500, previous=520, cudnn=450)
-    assert "| 500 | 520 | 450 |" in bench.markdown([with_prev]) and "| 0.96 |" in bench.markdown([with_prev])
+    assert "| 500 | — | 520 | 450 |" in bench.markdown([with_prev]) and "| 0.96 |" in bench.markdown([with_prev])
+    # a 192-row default names its tile and shows the 128-row kernel beside it
+    wide = {**_row(fa4gen=480, fa4gen_kernel=500, fa4gen_m128=450, cudnn=455), "fa4gen_block_m": 192}
+    assert "| no | 192 | 480 | 500 | 450 | — | 455 |" in bench.markdown([wide])
     assert "| — | 1.11 | 1.11 (cudnn) |" in table[4]
     assert "| fp16 | no |" in table[2]
 

@@ -35,6 +35,7 @@ torch = pytest.importorskip("torch")
 from fa4gen import api  # noqa: E402
 from fa4gen.cache import KERNELS  # noqa: E402
 from fa4gen.config import KernelConfig  # noqa: E402
+from fa4gen.plan import q_tile_rows  # noqa: E402
 from fa4gen.validate import DeviceError, InputTypeError, InputValueError  # noqa: E402
 
 UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
@@ -157,11 +158,13 @@ def make_inputs(c, seed_label, device="cuda"):
     return q.to(dt), k.to(dt), v.to(dt)
 
 
-def run_kernel_poisoned(q, k, v, causal, scale, dtype, emu_pairs=None):
-    """Call the Kernel itself with O and LSE filled with NaN, so unwritten elements show."""
+def run_kernel_poisoned(q, k, v, causal, scale, dtype, emu_pairs=None, block_m=None):
+    """Call the Kernel itself with O and LSE filled with NaN, so unwritten elements show. block_m None:
+    the Q tile fa4gen.attention picks (plan.q_tile_rows: 192 rows, three consumers, at D = 64)."""
     b, sq, hq, d = q.shape
-    cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, gqa_ratio=hq // k.shape[2], dtype=dtype,
-                       emu_pairs=emu_pairs)
+    g = hq // k.shape[2]
+    cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, gqa_ratio=g, dtype=dtype, emu_pairs=emu_pairs,
+                       block_m=q_tile_rows("sm_90a", d, g) if block_m is None else block_m)
     kernel, _ = api.get_kernel(cfg, q.device)
     o = torch.full_like(q, float("nan"))
     lse = torch.full((b, hq, sq), float("nan"), device=q.device, dtype=torch.float32)
@@ -191,6 +194,22 @@ def test_kernel_matches_reference(c, exact_fp32):
     scale = 1.0 / math.sqrt(c["d"])
     with torch.no_grad():
         o, lse = run_kernel_poisoned(q, k, v, c["causal"], scale, c["dtype"], c["emu"])
+        check_against_reference(o, lse, q, k, v, c["causal"], scale, c["dtype"], label)
+
+
+# D = 64 runs 192-row tiles (three consumer warpgroups) by default; the 128-row two-consumer kernel
+# stays buildable (KernelConfig(block_m=128)): every other D = 64 case of the table on it too
+CASES_D64_M128 = [c for c in CASES if c["d"] == 64][::2]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", CASES_D64_M128, ids=case_id)
+def test_d64_128_row_kernel_matches_reference(c, exact_fp32):
+    label = case_id(c) + "-m128"
+    q, k, v = make_inputs(c, label)
+    scale = 1.0 / math.sqrt(c["d"])
+    with torch.no_grad():
+        o, lse = run_kernel_poisoned(q, k, v, c["causal"], scale, c["dtype"], c["emu"], block_m=128)
         check_against_reference(o, lse, q, k, v, c["causal"], scale, c["dtype"], label)
 
 

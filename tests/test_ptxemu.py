@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from fa4gen import codegen
 from fa4gen.cli import main as cli_main
 from fa4gen.config import KernelConfig
+from fa4gen.plan import q_tile_rows
 from fa4gen.encodings import DescArch, SmemMatrixDesc, Swizzle, TcgenInstrDesc, TmaDtype
 from fa4gen.ptxemu import fp, units
 from fa4gen.ptxemu.harness import Shape, default_shapes, emulate_file, run_once, run_raw
@@ -34,7 +35,10 @@ def _golden_arch(name: str) -> str:
 SM100_GOLDEN = [n for n in GOLDEN if _golden_arch(n) == "sm_100a"]
 SM90_GOLDEN = [n for n in GOLDEN if _golden_arch(n) == "sm_90a"]
 # every sm_90a kernel the GPU tests run (tests/test_gpu.py): D x dtype x causal x GQA, both exp2 splits
-SM90_VARIANTS = [dict(arch="sm_90a", head_dim=d, dtype=dt, causal=c, gqa_ratio=g, emu_pairs=e)
+# D = 64: the default exp2 split on the 192-row tile fa4gen.attention runs (three consumers), the
+# seed's split on the 128-row one (two consumers), so both tiles and both splits execute
+SM90_VARIANTS = [dict(arch="sm_90a", head_dim=d, dtype=dt, causal=c, gqa_ratio=g, emu_pairs=e,
+                      block_m=q_tile_rows("sm_90a", d, g) if e is None else 128)
                  for d in (64, 128) for dt in ("bf16", "fp16") for c in (False, True) for g in (1, 2, 4, 8)
                  for e in (None, 2)]
 
@@ -57,9 +61,10 @@ def test_golden_matrix_is_the_generated_matrix():
     varlen = {c.arch: c.name for c in codegen.VARLEN_REVIEW_CONFIGS}
     kv = {c.arch: [c.name] for c in codegen.KVCACHE_REVIEW_CONFIGS}
     assert SM100_GOLDEN == sorted([c.name for c in codegen.DEFAULT_MATRIX] + [varlen["sm_100a"]] + kv.get("sm_100a", []))
-    assert SM90_GOLDEN == sorted([codegen.SM90_REVIEW_CONFIG.name, varlen["sm_90a"]] + kv["sm_90a"]) == [
+    assert SM90_GOLDEN == sorted([codegen.SM90_REVIEW_CONFIG.name, codegen.SM90_WIDE_REVIEW_CONFIG.name,
+                                  varlen["sm_90a"]] + kv["sm_90a"]) == [
         "fa4_sm90a_d128_bf16_causal_gqa1", "fa4_sm90a_d128_bf16_causal_gqa4_kvcache_p64",
-        "fa4_sm90a_d128_bf16_causal_gqa4_varlen"]
+        "fa4_sm90a_d128_bf16_causal_gqa4_varlen", "fa4_sm90a_d64_bf16_causal_gqa4_m192"]
     for name in GOLDEN:  # the file name, the manifest and the PTX header agree on the target
         ptx = (GEN / f"{name}.ptx").read_text()
         arch = _golden_arch(name)

@@ -1,20 +1,21 @@
 """The sm_90a (Hopper) pipeline, as IR: the protocol of the kernel in templates/sm90/.
 
-CTA = 3 warpgroups. WG0 warp 0 is the TMA producer (warps 1-3 idle, same setmaxnreg), WG1 and WG2
-are consumers that each own 64 rows of the 128-row Q tile. S, P and O live in registers (wgmma
+CTA = 1 + C warpgroups. WG0 warp 0 is the TMA producer (warps 1-3 idle, same setmaxnreg), WG1 .. WGC
+are consumers that each own 64 rows of the block_m-row Q tile (C = block_m / 64: 2, or 3 for the
+192-row tiles of plan.SM90_Q_ROWS). S, P and O live in registers (wgmma
 accumulators; P as the RS-form A fragments), so the TMEM hand-offs of sm_100a become
 `wgmma.wait_group` (MmaWait) points. Q has two SMEM slots (the next task's Q loads under this
 task's K/V loop), K and V separate rings; every empty
-barrier gets one arrival per consumer warp (8). A pair of 256-thread named barriers passes the
-tensor core back and forth between the consumers (ping-pong): consumer 1 pre-arrives once so
-consumer 0 goes first, and consumer 0 takes the last hand-off after its final task.
+barrier gets one arrival per consumer warp (4 C). C 256-thread named barriers pass the tensor core
+around the consumers in a ring (ping-pong; consumer i hands it to i + 1 mod C): consumer C - 1
+pre-arrives once so consumer 0 goes first, and consumer 0 takes the last hand-off after its final task.
 """
 
 from __future__ import annotations
 
 from ..config import KernelConfig
-from ..plan import (SM90_CONSUMER_REGS, SM90_EPI_BAR_ID, SM90_PRODUCER_REGS, SM90_SCHED_BAR_ID, SM90_SMEM_LIMIT,
-                    smem_plan, tile_bytes)
+from ..plan import (SM90_CONSUMER_REGS, SM90_EPI_BAR_ID, SM90_PRODUCER_REGS, SM90_REGS, SM90_SCHED_BAR_ID,
+                    SM90_SMEM_LIMIT, q_tile_bytes, sm90_consumers, sm90_epi_bar_id, smem_plan, tile_bytes)
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync,
                    If, Loop, LoopKind, Mma, MmaWait, NamedArrive, NamedSync, Pipeline, Region, Role, Scope,
                    SmemSt, Space, State, StoreRows, TmaLoad, TmaStore, TmaStoreWait, Wait)
@@ -33,34 +34,38 @@ def _stages(cfg: KernelConfig) -> tuple[int, int]:
 def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
     if cfg.arch != "sm_90a":
         raise ValueError(f"build_sm90_pipeline needs arch sm_90a, got {cfg.arch}")
-    d, tile = cfg.head_dim, tile_bytes(cfg)
+    d, tile, qtile = cfg.head_dim, tile_bytes(cfg), q_tile_bytes(cfg)
     nq, kv = _stages(cfg)
+    nc = sm90_consumers(cfg.block_m)
+    producer_regs, consumer_regs = SM90_REGS[nc]
+    arrivals = 4 * nc  # one per consumer warp
     regions = (
-        Region("Q", Space.SMEM, cfg.dtype, 128, slots=nq, bytes_per_slot=tile),
+        Region("Q", Space.SMEM, cfg.dtype, cfg.block_m, slots=nq, bytes_per_slot=qtile),
         Region("K", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=tile),
         Region("V", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=tile),
         # KV cache: no O staging (O and the split partials leave from the registers; plan.smem_plan)
-        *(() if cfg.kvcache else (Region("O_smem", Space.SMEM, cfg.dtype, 64, slots=2, bytes_per_slot=64 * d * 2),)),
+        *(() if cfg.kvcache else (Region("O_smem", Space.SMEM, cfg.dtype, 64, slots=nc, bytes_per_slot=64 * d * 2),)),
         Region("S", Space.REG, "f32", 64),
         Region("P", Space.REG, cfg.dtype, 64),
         Region("O", Space.REG, "f32", 64),
     )
     barriers = (
-        Barrier("q_full", BarrierKind.TMA, nq, 1, tx_bytes=tile),
-        Barrier("q_empty", BarrierKind.MBAR, nq, 8),
+        Barrier("q_full", BarrierKind.TMA, nq, 1, tx_bytes=qtile),
+        Barrier("q_empty", BarrierKind.MBAR, nq, arrivals),
         Barrier("k_full", BarrierKind.TMA, kv, 1, tx_bytes=tile),
-        Barrier("k_empty", BarrierKind.MBAR, kv, 8),
+        Barrier("k_empty", BarrierKind.MBAR, kv, arrivals),
         Barrier("v_full", BarrierKind.TMA, kv, 1, tx_bytes=tile),
-        Barrier("v_empty", BarrierKind.MBAR, kv, 8),
-        Barrier("sched", BarrierKind.NAMED, 2, 256, named_id=SCHED_BAR_ID),
-        *(() if cfg.kvcache else (Barrier("epi", BarrierKind.NAMED, 2, 128, named_id=EPI_BAR_ID),)),
+        Barrier("v_empty", BarrierKind.MBAR, kv, arrivals),
+        Barrier("sched", BarrierKind.NAMED, nc, 256, named_id=SCHED_BAR_ID),
+        *(() if cfg.kvcache else (Barrier("epi", BarrierKind.NAMED, nc, 128, named_id=sm90_epi_bar_id(nc)),)),
     )
 
     def load(tensor: str, bar: str, state: str, block: BlockRef, dst: str):
-        return (Wait(f"{bar}_empty", state), ExpectTx(f"{bar}_full", state, tile),
-                TmaLoad(tensor, dst, state, f"{bar}_full", state, tile, block=block), Advance(state))
+        nbytes = qtile if tensor == "q" else tile
+        return (Wait(f"{bar}_empty", state), ExpectTx(f"{bar}_full", state, nbytes),
+                TmaLoad(tensor, dst, state, f"{bar}_full", state, nbytes, block=block), Advance(state))
 
-    producer = Role("producer", (0,), PRODUCER_REGS,
+    producer = Role("producer", (0,), producer_regs,
                     (State("q", nq, 1), State("k", kv, 1), State("v", kv, 1)),
                     (Loop(LoopKind.TASKS, (
                         *load("q", "q", "q", BlockRef.FIRST, "Q"),
@@ -71,6 +76,7 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
                     )),))
 
     def consumer(i: int) -> Role:
+        nxt = (i + 1) % nc  # the consumer this one hands the tensor core to
         def qk(block):
             return Mma("qk", "Q", "q", "K", "k", "S", 0, d, "false", block)
 
@@ -82,33 +88,33 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
         softmax = Compute("softmax", i, reads=("S",), writes=("S",))
         pack = Compute("pack_p", i, reads=("S",), writes=("P",))
         blocks = (
-            Wait("k_full", "k"), NamedSync("sched", i), qk(BlockRef.FIRST), NamedArrive("sched", 1 - i),
+            Wait("k_full", "k"), NamedSync("sched", i), qk(BlockRef.FIRST), NamedArrive("sched", nxt),
             MmaWait(0), Arrive("k_empty", "k", Scope.WARP), Advance("k"), release_q,
             softmax, pack,
             Loop(LoopKind.KV_REST, (
                 Wait("k_full", "k"), Wait("v_full", "v"), NamedSync("sched", i),
-                qk(BlockRef.CUR), rescale, pv(BlockRef.PREV), NamedArrive("sched", 1 - i),
+                qk(BlockRef.CUR), rescale, pv(BlockRef.PREV), NamedArrive("sched", nxt),
                 MmaWait(1),  # S(t) done; O += P V(t-1) may still run under this block's softmax
                 Arrive("k_empty", "k", Scope.WARP), Advance("k"), release_q,
                 softmax,
                 MmaWait(0), Arrive("v_empty", "v", Scope.WARP), Advance("v"),
                 pack,  # P registers are rewritten only after the PV MMA that read them completed
             )),
-            Wait("v_full", "v"), NamedSync("sched", i), rescale, pv(BlockRef.LAST), NamedArrive("sched", 1 - i),
+            Wait("v_full", "v"), NamedSync("sched", i), rescale, pv(BlockRef.LAST), NamedArrive("sched", nxt),
             MmaWait(0), Arrive("v_empty", "v", Scope.WARP), Advance("v"),
         )
         if cfg.kvcache:
             # a consumer whose 64 rows are all past Sq (decode: Sq * G rows fit the first) keeps every
             # barrier step of the blocks, in order, without the GEMMs and the softmax (its O stays 0)
             idle = (
-                Wait("k_full", "k"), NamedSync("sched", i), NamedArrive("sched", 1 - i),
+                Wait("k_full", "k"), NamedSync("sched", i), NamedArrive("sched", nxt),
                 Arrive("k_empty", "k", Scope.WARP), Advance("k"), release_q,
                 Loop(LoopKind.KV_REST, (
-                    Wait("k_full", "k"), Wait("v_full", "v"), NamedSync("sched", i), NamedArrive("sched", 1 - i),
+                    Wait("k_full", "k"), Wait("v_full", "v"), NamedSync("sched", i), NamedArrive("sched", nxt),
                     Arrive("k_empty", "k", Scope.WARP), Advance("k"), release_q,
                     Arrive("v_empty", "v", Scope.WARP), Advance("v"),
                 )),
-                Wait("v_full", "v"), NamedSync("sched", i), NamedArrive("sched", 1 - i),
+                Wait("v_full", "v"), NamedSync("sched", i), NamedArrive("sched", nxt),
                 Arrive("v_empty", "v", Scope.WARP), Advance("v"),
             )
             blocks = (If(Cond.ROWS_IN_SQ, blocks, idle),)
@@ -127,12 +133,12 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
                  SmemSt("O_smem", i, "O"), FenceProxyAsync(), NamedSync("epi", i), TmaStore("O_smem", i))),
             Advance("q"),
         )
-        prologue = (NamedArrive("sched", 0),) if i == 1 else ()
+        prologue = (NamedArrive("sched", 0),) if i == nc - 1 else ()
         epilogue = (NamedSync("sched", 0),) if i == 0 else ()
-        return Role(f"consumer{i}", tuple(range(4 + 4 * i, 8 + 4 * i)), CONSUMER_REGS,
+        return Role(f"consumer{i}", tuple(range(4 + 4 * i, 8 + 4 * i)), consumer_regs,
                     (State("q", nq, 0), State("k", kv, 0), State("v", kv, 0)),
                     (*prologue, Loop(LoopKind.TASKS, body), *epilogue, *(() if cfg.kvcache else (TmaStoreWait(),))))
 
-    roles = (producer, Role("producer_idle", (1, 2, 3), PRODUCER_REGS, (), ()), consumer(0), consumer(1))
-    return Pipeline(cfg, "sm_90a", 12, regions, barriers, roles, 0, SM90_SMEM_LIMIT,
-                    notes=(f"{kv} K/V stages", "ping-pong consumers"))
+    roles = (producer, Role("producer_idle", (1, 2, 3), producer_regs, (), ()), *(consumer(i) for i in range(nc)))
+    return Pipeline(cfg, "sm_90a", 4 * (1 + nc), regions, barriers, roles, 0, SM90_SMEM_LIMIT,
+                    notes=(f"{kv} K/V stages", "ping-pong consumers" if nc == 2 else f"ping-pong ring of {nc} consumers"))

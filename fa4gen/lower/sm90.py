@@ -4,15 +4,16 @@ The kernel is the FA4 algorithm (conditional rescaling, exp2 split between MUFU 
 reverse K/V order, bottom-right causal mask, GQA row packing, LSE) on FlashAttention-3's Hopper
 structure:
 
-* CTA = 3 warpgroups. WG0 is the producer (one thread issues every TMA load; setmaxnreg.dec),
-  WG1 and WG2 are consumers (setmaxnreg.inc), each owning 64 rows of the 128-row Q tile.
+* CTA = 1 + C warpgroups. WG0 is the producer (one thread issues every TMA load; setmaxnreg.dec),
+  WG1 .. WGC are consumers (setmaxnreg.inc), each owning 64 rows of the block_m-row Q tile
+  (C = block_m / 64: 2 for 128-row tiles, 3 for the 192-row tiles of D = 64, plan.SM90_Q_ROWS).
 * S = Q K^T: wgmma m64n128k16, A and B from 128B-swizzled K-major SMEM.
   O += P V: wgmma m64n{D}k16 with P from registers (RS form) and V MN-major (imm-trans-b = 1).
 * mbarrier rings: Q (q_stages slots: consecutive tasks' tiles), K and V (kv stages each, capped by
-  SMEM: fa4gen.plan.smem_plan), full = TMA expect_tx, empty = one arrival per consumer warp (8).
-* Ping-pong: named barriers hand the tensor core from one consumer WG to the other, so one WG's
-  softmax overlaps the other's GEMMs; inside a WG the next block's QK^T is issued before the
-  previous block's PV and both run under this block's softmax.
+  SMEM: fa4gen.plan.smem_plan), full = TMA expect_tx, empty = one arrival per consumer warp (4 C).
+* Ping-pong: named barriers hand the tensor core around the consumer WGs in a ring (0, 1, .., C-1),
+  so the others' softmax overlaps one WG's GEMMs; inside a WG the next block's QK^T is issued
+  before the previous block's PV and both run under this block's softmax.
 
 Everything the templates print is computed here: register names, SMEM offsets, descriptor
 constants, per-register mask columns and exp-path choices. The templates only spell PTX.
@@ -27,8 +28,9 @@ from dataclasses import dataclass
 
 from ..config import GENERATOR_VERSION, KernelConfig
 from ..plan import (KVCACHE_ORDER, abi_params, combine_context, kv_box_rows, kvcache_manifest, VARLEN_ORDER, varlen_manifest, HALF_COLS, gqa_manifest, qo_map_dims, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS, SM90_CONSUMER_REGS,
-                    SM90_EPI_BAR_ID, SM90_PRODUCER_REGS, SM90_SCHED_BAR_ID, SM90_SMEM_ALIGN as SMEM_ALIGN,
-                    SM90_SMEM_LIMIT as SMEM_LIMIT, SmemPlan, mask_words, panel_bytes, smem_plan, tile_bytes)
+                    SM90_EPI_BAR_ID, SM90_PRODUCER_REGS, SM90_REGS, SM90_SCHED_BAR_ID, SM90_SMEM_ALIGN as SMEM_ALIGN,
+                    SM90_SMEM_LIMIT as SMEM_LIMIT, SmemPlan, mask_words, panel_bytes, q_panel_bytes, q_tile_bytes,
+                    sm90_consumers, sm90_epi_bar_id, smem_plan, tile_bytes)
 from ..render import render
 
 from ..exp2 import EXP2_POLY as _EXP2_POLY  # fitted coefficients, shared with the reference and sm_100a
@@ -39,11 +41,21 @@ __all__ = ["Sm90Options", "Probe", "NamedBarrier", "build_sm90", "lower_sm90", "
 
 ENTRY = "fa4_fwd"
 PTX_VERSION = "8.5"  # wgmma, setmaxnreg, elect.sync, 5-D TMA: PTX 8.0+; the H200 driver (580) takes 9.0
-THREADS = 384
+THREADS = 384  # 128-row tiles: producer + 2 consumers (threads_of(cfg) in general)
 ENTRY_REGS = (REGS_PER_SM // THREADS) // 8 * 8  # 168: ptxas caps a .maxntid 384 / .minnctapersm 1 kernel here
 WG_ROWS = 64  # rows per consumer warpgroup (wgmma M)
 N_CONSUMERS = 2
 EMPTY_ARRIVALS = 4 * N_CONSUMERS  # one lane per consumer warp releases a slot
+
+
+def threads_of(cfg: KernelConfig) -> int:
+    """Threads per CTA: the producer warpgroup and one consumer warpgroup per 64 Q rows."""
+    return 128 * (1 + sm90_consumers(cfg.block_m))
+
+
+def entry_regs_of(cfg: KernelConfig) -> int:
+    """ptxas's per-thread register cap of a .maxntid threads / .minnctapersm 1 kernel (multiple of 8)."""
+    return (REGS_PER_SM // threads_of(cfg)) // 8 * 8
 NEG_INF = "0fFF800000"
 LN2 = math.log(2.0)
 
@@ -86,24 +98,45 @@ class Sm90Options:
 
     pingpong: bool = True
     persistent: bool = True  # False: one CTA per task (the same kernel runs a single round)
-    producer_regs: int = SM90_PRODUCER_REGS
-    consumer_regs: int = SM90_CONSUMER_REGS
+    producer_regs: int | None = None  # None: plan.SM90_REGS for the config's consumer count
+    consumer_regs: int | None = None
     probe: Probe = Probe.NONE
 
     def __post_init__(self):
         for name in ("producer_regs", "consumer_regs"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v % 8 or not 24 <= v <= 256:
+            if v is not None and (not isinstance(v, int) or v % 8 or not 24 <= v <= 256):
                 raise Sm90LoweringError(f"{name}={v!r}: setmaxnreg takes a multiple of 8 in [24, 256]")
-        # setmaxnreg moves registers inside the CTA's launch-time allocation (384 threads x the
-        # entry cap); an inc that the pool cannot cover blocks forever (seen on the H200: 32/240/240
-        # hangs, 24/240/240 = 3 x 168 runs).
-        if 128 * (self.producer_regs + N_CONSUMERS * self.consumer_regs) > THREADS * ENTRY_REGS:
-            raise Sm90LoweringError(f"register budget: producer + 2 x consumer must be <= {3 * ENTRY_REGS} "
-                                    f"(3 warpgroups x the entry cap {ENTRY_REGS}), got "
-                                    f"{self.producer_regs} + 2 x {self.consumer_regs}")
         if not isinstance(self.probe, Probe):
             raise Sm90LoweringError(f"probe={self.probe!r}: a Probe")
+        # 128-row tiles (2 consumers), the common case: refuse an impossible budget at once
+        if self.producer_regs is not None and self.consumer_regs is not None:
+            _check_budget(2, self.producer_regs, self.consumer_regs, must_fit_some=True)
+
+    def regs(self, cfg: KernelConfig) -> tuple[int, int]:
+        """(producer, consumer) setmaxnreg budgets for cfg, checked against its launch pool."""
+        nc = sm90_consumers(cfg.block_m)
+        dp, dc = SM90_REGS[nc]
+        p = dp if self.producer_regs is None else self.producer_regs
+        c = dc if self.consumer_regs is None else self.consumer_regs
+        _check_budget(nc, p, c)
+        return p, c
+
+
+def _check_budget(nc: int, producer: int, consumer: int, must_fit_some: bool = False) -> None:
+    """setmaxnreg moves registers inside the CTA's launch-time allocation (threads x the entry cap);
+    an inc that the pool cannot cover blocks forever (seen on the H200: 32/240/240 hangs,
+    24/240/240 = 3 x 168 runs). must_fit_some: the budget must fit the pool of some consumer count."""
+    counts = sorted(SM90_REGS) if must_fit_some else [nc]
+    for n in counts:
+        threads = 128 * (1 + n)
+        cap = (REGS_PER_SM // threads) // 8 * 8
+        if 128 * (producer + n * consumer) <= threads * cap:
+            return
+    n = counts[0]
+    cap = (REGS_PER_SM // (128 * (1 + n))) // 8 * 8
+    raise Sm90LoweringError(f"register budget: producer + {n} x consumer must be <= {(1 + n) * cap} "
+                            f"({1 + n} warpgroups x the entry cap {cap}), got {producer} + {n} x {consumer}")
 
 
 def _desc_const(lbo: int, sbo: int) -> int:
@@ -140,7 +173,10 @@ def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
     sqt = cfg.seq_q_per_tile
     plan = smem_plan(cfg)
     halves = D // HALF_COLS
-    half_bytes = panel_bytes(cfg)  # 16 KiB: one 128-row x 128-byte swizzled slab
+    half_bytes = panel_bytes(cfg)  # 16 KiB: one 128-row x 128-byte swizzled slab (K, V)
+    q_half_bytes = q_panel_bytes(cfg)  # one block_m-row slab of a Q slot or the O staging
+    nc = sm90_consumers(cfg.block_m)
+    producer_regs, consumer_regs = opt.regs(cfg)
     dt = {"bf16": "bf16", "fp16": "f16"}[cfg.dtype]
 
     s_regs = [f"%s{i}" for i in range(ROWS // 2)]  # m64n128 f32 accumulator: 64 per thread
@@ -184,11 +220,11 @@ def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
         h, c8 = divmod(cfull, 8)
         for r in range(2):
             i0 = 4 * cfull + 2 * r
-            o_store.append({"c16": c8 * 16, "off": h * half_bytes + r * 8 * 128,
+            o_store.append({"c16": c8 * 16, "off": h * q_half_bytes + r * 8 * 128,
                             "lo": o_regs[i0], "hi": o_regs[i0 + 1], "inv": f"%inv{r}"})
 
     ksteps_qk = D // 16
-    qk_steps = [{"a": (k // 4) * (half_bytes >> 4) + (k % 4) * 2, "b": (k // 4) * (half_bytes >> 4) + (k % 4) * 2,
+    qk_steps = [{"a": (k // 4) * (q_half_bytes >> 4) + (k % 4) * 2, "b": (k // 4) * (half_bytes >> 4) + (k % 4) * 2,
                  "scale_d": "%p_false" if k == 0 else "%p_true"} for k in range(ksteps_qk)]
     # V is [keys, D] with D contiguous: MN-major for the B operand of O += P V. One k16 step reads
     # 16 keys = 2 x 8-row groups 1024 B apart (SBO) of every 64-column slab; slabs are LBO apart.
@@ -202,9 +238,11 @@ def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
         "target": "sm_90a",
         "entry": ENTRY,
         "param_decls": [decl for _, decl in abi_params(cfg)],
-        "threads": THREADS,
-        "producer_regs": opt.producer_regs,
-        "consumer_regs": opt.consumer_regs,
+        "threads": threads_of(cfg),
+        "consumers": nc,
+        "block_m": cfg.block_m,
+        "producer_regs": producer_regs,
+        "consumer_regs": consumer_regs,
         "pingpong": opt.pingpong,
         "probe": opt.probe.value,
         "causal": cfg.causal,
@@ -235,15 +273,17 @@ def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
         "halves": halves,
         "half_cols": HALF_COLS,
         "half_bytes": half_bytes,
+        "q_half_bytes": q_half_bytes,
         "o_wg_bytes": WG_ROWS * 128,
         "kv_stages": plan.kv_stages,
         "q_stages": plan.q_stages,
         "smem": plan,
         "bars": bars,
-        "empty_arrivals": EMPTY_ARRIVALS,
-        "q_tx": tile_bytes(cfg),
+        "empty_arrivals": 4 * nc,
+        "q_tx": q_tile_bytes(cfg),
         "kv_tx": tile_bytes(cfg),
-        "nb": {b.name.lower(): int(b) for b in NamedBarrier},
+        # named barrier ids: ping-pong turns 1 .. C, then the C epilogue ids (plan.sm90_epi_bar_id)
+        "nb": {"sched_wg1": SM90_SCHED_BAR_ID, "sched_wg2": SM90_SCHED_BAR_ID + 1, "epi_wg1": sm90_epi_bar_id(nc)},
         "wgmma_qk": f"wgmma.mma_async.sync.aligned.m64n128k16.f32.{dt}.{dt}",
         "wgmma_pv": f"wgmma.mma_async.sync.aligned.m64n{D}k16.f32.{dt}.{dt}",
         "cvt_pack": f"cvt.rn.{dt}x2.f32",
@@ -294,13 +334,13 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
         "generator_version": GENERATOR_VERSION,
         "arch": "sm_90a",
         "entry": ENTRY,
-        "threads_per_cta": THREADS,
+        "threads_per_cta": threads_of(cfg),
         "dynamic_smem_bytes": plan.total,
         # Persistent for both: causal tasks come heaviest first inside L2 sections (the kernel's
         # task decode, fa4gen/schedule.py), dealt round-robin to the resident CTAs, odd rounds reversed.
         "grid": {"policy": "persistent" if opt.persistent else "one_per_task",
-                 "task_unit": ("one 128-row Q tile: (batch, kv_head, m_block)" if cfg.head_groups == 1 else
-                               "one 128-row Q tile: (batch, kv_head, head group, m_block)"), "tiles_per_task": 1,
+                 "task_unit": (f"one {cfg.block_m}-row Q tile: (batch, kv_head, m_block)" if cfg.head_groups == 1 else
+                               f"one {cfg.block_m}-row Q tile: (batch, kv_head, head group, m_block)"), "tiles_per_task": 1,
                  "order": (KVCACHE_ORDER if cfg.kvcache else VARLEN_ORDER[cfg.causal] if cfg.varlen else "LPT in sections of l2_group (batch, kv_head) pairs: m_block heaviest first, "
                            "the section's pairs fastest; snake deal" if cfg.causal
                            else "linear: m_block fastest")},
@@ -311,12 +351,13 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
             "o": {"dims": qo_dims, "box": [HALF_COLS, min(P, WG_ROWS), 1, max(WG_ROWS // P, 1), 1],
                   "swizzle": "128B", "dtype": dtype},
         },
-        "gqa": gqa_manifest(cfg.gqa_ratio),
+        "gqa": gqa_manifest(cfg.gqa_ratio, cfg.block_m),
         **({"varlen": varlen_manifest(cfg)} if cfg.varlen else {}),
         **({"kvcache": kvcache_manifest(cfg)} if cfg.kvcache else {}),
         "params": [n for n, _ in abi_params(cfg)],
         "sm90": {"kv_stages": plan.kv_stages, "q_stages": plan.q_stages, "pingpong": opt.pingpong, "probe": opt.probe.value,
-                 "producer_regs": opt.producer_regs, "consumer_regs": opt.consumer_regs},
+                 "consumers": sm90_consumers(cfg.block_m), "producer_regs": opt.regs(cfg)[0],
+                 "consumer_regs": opt.regs(cfg)[1]},
     }
 
 
@@ -328,7 +369,7 @@ def _options_tag(opt: Sm90Options) -> str:
         parts.append("onepertask")
     if opt.probe is not Probe.NONE:
         parts.append(f"probe{opt.probe.value}")
-    if (opt.producer_regs, opt.consumer_regs) != (24, 240):
+    if (opt.producer_regs, opt.consumer_regs) != (None, None):
         parts.append(f"r{opt.producer_regs}-{opt.consumer_regs}")
     return "_".join(parts) or "opt"
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import reference
 from ..encodings import TensorMapSpec
-from ..runtime import launch_geometry, manifest_gqa, tensor_map_geometry, varlen_num_tasks
+from ..runtime import launch_geometry, manifest_gqa, manifest_tile_rows, tensor_map_geometry, varlen_num_tasks
 from . import units
 from .kvcache import KvShape, KvUsageError, default_kv_shapes, run_kvcache_once  # noqa: F401 (KvShape re-exported)
 from .machine import SMEM_BASE, Emulator, Fault, GlobalMemory
@@ -153,7 +153,7 @@ def default_shapes(man: dict) -> list:
     if man.get("kvcache"):
         return default_kv_shapes(man)
     g, pack = manifest_gqa(man)
-    rows = 128 // pack
+    rows = manifest_tile_rows(man) // pack
     per_task = int(man["grid"].get("tiles_per_task", 1))
     hkv = 2 if g <= 2 else 1
     if cfg.get("varlen"):

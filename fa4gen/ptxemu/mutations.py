@@ -407,3 +407,25 @@ def by_name(name: str) -> PtxMutation:
         if m.name == name:
             return m
     raise KeyError(f"no PTX mutation {name!r}; known: {', '.join(m.name for m in PTX_MUTATIONS)}")
+
+
+# ---- 192-row Q tiles (sm_90a D = 64: three consumer warpgroups, plan.SM90_Q_ROWS): the edits put back
+# a two-consumer number where the three-consumer kernel needs its own (ring of turns, arrival
+# counts, Q tile bytes, each consumer's O rows).
+_SM90W = dict(arch="sm_90a", head_dim=64, causal=True, gqa_ratio=4, dtype="bf16", block_m=192)
+_SM90WN = dict(arch="sm_90a", head_dim=64, causal=False, gqa_ratio=1, dtype="bf16", block_m=192)
+
+PTX_MUTATIONS = PTX_MUTATIONS + (
+    PtxMutation("sm90w_ring_wrap", _SM90W, "ping-pong ring wraps after 2 consumers, not 3 (consumer 2 hands the "
+                "tensor core to a barrier id nobody waits on for a turn)", ("DEADLOCK", "NAMED_BARRIER"),
+                _sub(r"setp\.eq\.u32 %pp0, %sched_other, 3;", "setp.eq.u32 %pp0, %sched_other, 4;"), protocol=False),
+    PtxMutation("sm90w_empty_arrivals", _SM90WN, "k_empty counts 8 arrivals (two consumers' warps), not 12: "
+                "a K stage is refilled while the third consumer still reads it", ("RACE", "mismatch", "DEADLOCK"),
+                _sub(r"(mbarrier\.init\.shared::cta\.b64 \[%bar\+56\]), 12;", r"\1, 8;")),
+    PtxMutation("sm90w_q_tx", _SM90WN, "Q expect_tx announces a 128-row tile (16 KiB) where the TMA delivers 192 rows",
+                ("RACE", "mismatch", "DEADLOCK"),
+                _sub(r"(mbarrier\.arrive\.expect_tx\.shared::cta\.b64 _, \[%qfull\]), 24576;", r"\1, 16384;")),
+    PtxMutation("sm90w_o_rows", _SM90W, "the O store box of consumer cw starts at row 0 of the tile for every "
+                "consumer (rows 64-191 never stored, rows 0-63 stored three times)", ("mismatch",),
+                _sub(r"mul\.lo\.u32 %c3, %cw, 16;", "mul.lo.u32 %c3, %cw, 0;"), protocol=False),
+)
