@@ -1,0 +1,147 @@
+"""The 192-row Q tile of sm_90a (three consumer warpgroups; plan.SM90_Q_ROWS, KernelConfig.block_m).
+
+Where it may be built, what chooses it, and that the pipeline, the lowering and the emitted PTX agree
+on three consumers (the emulation of its variants is in tests/test_ptxemu.py: SM90_VARIANTS, the
+golden review PTX and the sm90w_* mutations)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from fa4gen import codegen
+from fa4gen.check import check_ptx
+from fa4gen.config import ConfigError, KernelConfig
+from fa4gen.ir import build_pipeline
+from fa4gen.lower.sm90 import Sm90LoweringError, Sm90Options, build_sm90, entry_regs_of, threads_of
+from fa4gen.passes import verify
+from fa4gen.plan import SM90_Q_ROWS, q_tile_rows, smem_plan
+from fa4gen.runtime import launch_geometry
+
+WIDE = dict(arch="sm_90a", head_dim=64, block_m=192)
+
+
+def test_the_plan_picks_192_rows_for_dense_sm90_d64_only():
+    assert SM90_Q_ROWS == {64: 192, 128: 128}
+    assert q_tile_rows("sm_90a", 64, 1) == 192
+    assert q_tile_rows("sm_90a", 64, 64) == 192
+    assert q_tile_rows("sm_90a", 64, 3) == 192  # unpacked ratio: 192 positions of one head
+    assert q_tile_rows("sm_90a", 64, 128) == 128  # a 128-head pack does not divide 192 rows
+    assert q_tile_rows("sm_90a", 128, 1) == 128
+    assert q_tile_rows("sm_100a", 64, 1) == 128
+    assert q_tile_rows("sm_90a", 64, 1, varlen=True) == 128
+    assert q_tile_rows("sm_90a", 64, 1, kvcache=True) == 128
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(arch="sm_100a", head_dim=64), "sm_100a"),
+    (dict(arch="sm_90a", head_dim=64, varlen=True), "varlen"),
+    (dict(arch="sm_90a", head_dim=64, kvcache=True), "KV-cache"),
+    (dict(arch="sm_90a", head_dim=64, gqa_ratio=128), "64 heads"),
+])
+def test_192_rows_refused_where_it_cannot_be_built(kw, words):
+    with pytest.raises(ConfigError, match=words) as e:
+        KernelConfig(block_m=192, **kw)
+    assert e.value.field == "block_m"
+
+
+@pytest.mark.parametrize("rows", [64, 256, 96])
+def test_other_tile_rows_are_refused(rows):
+    with pytest.raises(ConfigError, match="128, 192"):
+        KernelConfig(arch="sm_90a", head_dim=64, block_m=rows)
+
+
+def test_name_says_the_tile_and_the_default_names_stay():
+    assert KernelConfig(**WIDE).name == "fa4_sm90a_d64_bf16_noncausal_gqa1_m192"
+    assert KernelConfig(arch="sm_90a", head_dim=64).name == "fa4_sm90a_d64_bf16_noncausal_gqa1"
+    assert KernelConfig(**WIDE).content_hash != KernelConfig(arch="sm_90a", head_dim=64).content_hash
+    assert KernelConfig.from_dict(KernelConfig(**WIDE).to_dict()) == KernelConfig(**WIDE)
+
+
+def test_api_config_follows_the_plan():
+    from fa4gen import api, validate
+
+    def prob(d):
+        return validate.Problem(batch=1, seqlen_q=10, seqlen_k=10, heads_q=4, heads_kv=1, head_dim=d, dtype="bf16",
+                                causal=True, softmax_scale=0.125, return_lse=False, device="cuda:0")
+    assert api.config_for(prob(64)).block_m == 192
+    assert api.config_for(prob(64)).name == "fa4_sm90a_d64_bf16_causal_gqa4_m192"
+    assert api.config_for(prob(128)).block_m == 128
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("g", [1, 3, 4, 8, 64])
+def test_three_consumer_pipeline_verifies(causal, g):
+    pipe = build_pipeline(KernelConfig(causal=causal, gqa_ratio=g, **WIDE))
+    consumers = [r for r in pipe.roles if r.name.startswith("consumer")]
+    assert [r.warps for r in consumers] == [(4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15)]
+    assert {b.name: b.count for b in pipe.barriers}["k_empty"] == 12
+    rep = verify(pipe)
+    assert rep.ok, rep
+
+
+def test_lowering_and_ptx_agree_on_three_consumers():
+    cfg = KernelConfig(causal=True, gqa_ratio=4, **WIDE)
+    ptx, man = build_sm90(cfg)
+    assert threads_of(cfg) == 512 and entry_regs_of(cfg) == 128
+    assert man["threads_per_cta"] == 512 and ".maxntid 512, 1, 1" in ptx
+    assert man["sm90"]["consumers"] == 3
+    assert re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32 (\d+);", ptx) == [("inc", "160"), ("dec", "24")]
+    assert 24 + 3 * 160 <= 4 * 128  # the launch pool covers the incs (a larger inc would block forever)
+    # Q slots and the O staging are 192 rows, K/V stages 128
+    plan = smem_plan(cfg)
+    assert plan.q_tile_bytes == 192 * 64 * 2 and plan.tile_bytes == 128 * 64 * 2
+    assert "[%qfull], 24576;" in ptx
+    assert man["tensor_maps"]["q"]["box"] == [64, 4, 1, 48, 1]  # 48 positions x 4 packed heads
+    # the ring: 3 turn barriers (ids 1-3), epilogue ids 4-6, consumer 2 pre-arrives on consumer 0's turn
+    assert "setp.eq.u32 %pp0, %sched_other, 3;" in ptx
+    assert "setp.eq.u32 %pp0, %cw, 2;\n    @%pp0 bar.arrive 1, 256;" in ptx
+    assert "add.u32 %epi_id, %cw, 4;" in ptx
+    for count in re.findall(r"mbarrier\.init\.shared::cta\.b64 \[%bar\+\d+\], (\d+);", ptx):
+        assert count in ("1", "12")
+    rep = check_ptx(ptx, man)
+    assert rep.ok, rep.summary()
+
+
+def test_register_budget_is_checked_against_the_three_consumer_pool():
+    cfg = KernelConfig(**WIDE)
+    build_sm90(cfg, Sm90Options(consumer_regs=160))
+    with pytest.raises(Sm90LoweringError, match="3 x consumer"):
+        build_sm90(cfg, Sm90Options(consumer_regs=200))  # fits 2 consumers' pool, not 3
+
+
+def test_launch_geometry_reads_the_tile_rows():
+    _, man = build_sm90(KernelConfig(gqa_ratio=4, **WIDE))
+    geo = launch_geometry(man, batch=2, num_heads_kv=3, seqlen_q=1000)
+    assert geo.rows_per_tile == 48 and geo.num_m_blocks == 21  # ceil(1000 / 48)
+    _, man128 = build_sm90(KernelConfig(arch="sm_90a", head_dim=64, gqa_ratio=4))
+    assert launch_geometry(man128, batch=2, num_heads_kv=3, seqlen_q=1000).num_m_blocks == 32
+
+
+def test_three_consumer_kernels_assemble_without_spills():
+    from fa4gen.assemble import available_backends
+
+    if not available_backends():
+        pytest.skip("no PTX assembler")
+    for causal in (False, True):
+        res = codegen.build(KernelConfig(causal=causal, gqa_ratio=8, dtype="fp16", **WIDE), emit=("ptx", "cubin"))
+        (ent,) = res.resources
+        assert ent.spill_stores == 0 and ent.spill_loads == 0 and ent.stack_frame == 0
+
+
+def test_cli_build_defaults_to_the_plans_tile(tmp_path):
+    from click.testing import CliRunner
+
+    from fa4gen.cli import main
+
+    r = CliRunner().invoke(main, ["build", "--arch", "sm_90a", "--head-dim", "64", "--emit", "ptx", "--out",
+                                  str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "fa4_sm90a_d64_bf16_noncausal_gqa1_m192.ptx").exists()
+    r = CliRunner().invoke(main, ["build", "--arch", "sm_90a", "--head-dim", "64", "--block-m", "128", "--emit",
+                                  "ptx", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "fa4_sm90a_d64_bf16_noncausal_gqa1.ptx").exists()
+    r = CliRunner().invoke(main, ["build", "--head-dim", "64", "--block-m", "192", "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "block_m=192" in r.output
