@@ -66,7 +66,8 @@ def config_for(problem) -> KernelConfig:
     return KernelConfig(arch=RUNTIME_ARCH, head_dim=problem.head_dim, causal=problem.causal,
                         gqa_ratio=problem.gqa_ratio, dtype=problem.dtype, varlen=varlen, kvcache=kv,
                         page_size=problem.page_size if kv else 0,
-                        block_m=q_tile_rows(RUNTIME_ARCH, problem.head_dim, problem.gqa_ratio, varlen, kv))
+                        block_m=q_tile_rows(RUNTIME_ARCH, problem.head_dim, problem.gqa_ratio, varlen, kv,
+                                            problem.causal, getattr(problem, "seqlen_q", None)))
 
 
 def build(cfg: KernelConfig) -> tuple[bytes, dict]:

@@ -191,9 +191,21 @@ SM90_Q_ROWS = {64: 192, 128: 128}  # dense sm_90a kernels, by head_dim
 Q_ROWS_CHOICES = (128, 192)
 
 
-def q_tile_rows(arch: str, head_dim: int, gqa_ratio: int, varlen: bool = False, kvcache: bool = False) -> int:
-    """The Q tile rows (KernelConfig.block_m) fa4gen.attention and `fa4gen build` choose for a kernel."""
+# Causal attention over few packed rows (Sq * P) keeps the 128-row tile: a 192-row tile's diagonal
+# crosses more masked K/V blocks per unit of work, and fewer, larger tasks balance worse. Measured
+# on the H200 (bench/results/2026-12-02T185756Z_NVIDIA-H200_d64.json, D = 64 bf16, 16 heads):
+# causal 32x512 217 vs 243 TFLOP/s and 16x1024 284 vs 324 (192 vs 128 rows), 8x2048 393 vs 391,
+# 2x8192 474 vs 429; non-causal 192 rows >= 128 at every length (385 / 385 at 512).
+SM90_WIDE_CAUSAL_MIN_ROWS = 2048
+
+
+def q_tile_rows(arch: str, head_dim: int, gqa_ratio: int, varlen: bool = False, kvcache: bool = False,
+                causal: bool = False, seqlen_q: int | None = None) -> int:
+    """The Q tile rows (KernelConfig.block_m) fa4gen.attention and `fa4gen build` choose for a kernel.
+    seqlen_q (the call's query length; None for a kernel built for any shape) decides causal calls."""
     rows = SM90_Q_ROWS.get(head_dim, ROWS) if arch == "sm_90a" and not (varlen or kvcache) else ROWS
+    if rows != ROWS and causal and seqlen_q is not None and seqlen_q * gqa_pack(gqa_ratio) < SM90_WIDE_CAUSAL_MIN_ROWS:
+        return ROWS
     return rows if q_tile_rows_refusal(arch, head_dim, gqa_ratio, varlen, kvcache, rows) is None else ROWS
 
 

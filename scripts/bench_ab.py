@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.attention import SHAPES, environment, interleaved_ms, shape_dtype, tflops  # noqa: E402
+from bench.attention import D64_SHAPES, SHAPES, environment, interleaved_ms, shape_dtype, tflops  # noqa: E402
 
 EXTRA = ((8, 2000, 16, 16, 128, False), (8, 2000, 16, 16, 128, True))
 
@@ -34,6 +34,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", required=True, type=Path)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--suite", choices=("main", "d64", "both"), default="main",
+                    help="main: bench.attention SHAPES + two with tails; d64: D64_SHAPES; both")
     ap.add_argument("--rep-ms", type=int, default=100)
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
@@ -41,16 +43,19 @@ def main(argv=None) -> int:
 
     from fa4gen import api
     from fa4gen.config import KernelConfig
+    from fa4gen.plan import q_tile_rows
 
     if not torch.cuda.is_available():
         print("bench_ab: no CUDA GPU", file=sys.stderr)
         return 2
     rows = []
-    for shape in SHAPES + EXTRA:
+    shapes = {"main": SHAPES + EXTRA, "d64": D64_SHAPES, "both": SHAPES + EXTRA + D64_SHAPES}[a.suite]
+    for shape in shapes:
         b, s, hq, hkv, d, causal = shape[:6]
         dt_name = shape_dtype(shape, "bf16")
         dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt_name]
-        cfg = KernelConfig(arch="sm_90a", head_dim=d, dtype=dt_name, causal=causal, gqa_ratio=hq // hkv)
+        cfg = KernelConfig(arch="sm_90a", head_dim=d, dtype=dt_name, causal=causal, gqa_ratio=hq // hkv,
+                           block_m=q_tile_rows("sm_90a", d, hq // hkv, causal=causal, seqlen_q=s))  # fa4gen.attention's
         path = a.baseline / f"{cfg.name}.cubin"
         if not path.exists():
             print(f"  {shape}: no {path.name} in {a.baseline}, skipped", flush=True)

@@ -29,10 +29,17 @@ from bench.attention import SHAPES, environment, interleaved_ms, shape_dtype, tf
 
 ISSUE14 = ((4, 4096, 32, 32, 64, False), (4, 4096, 32, 32, 64, True), (1, 32768, 16, 16, 128, True),
            (2, 8192, 16, 16, 128, False, "fp16"), (2, 8192, 16, 16, 128, False), (16, 1024, 16, 16, 128, False))
+# --shapes d64: the 192- and 128-row tiles (block_m) against each other and the exp2 split, D = 64
+D64 = ((4, 4096, 32, 32, 64, False), (4, 4096, 32, 32, 64, True), (2, 8192, 32, 8, 64, False),
+       (2, 8192, 32, 8, 64, True), (16, 1024, 16, 16, 64, True), (4, 4096, 32, 32, 64, False, "fp16"))
 
 
-def candidates(d: int):
+def candidates(d: int, tiles: bool = False):
     out = []
+    if tiles:  # D = 64: both tiles x the exp2 split x the K/V ring
+        for rows, pairs, stages in itertools.product((192, 128), (0, 1, 2, 3), (3, 4)):
+            out.append(dict(block_m=rows, emu_pairs=pairs, emu_start=None, kv_stages=stages, rescale_threshold=8.0))
+        return out
     for pairs, start, stages, thr in itertools.product((0, 1, 2, 3), (None,), (2, 3, 4), (8.0,)):
         out.append(dict(emu_pairs=pairs, emu_start=start, kv_stages=stages, rescale_threshold=thr))
     for thr in (6.0, 10.0):
@@ -43,7 +50,7 @@ def candidates(d: int):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", choices=("issue14", "all"), default="issue14")
+    ap.add_argument("--shapes", choices=("issue14", "all", "d64"), default="issue14")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rep-ms", type=int, default=60)
     ap.add_argument("--out", type=Path)
@@ -53,7 +60,10 @@ def main(argv=None) -> int:
     from fa4gen import api
     from fa4gen.config import KernelConfig
 
-    shapes = ISSUE14 if a.shapes == "issue14" else SHAPES
+    from fa4gen.plan import q_tile_rows
+
+    shapes = {"issue14": ISSUE14, "all": SHAPES, "d64": D64}[a.shapes]
+    tiles = a.shapes == "d64"
     rows = []
     for shape in shapes:
         b, s, hq, hkv, d, causal = shape[:6]
@@ -63,10 +73,11 @@ def main(argv=None) -> int:
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt, generator=gen) for h in (hq, hkv, hkv))
         sc = d ** -0.5
         base = dict(arch="sm_90a", head_dim=d, dtype=dt_name, causal=causal, gqa_ratio=hq // hkv)
+        default = KernelConfig(**base, block_m=q_tile_rows("sm_90a", d, hq // hkv))  # what fa4gen.attention runs
         kernels, skipped = {}, {}
-        for knobs in candidates(d):
+        for knobs in candidates(d, tiles):
             try:
-                cfg = KernelConfig(**base, **knobs)
+                cfg = KernelConfig(**{**base, "block_m": default.block_m, **knobs})
                 kern, _ = api.get_kernel(cfg, q.device)
             except Exception as e:  # a knob this shape or SMEM refuses: listed, not fatal
                 skipped[json.dumps(knobs)] = str(e)[:160]
@@ -76,8 +87,8 @@ def main(argv=None) -> int:
             kern(q, k, v, o, softmax_scale=sc)
         torch.cuda.synchronize()
         # outputs are compared with the default config's (the first candidate's if the default is refused)
-        default_key = next((key for key, (cfg, _, _) in kernels.items() if cfg == KernelConfig(**base)), None)
-        first = json.dumps(candidates(d)[0])
+        default_key = next((key for key, (cfg, _, _) in kernels.items() if cfg == default), None)
+        first = json.dumps(candidates(d, tiles)[0])
         ref_key = default_key or (first if first in kernels else None)
         ref = kernels[ref_key][2] if ref_key else None
         timed = interleaved_ms({key: (lambda kern=kern, o=o: kern(q, k, v, o, softmax_scale=sc))
@@ -93,7 +104,7 @@ def main(argv=None) -> int:
         rows.append(dict(shape=list(shape), candidates=res, skipped=skipped))
         best = res[0]
         print(f"  {shape}: default {dflt and dflt['tflops']} TFLOP/s; best {best['tflops']} {best['knobs']}; "
-              f"top3 {[(r['tflops'], r['knobs']['emu_pairs'], r['knobs']['kv_stages'], r['knobs']['rescale_threshold']) for r in res[:3]]}",
+              f"top3 {[(r['tflops'], r['knobs'].get('block_m'), r['knobs']['emu_pairs'], r['knobs']['kv_stages']) for r in res[:3]]}",
               flush=True)
         del q, k, v, kernels
         torch.cuda.empty_cache()

@@ -62,12 +62,24 @@ def test_name_says_the_tile_and_the_default_names_stay():
 def test_api_config_follows_the_plan():
     from fa4gen import api, validate
 
-    def prob(d):
-        return validate.Problem(batch=1, seqlen_q=10, seqlen_k=10, heads_q=4, heads_kv=1, head_dim=d, dtype="bf16",
-                                causal=True, softmax_scale=0.125, return_lse=False, device="cuda:0")
+    def prob(d, sq=4096, causal=True):
+        return validate.Problem(batch=1, seqlen_q=sq, seqlen_k=sq, heads_q=4, heads_kv=1, head_dim=d, dtype="bf16",
+                                causal=causal, softmax_scale=0.125, return_lse=False, device="cuda:0")
     assert api.config_for(prob(64)).block_m == 192
     assert api.config_for(prob(64)).name == "fa4_sm90a_d64_bf16_causal_gqa4_m192"
     assert api.config_for(prob(128)).block_m == 128
+    # causal over fewer than 2048 packed rows (Sq * P, P = 4 here) keeps 128 rows; non-causal never does
+    assert api.config_for(prob(64, sq=511)).block_m == 128
+    assert api.config_for(prob(64, sq=512)).block_m == 192
+    assert api.config_for(prob(64, sq=10, causal=False)).block_m == 192
+
+
+def test_short_causal_rule_is_in_packed_rows():
+    assert q_tile_rows("sm_90a", 64, 1, causal=True, seqlen_q=1024) == 128
+    assert q_tile_rows("sm_90a", 64, 1, causal=True, seqlen_q=2048) == 192
+    assert q_tile_rows("sm_90a", 64, 8, causal=True, seqlen_q=256) == 192  # 2048 packed rows
+    assert q_tile_rows("sm_90a", 64, 3, causal=True, seqlen_q=1024) == 128  # unpacked: P = 1
+    assert q_tile_rows("sm_90a", 64, 1, causal=True) == 192  # no shape: the long-sequence choice
 
 
 @pytest.mark.parametrize("causal", [False, True])
