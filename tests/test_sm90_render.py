@@ -134,15 +134,21 @@ def test_descriptors():
 
 def test_pipeline_order_in_the_ptx():
     """The consumer loop issues S(n) before O += P V, waits for S only (wait_group 1), runs the
-    softmax, then waits for PV: the intra-warpgroup overlap. Ping-pong brackets the issues."""
+    softmax, then waits for PV: the intra-warpgroup overlap. Ping-pong brackets the issues; the
+    conditional O rescale runs after the PV wait, outside the tensor-core turn, before P is repacked."""
     ptx, _ = build_sm90(cfg())
     loop = ptx[ptx.index("$L_c_loop:"):ptx.index("$L_c_tail:")]
-    marks = ["bar.sync %sched_own", "m64n128k16.f32.bf16.bf16 {%s0", "mul.f32 %o0, %o0, %acc0",
+    marks = ["bar.sync %sched_own", "m64n128k16.f32.bf16.bf16 {%s0",
              "m64n128k16.f32.bf16.bf16 {%o0", "bar.arrive %sched_other", "wgmma.wait_group.sync.aligned 1",
-             "ex2.approx.ftz.f32 %s0", "wgmma.wait_group.sync.aligned 0", "cvt.rn.bf16x2.f32 %pk0"]
+             "ex2.approx.ftz.f32 %s0", "wgmma.wait_group.sync.aligned 0", "mul.f32 %o0, %o0, %acc0",
+             "cvt.rn.bf16x2.f32 %pk0"]
     pos = [loop.find(m) for m in marks]
     assert -1 not in pos, dict(zip(marks, pos))
     assert pos == sorted(pos), dict(zip(marks, pos))
+    turn = loop[loop.index("bar.sync %sched_own"):loop.index("bar.arrive %sched_other")]
+    assert "%acc0" not in turn  # nothing but the GEMM issues holds the tensor core
+    tail = ptx[ptx.index("$L_c_tail:"):ptx.index("$L_c_epilogue:")]
+    assert "mul.f32 %o0, %o0, %acc0" not in tail  # the last block's rescale already ran in the loop
     assert ptx.count("setmaxnreg.inc.sync.aligned.u32 240") == 1
     assert ptx.count("setmaxnreg.dec.sync.aligned.u32 24") == 1
     nopp, _ = build_sm90(cfg(), Sm90Options(pingpong=False))

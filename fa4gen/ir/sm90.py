@@ -93,14 +93,15 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
             softmax, pack,
             Loop(LoopKind.KV_REST, (
                 Wait("k_full", "k"), Wait("v_full", "v"), NamedSync("sched", i),
-                qk(BlockRef.CUR), rescale, pv(BlockRef.PREV), NamedArrive("sched", nxt),
+                qk(BlockRef.CUR), pv(BlockRef.PREV), NamedArrive("sched", nxt),
                 MmaWait(1),  # S(t) done; O += P V(t-1) may still run under this block's softmax
                 Arrive("k_empty", "k", Scope.WARP), Advance("k"), release_q,
                 softmax,
                 MmaWait(0), Arrive("v_empty", "v", Scope.WARP), Advance("v"),
+                rescale,  # O *= acc(t) once the PV that wrote O completed, outside the tensor-core turn
                 pack,  # P registers are rewritten only after the PV MMA that read them completed
             )),
-            Wait("v_full", "v"), NamedSync("sched", i), rescale, pv(BlockRef.LAST), NamedArrive("sched", nxt),
+            Wait("v_full", "v"), NamedSync("sched", i), pv(BlockRef.LAST), NamedArrive("sched", nxt),
             MmaWait(0), Arrive("v_empty", "v", Scope.WARP), Advance("v"),
         )
         if cfg.kvcache:

@@ -548,18 +548,22 @@ def compile_wgmma(ctx, ins, parts):
         def fn(w, m):
             k = int(np.broadcast_to(n(w), (WARP,))[0])
 
+            # The contract, not the timing: wait_group k completes every committed group but the k
+            # most recent, and only those are known done afterwards. The k most recent stay in flight
+            # for the program (their registers stay poisoned) even when the model already finished
+            # them, so a wait one group too shallow is caught however fast the wgmma ran.
             def ready():
-                w.wg_groups = [g for g in w.wg_groups if not all(o["done"] for o in g)]
-                return len(w.wg_groups) <= k
+                older = w.wg_groups[:len(w.wg_groups) - k] if k else w.wg_groups
+                return all(o["done"] for g in older for o in g)
 
             def release():
+                w.wg_groups = w.wg_groups[len(w.wg_groups) - k:] if k else []
                 live = set()
                 pend = []
-                for g in w.wg_groups + [w.wg_open]:
+                for g in w.wg_groups + [w.wg_open]:  # not known done, finished or not
                     for o in g:
                         live.update(o["regs"][w.wid])
-                        if not o["done"]:
-                            pend.append(o["seq"])
+                        pend.append(o["seq"])
                 done_upto = (min(pend) - 1) if pend else w.wg_seq
                 key = ("wg", w.wid // 4)
                 if w.know.get(key, 0) < done_upto:
@@ -567,7 +571,7 @@ def compile_wgmma(ctx, ins, parts):
                 for r in [r for r, v in w.poison.items() if v[1].startswith("its wgmma")]:
                     if r not in live:
                         del w.poison[r]
-            return Block(ready, f"wgmma.wait_group {k}: {len(w.wg_groups)} groups in flight", release)
+            return Block(ready, f"wgmma.wait_group {k}: {len(w.wg_groups)} groups committed", release)
         return fn
     if op != "mma_async":
         raise unsupported(ins)

@@ -429,3 +429,15 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
                 "consumer (rows 64-191 never stored, rows 0-63 stored three times)", ("mismatch",),
                 _sub(r"mul\.lo\.u32 %c3, %cw, 16;", "mul.lo.u32 %c3, %cw, 0;"), protocol=False),
 )
+
+# ---- sm_90a conditional rescale (O *= acc after the PV wait, outside the tensor-core turn) ----
+PTX_MUTATIONS = PTX_MUTATIONS + (
+    PtxMutation("sm90_rescale_skipped", _SM90C, "O is never rescaled when a row's reference max moves "
+                "(the vote's branch taken unconditionally)", ("mismatch",),
+                _sub(r"@!%p_rescale bra\.uni (\$Lnors\d+);", r"bra.uni \1;", count=0), protocol=False),
+    PtxMutation("sm90w_rescale_under_pv", _SM90W, "steady state: the wait before the rescale and the P repack "
+                "lets the PV wgmma stay in flight (wait_group 1), so O and P registers are touched while it reads "
+                "them", ("REG_RACE",),
+                _sub(r"wgmma\.wait_group\.sync\.aligned 0;(\n(?:[^\n]*\n){0,12}?\s*// O \*= acc)",
+                     r"wgmma.wait_group.sync.aligned 1;\1"), protocol=False),
+)
