@@ -160,11 +160,12 @@ def make_inputs(c, seed_label, device="cuda"):
 
 def run_kernel_poisoned(q, k, v, causal, scale, dtype, emu_pairs=None, block_m=None):
     """Call the Kernel itself with O and LSE filled with NaN, so unwritten elements show. block_m None:
-    the Q tile fa4gen.attention picks (plan.q_tile_rows: 192 rows, three consumers, at D = 64)."""
+    the Q tile fa4gen.attention picks (plan.q_tile_rows: 192 rows, three consumers, at D = 64 unless
+    causal over fewer than 2048 packed rows)."""
     b, sq, hq, d = q.shape
     g = hq // k.shape[2]
     cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, gqa_ratio=g, dtype=dtype, emu_pairs=emu_pairs,
-                       block_m=q_tile_rows("sm_90a", d, g) if block_m is None else block_m)
+                       block_m=q_tile_rows("sm_90a", d, g, causal=causal, seqlen_q=sq) if block_m is None else block_m)
     kernel, _ = api.get_kernel(cfg, q.device)
     o = torch.full_like(q, float("nan"))
     lse = torch.full((b, hq, sq), float("nan"), device=q.device, dtype=torch.float32)
@@ -194,6 +195,22 @@ def test_kernel_matches_reference(c, exact_fp32):
     scale = 1.0 / math.sqrt(c["d"])
     with torch.no_grad():
         o, lse = run_kernel_poisoned(q, k, v, c["causal"], scale, c["dtype"], c["emu"])
+        check_against_reference(o, lse, q, k, v, c["causal"], scale, c["dtype"], label)
+
+
+# Causal D = 64 calls over fewer than 2048 packed rows run the 128-row kernel (plan.q_tile_rows):
+# the 192-row one on those short, tailed shapes too, since a build for any shape takes it
+CASES_D64_CAUSAL_M192 = [c for c in CASES if c["d"] == 64 and c["causal"]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", CASES_D64_CAUSAL_M192, ids=case_id)
+def test_d64_causal_192_row_kernel_matches_reference(c, exact_fp32):
+    label = case_id(c) + "-m192"
+    q, k, v = make_inputs(c, label)
+    scale = 1.0 / math.sqrt(c["d"])
+    with torch.no_grad():
+        o, lse = run_kernel_poisoned(q, k, v, c["causal"], scale, c["dtype"], c["emu"], block_m=192)
         check_against_reference(o, lse, q, k, v, c["causal"], scale, c["dtype"], label)
 
 
