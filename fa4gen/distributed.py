@@ -53,7 +53,7 @@ from . import validate
 from .validate import DeviceError, InputTypeError, InputValueError
 
 __all__ = ["ring_attention", "ring_schedule", "RingStep", "zigzag_shard", "zigzag_unshard", "zigzag_positions",
-           "contiguous_shard", "gather_sequence", "merge_partial_", "torch_attention", "step_work"]
+           "contiguous_shard", "gather_sequence", "simulate_ring", "merge_partial_", "torch_attention", "step_work"]
 
 _CPU_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -385,6 +385,45 @@ def _comm_stream(torch, device):
     return s
 
 
+def _attend(out, lse, q, kv, st: RingStep, attn, scale, first: bool) -> None:
+    """One ring step: q's rows of `st` against kv's (kv: k and v stacked, (2, B, S_kv, Hkv, D)),
+    merged into out/lse (the first full-row step is copied in)."""
+    qs = q[:, st.q_start:st.q_stop]
+    o_i, lse_i = attn(qs, kv[0, :, st.kv_start:st.kv_stop], kv[1, :, st.kv_start:st.kv_stop], st.causal, scale)
+    if first and st.q_start == 0 and st.q_stop == q.shape[1]:
+        out.copy_(o_i)
+        lse.copy_(lse_i)
+    else:
+        rows = slice(st.q_start, st.q_stop)
+        merge_partial_(out[:, rows], lse[:, :, rows], o_i, lse_i)
+
+
+def simulate_ring(q_shards, k_shards, v_shards, causal: bool = False, softmax_scale: float | None = None,
+                  return_lse: bool = False, *, attn_fn=None):
+    """Every rank's ring_attention computed in turn in this process, without communication: rank r
+    attends the K/V shard of rank (r - t) mod W at step t, exactly as in the ring (same schedule, same
+    slices, same merge). For checking the schedule and the merge with the real kernel on one GPU.
+    Takes and returns lists of the W ranks' shards (outputs, or (output, lse) pairs)."""
+    import torch
+
+    w = len(q_shards)
+    res = []
+    for r in range(w):
+        q = q_shards[r]
+        scale = validate.check_softmax_scale(softmax_scale, q.shape[-1])
+        attn = attn_fn if attn_fn is not None else _default_attn(torch, q.device.type)
+        acc = _acc_dtype(torch, q.dtype)
+        b, sq, hq, d = q.shape
+        out = torch.zeros((b, sq, hq, d), dtype=acc, device=q.device)
+        lse = torch.full((b, hq, sq), float("-inf"), dtype=acc, device=q.device)
+        for st in ring_schedule(r, w, sq, causal):
+            _attend(out, lse, q, torch.stack((k_shards[st.source], v_shards[st.source])), st, attn, scale,
+                    st.step == 0)
+        o = out.to(q.dtype)
+        res.append((o, lse) if return_lse else o)
+    return res
+
+
 def ring_attention(q, k, v, group=None, causal: bool = False, softmax_scale: float | None = None,
                    return_lse: bool = False, *, attn_fn=None, check_ranks: bool = True):
     """Attention of this rank's query shard over the whole sequence, whose K/V shards are spread over
@@ -457,16 +496,7 @@ def _ring(q, k, v, group, causal, softmax_scale, return_lse, *, attn_fn=None, ch
                 ops = [dist.P2POp(dist.isend, kv_cur, send_to, g), dist.P2POp(dist.irecv, kv_next, recv_from, g)]
                 reqs = dist.batch_isend_irecv(ops)
         if compute:
-            qs = q[:, st.q_start:st.q_stop]
-            ks = kv_cur[0, :, st.kv_start:st.kv_stop]
-            vs = kv_cur[1, :, st.kv_start:st.kv_stop]
-            o_i, lse_i = attn(qs, ks, vs, st.causal, scale)
-            rows = slice(st.q_start, st.q_stop)
-            if first and st.q_start == 0 and st.q_stop == sq:
-                out.copy_(o_i)
-                lse.copy_(lse_i)
-            else:
-                merge_partial_(out[:, rows], lse[:, :, rows], o_i, lse_i)
+            _attend(out, lse, q, kv_cur, st, attn, scale, first)
             first = False
         for r in reqs:
             r.wait()  # CUDA: the current stream waits for the transfer (no host sync); gloo: blocks

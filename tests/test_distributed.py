@@ -266,3 +266,16 @@ def test_ring_custom_attention_subgroup_and_errors(ring_results):
         else:
             assert "rank(s) [0]" in errs["dtype"]
         assert "even local sequence length" in out["errors"][2][1]
+
+
+@pytest.mark.parametrize("w,causal", [(1, True), (3, True), (4, False)])
+def test_simulated_ring_equals_full_attention(w, causal):
+    q, k, v = _rand((2, 8 * w, 4, 16), 7), _rand((2, 8 * w, 2, 16), 8), _rand((2, 8 * w, 2, 16), 9)
+    shard = fd.zigzag_shard if causal else fd.contiguous_shard
+    qs, ks, vs = ([shard(t, r, w) for r in range(w)] for t in (q, k, v))
+    res = fd.simulate_ring(qs, ks, vs, causal=causal, return_lse=True)
+    o = fd.zigzag_unshard([r[0] for r in res]) if causal else torch.cat([r[0] for r in res], 1)
+    lse = fd.zigzag_unshard([r[1] for r in res], dim=2) if causal else torch.cat([r[1] for r in res], 2)
+    ro, rl = attention_exact(q.numpy(), k.numpy(), v.numpy(), causal)
+    np.testing.assert_allclose(o.numpy(), ro, atol=1e-12)
+    np.testing.assert_allclose(lse.numpy(), rl, atol=1e-12)
