@@ -66,7 +66,7 @@ def _check(label, o, lse, o_ref, lse_ref, pv, u, extra=1.0):
     assert (lerr <= extra * (u + 5e-4 + 1e-6 * lse_ref.abs())).all(), f"{label}: LSE max err {lerr.max().item():.3g}"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def one_rank_group():
     if dist.is_initialized():
         pytest.skip("a process group is already initialized in this process")
