@@ -199,6 +199,12 @@ def _worker(rank, world, init_file, out_dir):
             fd.ring_attention(q[:, :1], k[:, :1], v[:, :1], causal=True)
         except Fa4genInputError as e:
             errs.append(("odd", str(e)))
+        n = 4 if rank == 1 else q.shape[1]  # valid on each rank alone, but the ranks disagree
+        try:
+            fd.ring_attention(q[:, :n], k[:, :n], v[:, :n], causal=True, softmax_scale=0.5 if rank == 0 else None)
+            errs.append(("mismatch", None))
+        except Fa4genInputError as e:
+            errs.append(("mismatch", str(e)))
         res["errors"] = errs
         dist.barrier()
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -266,6 +272,10 @@ def test_ring_custom_attention_subgroup_and_errors(ring_results):
         else:
             assert "rank(s) [0]" in errs["dtype"]
         assert "even local sequence length" in out["errors"][2][1]
+        mismatch = out["errors"][3][1]
+        assert mismatch is not None and "every rank must pass shards of the same shapes" in mismatch
+        assert f"seqlen_q: rank 0 has {48 // world}, rank 1 has 4" in mismatch and "scale: rank 0 has 0.5, rank 1 has 0.25" \
+            in mismatch
 
 
 @pytest.mark.parametrize("w,causal", [(1, True), (3, True), (4, False)])
