@@ -80,6 +80,39 @@ def _timed(torch, dist, fn, warmup, reps):
     return statistics.median(times), times
 
 
+def _measure_ring(torch, dist, fd, dev, rank, world, s, h, d, args, row):
+    """ring (and, for world > 1, compute-only and comm-only) times of this rank's shards into row."""
+    g = torch.Generator(device=dev).manual_seed(1000 + rank)
+    q, k, v = (torch.randn(1, s // world, h, d, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(3))
+    ring_ms, ring_all = _timed(torch, dist, lambda: fd.ring_attention(q, k, v, causal=True), args["warmup"],
+                               args["reps"])
+    row["ring_ms"], row["ring_ms_all"] = round(ring_ms, 3), [round(t, 3) for t in ring_all]
+    if world > 1:
+        c_ms, _ = _timed(torch, dist, lambda: fd._ring(q, k, v, None, True, None, False, check_ranks=False,
+                                                        communicate=False), args["warmup"], args["reps"])
+        m_ms, _ = _timed(torch, dist, lambda: fd._ring(q, k, v, None, True, None, False, check_ranks=False,
+                                                        compute=False), args["warmup"], args["reps"])
+        row["compute_ms"], row["comm_ms"] = round(c_ms, 3), round(m_ms, 3)
+
+
+def _single(torch, fa4gen, dev, s, h, d, args):
+    """fa4gen.attention on the full sequence on this GPU: (median ms, all ms)."""
+    g = torch.Generator(device=dev).manual_seed(7)
+    q, k, v = (torch.randn(1, s, h, d, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(3))
+    for _ in range(args["warmup"]):
+        fa4gen.attention(q, k, v, causal=True)
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(args["reps"]):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fa4gen.attention(q, k, v, causal=True)
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts), ts
+
+
 def _worker(rank, world, init_file, out_file, args):
     import torch
     import torch.distributed as dist
@@ -101,42 +134,15 @@ def _worker(rank, world, init_file, out_file, args):
                 row["notes"].append(f"S {s} not divisible by 2 x {world}: skipped")
                 rows.append(row)
                 continue
-            g = torch.Generator(device=dev).manual_seed(1000 + rank)
-            q, k, v = (torch.randn(1, s // world, h, d, device=dev, dtype=torch.bfloat16, generator=g)
-                       for _ in range(3))
             with torch.no_grad():
-                ring_ms, ring_all = _timed(torch, dist, lambda: fd.ring_attention(q, k, v, causal=True),
-                                           args["warmup"], args["reps"])
-                row["ring_ms"], row["ring_ms_all"] = round(ring_ms, 3), [round(t, 3) for t in ring_all]
-                if world > 1:
-                    c_ms, _ = _timed(torch, dist, lambda: fd._ring(q, k, v, None, True, None, False, check_ranks=False,
-                                                                    communicate=False), args["warmup"], args["reps"])
-                    m_ms, _ = _timed(torch, dist, lambda: fd._ring(q, k, v, None, True, None, False, check_ranks=False,
-                                                                    compute=False), args["warmup"], args["reps"])
-                    row["compute_ms"], row["comm_ms"] = round(c_ms, 3), round(m_ms, 3)
-                del q, k, v
+                _measure_ring(torch, dist, fd, dev, rank, world, s, h, d, args, row)
                 torch.cuda.empty_cache()
                 single_ms = None
                 if not args["no_single"]:
                     if rank == 0:
                         try:
-                            fq, fk, fv = (torch.randn(1, s, h, d, device=dev, dtype=torch.bfloat16, generator=g)
-                                          for _ in range(3))
-                            fn = lambda: fa4gen.attention(fq, fk, fv, causal=True)  # noqa: E731
-                            for _ in range(args["warmup"]):
-                                fn()
-                            torch.cuda.synchronize()
-                            ts = []
-                            for _ in range(args["reps"]):
-                                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                                a.record()
-                                fn()
-                                b.record()
-                                b.synchronize()
-                                ts.append(a.elapsed_time(b))
-                            single_ms = statistics.median(ts)
+                            single_ms, ts = _single(torch, fa4gen, dev, s, h, d, args)
                             row["single_ms_all"] = [round(t, 3) for t in ts]
-                            del fq, fk, fv
                         except torch.cuda.OutOfMemoryError as e:
                             row["notes"].append(f"single GPU: out of memory ({str(e).splitlines()[0][:120]})")
                         torch.cuda.empty_cache()
@@ -154,7 +160,11 @@ def _worker(rank, world, init_file, out_file, args):
 
             env = environment(args["argv"])
             env["gpus"] = [torch.cuda.get_device_name(i) for i in range(world)]
-            env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+            try:
+                ver = torch.cuda.nccl.version()
+                env["nccl"] = ".".join(map(str, ver)) if isinstance(ver, tuple) else str(ver)
+            except Exception as e:  # noqa: BLE001 - the version is a nicety
+                env["nccl"] = f"unknown ({type(e).__name__})"
             Path(out_file).write_text(json.dumps({"env": env, "rows": rows}))
         dist.barrier()
         dist.destroy_process_group()
