@@ -16,6 +16,10 @@ _LAZY = {"attention", "attention_varlen", "attention_with_kvcache", "load"}  # t
 
 
 def __getattr__(name):
+    if name == "distributed":  # fa4gen.distributed.ring_attention (context parallelism; imports torch lazily too)
+        import importlib
+
+        return importlib.import_module(".distributed", __name__)
     if name in _LAZY:
         from . import api
 
@@ -24,4 +28,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | _LAZY)
+    return sorted(set(globals()) | _LAZY | {"distributed"})

@@ -1,8 +1,8 @@
 """fa4gen.attention under torch.compile: the custom op torch.ops.fa4gen.attention_fwd (fa4gen/torch_ops.py).
 
-CPU part (needs torch, skipped without it; CI has none): the fake implementation's shapes, dtypes
-and errors, and fullgraph tracing of a function calling fa4gen.attention on fake CUDA tensors
-(FakeTensorMode makes them without a GPU). GPU part (marker `gpu`, an sm_90 GPU): opcheck on real
+CPU part (needs torch, skipped without it; CI installs it with the test extra): the fake
+implementation's shapes, dtypes and errors, and fullgraph tracing of a function calling
+fa4gen.attention on fake CUDA tensors (FakeTensorMode makes them without a GPU). GPU part (marker `gpu`, an sm_90 GPU): opcheck on real
 tensors, a fullgraph inductor compile against eager, and CUDA-graph capture / replay.
 Tolerance: the compiled graph calls the same kernel through the same eager path, so the op's o and
 lse must equal eager's bitwise (CUDA-graph replays too); only the ops inductor fuses around it
