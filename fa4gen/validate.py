@@ -58,9 +58,9 @@ class _Errors(list):
     """The problems one validation collects: `attempt(fn, *args)` returns fn's result, or records the
     Fa4genInputError it raised and returns None, so every check group runs and all are reported."""
 
-    def attempt(self, fn, *args):
+    def attempt(self, fn, *args, **kwargs):
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except Fa4genInputError as e:
             self.append(e)
             return None

@@ -121,3 +121,18 @@ def test_real_torch_cpu_fp32_bad_head_dim_all_reported():
     x = torch.randn(1, 8, 2, 100)
     with pytest.raises(InputErrors, match="CUDA tensor.*float32.*head_dim 100"):
         fa4gen.attention(x, x, x)
+
+
+def test_error_collector_passes_keyword_arguments():
+    """validate._Errors.attempt forwards keywords (fa4gen.distributed calls check_problem with its
+    keyword-only flags through it; without them the CUDA path raised TypeError on the H200)."""
+    from fa4gen import validate
+    from fa4gen.validate import TensorMeta
+
+    errs = validate._Errors()
+    q, k, v = (TensorMeta(n, (1, 8, 2, 64), (1024, 128, 64, 1), "bfloat16", "cuda:0", 4096) for n in "qkv")
+    got = errs.attempt(validate.check_problem, q, k, v, causal=True, softmax_scale=0.125, return_lse=True,
+                       layout=False)
+    assert not errs and got is not None and got.causal and got.return_lse
+    errs.attempt(validate.check_problem, q, k, v, causal="yes", softmax_scale=0.125)
+    assert len(errs) == 1
