@@ -302,7 +302,6 @@ REGS_PER_SM = 65536  # 32-bit registers per SM partition set a CTA's warps share
 # Named barriers (bar.sync / bar.arrive ids; 0 is the CTA-wide barrier after mbarrier init).
 SM100_STATS_BAR_ID = 1  # softmax -> correction statistics hand-off (ids 1..8 when paired per warp)
 SM90_SCHED_BAR_ID = 1  # ids 1 .. C: ping-pong turn on the tensor core for consumer i (C consumers)
-SM90_EPI_BAR_ID = 3  # 2 consumers: ids 3, 4 around each one's O staging (see sm90_epi_bar_id)
 
 
 def sm90_epi_bar_id(consumers: int) -> int:

@@ -14,13 +14,13 @@ pre-arrives once so consumer 0 goes first, and consumer 0 takes the last hand-of
 from __future__ import annotations
 
 from ..config import KernelConfig
-from ..plan import (SM90_CONSUMER_REGS, SM90_EPI_BAR_ID, SM90_PRODUCER_REGS, SM90_REGS, SM90_SCHED_BAR_ID,
+from ..plan import (SM90_CONSUMER_REGS, SM90_PRODUCER_REGS, SM90_REGS, SM90_SCHED_BAR_ID,
                     SM90_SMEM_LIMIT, q_tile_bytes, sm90_consumers, sm90_epi_bar_id, smem_plan, tile_bytes)
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync,
                    If, Loop, LoopKind, Mma, MmaWait, NamedArrive, NamedSync, Pipeline, Region, Role, Scope,
                    SmemSt, Space, State, StoreRows, TmaLoad, TmaStore, TmaStoreWait, Wait)
 
-SCHED_BAR_ID, EPI_BAR_ID = SM90_SCHED_BAR_ID, SM90_EPI_BAR_ID
+SCHED_BAR_ID = SM90_SCHED_BAR_ID
 PRODUCER_REGS, CONSUMER_REGS = SM90_PRODUCER_REGS, SM90_CONSUMER_REGS
 
 

@@ -27,8 +27,8 @@ import math
 from dataclasses import dataclass
 
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import (KVCACHE_ORDER, abi_params, combine_context, kv_box_rows, kvcache_manifest, VARLEN_ORDER, varlen_manifest, HALF_COLS, gqa_manifest, qo_map_dims, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS, SM90_CONSUMER_REGS,
-                    SM90_EPI_BAR_ID, SM90_PRODUCER_REGS, SM90_REGS, SM90_SCHED_BAR_ID, SM90_SMEM_ALIGN as SMEM_ALIGN,
+from ..plan import (KVCACHE_ORDER, abi_params, combine_context, kv_box_rows, kvcache_manifest, VARLEN_ORDER, varlen_manifest, HALF_COLS, gqa_manifest, qo_map_dims, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS,
+                    SM90_REGS, SM90_SCHED_BAR_ID, SM90_SMEM_ALIGN as SMEM_ALIGN,
                     SM90_SMEM_LIMIT as SMEM_LIMIT, SmemPlan, mask_words, panel_bytes, q_panel_bytes, q_tile_bytes,
                     sm90_consumers, sm90_epi_bar_id, smem_plan, tile_bytes)
 from ..render import render
@@ -36,7 +36,7 @@ from ..render import render
 from ..exp2 import EXP2_POLY as _EXP2_POLY  # fitted coefficients, shared with the reference and sm_100a
 from ..exp2 import hopper_emulated
 
-__all__ = ["Sm90Options", "Probe", "NamedBarrier", "build_sm90", "lower_sm90", "manifest_sm90",
+__all__ = ["Sm90Options", "Probe", "build_sm90", "lower_sm90", "manifest_sm90",
            "smem_plan", "Sm90LoweringError", "SMEM_LIMIT"]
 
 ENTRY = "fa4_fwd"
@@ -44,8 +44,6 @@ PTX_VERSION = "8.5"  # wgmma, setmaxnreg, elect.sync, 5-D TMA: PTX 8.0+; the H20
 THREADS = 384  # 128-row tiles: producer + 2 consumers (threads_of(cfg) in general)
 ENTRY_REGS = (REGS_PER_SM // THREADS) // 8 * 8  # 168: ptxas caps a .maxntid 384 / .minnctapersm 1 kernel here
 WG_ROWS = 64  # rows per consumer warpgroup (wgmma M)
-N_CONSUMERS = 2
-EMPTY_ARRIVALS = 4 * N_CONSUMERS  # one lane per consumer warp releases a slot
 
 
 def threads_of(cfg: KernelConfig) -> int:
@@ -81,15 +79,6 @@ class Probe(enum.Enum):
     NONE = "none"
     QK = "qk"
     PV = "pv"
-
-
-class NamedBarrier(enum.IntEnum):
-    """bar.sync/bar.arrive ids (fa4gen.plan; 0 is the CTA-wide barrier used once after mbarrier init)."""
-
-    SCHED_WG1 = SM90_SCHED_BAR_ID  # consumer 0 waits here for its turn on the tensor core
-    SCHED_WG2 = SM90_SCHED_BAR_ID + 1
-    EPI_WG1 = SM90_EPI_BAR_ID  # consumer 0's 128 threads around the O SMEM staging
-    EPI_WG2 = SM90_EPI_BAR_ID + 1
 
 
 @dataclass(frozen=True)
