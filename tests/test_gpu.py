@@ -198,35 +198,22 @@ def test_kernel_matches_reference(c, exact_fp32):
         check_against_reference(o, lse, q, k, v, c["causal"], scale, c["dtype"], label)
 
 
-# Causal D = 64 calls over fewer than 2048 packed rows run the 128-row kernel (plan.q_tile_rows):
-# the 192-row one on those short, tailed shapes too, since a build for any shape takes it
-CASES_D64_CAUSAL_M192 = [c for c in CASES if c["d"] == 64 and c["causal"]]
+# D = 64 runs 192-row tiles (three consumer warpgroups) by default, except causal calls over fewer
+# than 2048 packed rows, which run the 128-row kernel (plan.q_tile_rows). Both tiles on the cases
+# the default does not give them: the 192-row kernel on every causal D = 64 case (a build for any
+# shape takes it), the 128-row two-consumer kernel (KernelConfig(block_m=128)) on every other D = 64 case.
+CASES_D64_TILES = ([(c, 192) for c in CASES if c["d"] == 64 and c["causal"]]
+                   + [(c, 128) for c in [c for c in CASES if c["d"] == 64][::2]])
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("c", CASES_D64_CAUSAL_M192, ids=case_id)
-def test_d64_causal_192_row_kernel_matches_reference(c, exact_fp32):
-    label = case_id(c) + "-m192"
+@pytest.mark.parametrize("c, block_m", CASES_D64_TILES, ids=lambda x: case_id(x) if isinstance(x, dict) else f"m{x}")
+def test_d64_tile_matches_reference(c, block_m, exact_fp32):
+    label = f"{case_id(c)}-m{block_m}"
     q, k, v = make_inputs(c, label)
     scale = 1.0 / math.sqrt(c["d"])
     with torch.no_grad():
-        o, lse = run_kernel_poisoned(q, k, v, c["causal"], scale, c["dtype"], c["emu"], block_m=192)
-        check_against_reference(o, lse, q, k, v, c["causal"], scale, c["dtype"], label)
-
-
-# D = 64 runs 192-row tiles (three consumer warpgroups) by default; the 128-row two-consumer kernel
-# stays buildable (KernelConfig(block_m=128)): every other D = 64 case of the table on it too
-CASES_D64_M128 = [c for c in CASES if c["d"] == 64][::2]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("c", CASES_D64_M128, ids=case_id)
-def test_d64_128_row_kernel_matches_reference(c, exact_fp32):
-    label = case_id(c) + "-m128"
-    q, k, v = make_inputs(c, label)
-    scale = 1.0 / math.sqrt(c["d"])
-    with torch.no_grad():
-        o, lse = run_kernel_poisoned(q, k, v, c["causal"], scale, c["dtype"], c["emu"], block_m=128)
+        o, lse = run_kernel_poisoned(q, k, v, c["causal"], scale, c["dtype"], c["emu"], block_m=block_m)
         check_against_reference(o, lse, q, k, v, c["causal"], scale, c["dtype"], label)
 
 
