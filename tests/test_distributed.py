@@ -11,11 +11,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 from fa4gen import distributed as fd  # noqa: E402
 from fa4gen.reference import attention_exact  # noqa: E402
 from fa4gen.validate import Fa4genInputError, InputValueError  # noqa: E402
+from _ranks import run_ranks  # noqa: E402
 
 
 # ---- sharding and schedule (one process) ---------------------------------------------------------------
@@ -219,18 +219,7 @@ def _worker(rank, world, init_file, out_dir):
 def ring_results(request, tmp_path_factory):
     world = request.param
     d = tmp_path_factory.mktemp(f"ring{world}")
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(r, world, str(d / "init"), str(d))) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        p.kill()
-    errs = "\n".join((d / f"rank{r}.err").read_text() for r in range(world) if (d / f"rank{r}.err").exists())
-    assert not alive and not errs and all(p.exitcode == 0 for p in procs), (
-        f"ranks hung: {len(alive)}; exit codes {[p.exitcode for p in procs]}\n{errs}")
+    run_ranks(_worker, world, d, timeout=240)
     return world, [torch.load(d / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 

@@ -23,10 +23,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 import fa4gen  # noqa: E402
 from fa4gen import distributed as fd  # noqa: E402
+from _ranks import run_ranks  # noqa: E402
 
 U = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 EMU = 4e-4
@@ -166,18 +166,5 @@ def test_ring_on_several_gpus_equals_one_gpu(tmp_path):
     world = min(torch.cuda.device_count(), 8)
     if world < 2:
         pytest.skip(f"needs >= 2 GPUs, torch sees {world}")
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_multi_worker, args=(r, world, str(tmp_path / "init"), str(tmp_path)))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        p.kill()
-    errs = "\n".join((tmp_path / f"rank{r}.err").read_text() for r in range(world)
-                     if (tmp_path / f"rank{r}.err").exists())
-    assert not alive and not errs and all(p.exitcode == 0 for p in procs), (
-        f"{len(alive)} rank(s) hung; exit codes {[p.exitcode for p in procs]}\n{errs}")
+    run_ranks(_multi_worker, world, tmp_path, timeout=300)
     print("\n".join((tmp_path / f"rank{r}.ok").read_text() for r in range(world)))
