@@ -18,11 +18,13 @@ import operator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .tiles import gqa_pack, q_tile_rows_refusal
+
 GENERATOR_VERSION = "0.1.0"
 
 # Sources whose text decides the emitted PTX or cubin: a change to any of them is a new generator,
 # so cached cubins keyed by content_hash can never outlive the code that made them.
-_FINGERPRINT_SOURCES = ("config.py", "plan.py", "exp2.py", "encodings.py", "assemble.py", "codegen.py",
+_FINGERPRINT_SOURCES = ("tiles.py", "config.py", "plan.py", "exp2.py", "encodings.py", "assemble.py", "codegen.py",
                         "render.py", "ir", "lower")
 
 
@@ -91,7 +93,7 @@ class KernelConfig:
     causal: bool = False
     gqa_ratio: int = 1
     dtype: str = "bf16"
-    block_m: int = 128  # rows of one Q tile: 128, or 192 (sm_90a D = 64: three consumers; plan.q_tile_rows)
+    block_m: int = 128  # rows of one Q tile: 128, or 192 (sm_90a D = 64: three consumers; tiles.q_tile_rows)
     block_n: int = 128  # keys per K/V block
     q_stages: int = 2  # Q tiles in flight per CTA task
     kv_stages: int = 3  # K/V SMEM ring depth
@@ -133,11 +135,9 @@ class KernelConfig:
             raise ConfigError("causal", self.causal, "True or False")
         if isinstance(self.gqa_ratio, bool) or not 1 <= self.gqa_ratio <= GQA_RATIO_MAX:
             raise ConfigError("gqa_ratio", self.gqa_ratio, f"an integer in [1, {GQA_RATIO_MAX}] (query heads per "
-                                                           "KV head; plan.gqa_pack decides the Q tile's row packing)")
+                                                           "KV head; tiles.gqa_pack decides the Q tile's row packing)")
         if self.dtype not in DTYPES:
             raise ConfigError("dtype", self.dtype, f"one of {', '.join(DTYPES)}")
-        from .plan import q_tile_rows_refusal  # the tile rules live in the plan
-
         why = q_tile_rows_refusal(self.arch, self.head_dim, self.gqa_ratio, self.varlen, self.kvcache, self.block_m)
         if why:
             raise ConfigError("block_m", self.block_m, why)
@@ -176,9 +176,7 @@ class KernelConfig:
     # ---- derived -------------------------------------------------------------------------------
     @property
     def gqa_pack(self) -> int:
-        """Query heads packed into one Q tile (the rule is fa4gen.plan.gqa_pack)."""
-        from .plan import gqa_pack  # the rule lives in the plan; imported here only to answer
-
+        """Query heads packed into one Q tile (the rule is fa4gen.tiles.gqa_pack)."""
         return gqa_pack(self.gqa_ratio)
 
     @property

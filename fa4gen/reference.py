@@ -1,12 +1,13 @@
 """NumPy references for the FA4 forward: exact float64 attention, and the FA4 algorithm itself.
 
 ``attention_exact`` is the mathematical answer (float64, max-subtracted softmax). ``fa4_forward``
-replays the generated kernel's algorithm (FA4_SPEC.md, seed fa4_chapter_zh.txt) tile by tile and
-block by block, with the kernel's fp32 decisions: GQA row packing, reverse K/V order, causal block
-skipping, masks only where a block crosses the diagonal or the Skv tail, conditional rescaling, the
-ex2 / cubic-emulation split, P rounded to fp16/bf16 for the PV product. Its exponent inputs, max,
-reference choice, acc_scale and P (fp32) are meant to be bit-identical to the kernel's; the
-reductions are not (see ``block_update``), so row_sum and O agree with hardware to a few fp32 ulp.
+replays the generated kernels' algorithm (the FA4 forward that fa4gen/ir/sm100.py and
+fa4gen/lower/sm90.py build) tile by tile and block by block, with the kernel's fp32 decisions: GQA
+row packing, reverse K/V order, causal block skipping, masks only where a block crosses the
+diagonal or the Skv tail, conditional rescaling, the ex2 / cubic-emulation split, P rounded to
+fp16/bf16 for the PV product. Its exponent inputs, max, reference choice, acc_scale and P (fp32)
+are meant to be bit-identical to the kernel's; the reductions are not (see ``block_update``), so
+row_sum and O agree with hardware to a few fp32 ulp.
 
 Tensor conventions (flash-attn layout): q [B, Sq, Hq, D], k/v [B, Skv, Hkv, D], o like q,
 lse [B, Hq, Sq] float32. An 'fp16' tensor is a numpy float16 array; a 'bf16' tensor is a float32
@@ -346,7 +347,7 @@ def fa4_forward(q, k, v, cfg: KernelConfig, softmax_scale=None, stats: dict | No
     cfg.dtype's array convention, lse [B, Hq, Sq] float32 (LSE = ln(row_sum) + ref * scale, with
     row_sum relative to the final reference ref; -inf where no key is valid).
 
-    Per (batch, kv_head, head group j, m_block) Q tile of block_m rows (fa4gen.plan.gqa_pack: P
+    Per (batch, kv_head, head group j, m_block) Q tile of block_m rows (fa4gen.tiles.gqa_pack: P
     heads per tile, G / P head groups per kv head): row r holds sequence position
     m_block * seq_q_per_tile + r // P of head kv_head * G + j * P + r % P (rows past Sq are padding
     the kernel computes and never stores; skipped here). K/V blocks n_block_max - 1 down to 0; masked blocks

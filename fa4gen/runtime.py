@@ -68,7 +68,7 @@ class MapGeometry:
 
 def manifest_gqa(manifest: dict) -> tuple[int, int]:
     """(GQA ratio G, heads per Q tile P) of a built kernel: the manifest's "gqa" record (the rule
-    is fa4gen.plan.gqa_pack); a manifest written before the record existed packed P = G."""
+    is fa4gen.tiles.gqa_pack); a manifest written before the record existed packed P = G."""
     ratio = int(manifest["config"]["gqa_ratio"])
     rec = manifest.get("gqa")
     pack = int(rec["pack"]) if rec else ratio
@@ -120,7 +120,7 @@ def tensor_map_geometry(role: str, spec: dict, shape: tuple[int, ...], strides: 
 
     Q and O use a 5-D view of the head axis (stride sH) split into the `pack` heads of one Q
     tile (stride sH) and H / pack head groups (stride pack * sH): (D, G, Hkv, Sq, B) when the tile
-    packs the whole GQA group (pack = G), (D, P, Hg, Sq, B) otherwise (fa4gen.plan.gqa_pack).
+    packs the whole GQA group (pack = G), (D, P, Hg, Sq, B) otherwise (fa4gen.tiles.gqa_pack).
     K and V use (D, Hkv, Skv, B).
     """
     B, S, H, D = shape

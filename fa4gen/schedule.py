@@ -1,6 +1,6 @@
 """The kernels' tile-scheduler order in Python: task index -> (m_block, batch*Hkv*ng index).
 
-ng = G / P head groups per kv head (fa4gen.plan.gqa_pack): 1 when one Q tile packs the whole GQA
+ng = G / P head groups per kv head (fa4gen.tiles.gqa_pack): 1 when one Q tile packs the whole GQA
 group (P = G, G divides 128), G when it holds one query head (P = 1); `task_tile` splits the pair
 index into (batch, kv_head, head group).
 
@@ -9,7 +9,7 @@ same thing in PTX (tests/test_schedule.py interprets those instructions and comp
 function), the simulator's `schedule_tasks` lists tasks with it, and the runtime picks the
 `l2_group` launch parameter with `choose_l2_group`.
 
-Causal order (FA4_SPEC.md "Scheduling"): the B*Hkv (batch, kv_head) pairs are cut into sections of
+Causal order: the B*Hkv (batch, kv_head) pairs are cut into sections of
 `l2_group` pairs whose K and V fit the L2 budget; sections run one after the other, and inside a
 section m_blocks go heaviest first with the section's pairs fastest. A section's K/V then stays in
 L2 while all its m_blocks stream over it, instead of every pair's K/V being fetched again for each
@@ -82,7 +82,7 @@ def task_tile(t, batch: int, num_heads_kv: int, head_groups: int, m_count: int, 
     """(m index, batch, kv_head, head group j) of task t, as the kernels decode it.
 
     The scheduler orders (batch, head group) pairs: pair index b * (Hkv * ng) + kv_head * ng + j
-    with ng = head_groups = G / P (fa4gen.plan.gqa_pack; 1 when the tile packs the whole GQA group,
+    with ng = head_groups = G / P (fa4gen.tiles.gqa_pack; 1 when the tile packs the whole GQA group,
     and then the pairs are (batch, kv_head) as before). The kernels keep the head group index
     kv_head * ng + j in %hkv (the Q/O tensor maps' head-group coordinate) and divide it by ng for
     the K/V maps' kv head. Vectorises like `task_coords`.

@@ -9,7 +9,7 @@ registered with `torch.library.custom_op`. Its fake implementation validates the
 (the same checks as eager, less the layout checks that need a data pointer) and returns
 o (B, Sq, Hq, D) in q's dtype and lse (B, Hq, Sq) float32, or lse of shape (0,) when return_lse is
 False (an op returns a fixed number of tensors). Its real implementation is the eager path itself
-(`api._attention_eager`): it launches on the current stream and does no host synchronisation, so
+(`launch.attention_eager`): it launches on the current stream and does no host synchronisation, so
 the op can be captured in a CUDA graph (inductor's "reduce-overhead" mode too). The first call of a
 kernel variant loads its module (and builds it if the cache misses): run once before capturing,
 as any CUDA-graph warm-up does. A replayed graph runs no Python: `last_call_info()` is not updated.
@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from . import api, validate
+from . import launch, validate
 
 __all__ = ["attention", "attention_fwd", "attention_varlen", "attention_varlen_fwd"]
 
@@ -34,7 +34,7 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
                   softmax_scale: Optional[float], return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, lse) of `fa4gen.attention(q, k, v, causal, softmax_scale, return_lse=True)`; lse has shape
     (0,) when return_lse is False. The grad check was the caller's (`attention` below)."""
-    out = api._attention_eager(torch, q, k, v, causal, softmax_scale, return_lse, check_grad=False)
+    out = launch.attention_eager(torch, q, k, v, causal, softmax_scale, return_lse, check_grad=False)
     if return_lse:
         return out
     return out, _no_lse(q)
@@ -70,7 +70,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
         raise validate.InputTypeError(
             f"softmax_scale must be a real number or None, got {type(softmax_scale).__name__}")
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
-        raise validate.InputValueError(api.FORWARD_ONLY)
+        raise validate.InputValueError(launch.FORWARD_ONLY)
     o, lse = attention_fwd(q, k, v, causal, None if softmax_scale is None else float(softmax_scale), return_lse)
     return (o, lse) if return_lse else o
 
@@ -82,7 +82,7 @@ def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_s
                          softmax_scale: Optional[float], return_lse: bool,
                          seqused_k: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, lse) of `fa4gen.attention_varlen(...)`; lse has shape (0,) when return_lse is False."""
-    out = api._attention_varlen_eager(torch, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    out = launch.attention_varlen_eager(torch, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                       causal, softmax_scale, return_lse, seqused_k, check_grad=False)
     if return_lse:
         return out
@@ -92,7 +92,7 @@ def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_s
 @attention_varlen_fwd.register_fake
 def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                softmax_scale, return_lse, seqused_k):
-    qm, km, vm, cqm, ckm, sum_ = api._varlen_metas(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, meta=_fake_meta)
+    qm, km, vm, cqm, ckm, sum_ = launch.varlen_metas(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, meta=_fake_meta)
     problem = validate.check_varlen_problem(qm, km, vm, cqm, ckm, max_seqlen_q, max_seqlen_k, seqused_k=sum_,
                                             causal=causal, softmax_scale=softmax_scale, return_lse=return_lse)
     o = q.new_empty(problem.out_shape)
@@ -111,7 +111,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         if isinstance(n, bool) or not isinstance(n, numbers.Integral):
             raise validate.InputTypeError(f"{name} must be an int, got {type(n).__name__}")
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
-        raise validate.InputValueError(api.FORWARD_ONLY.replace("fa4gen.attention", "fa4gen.attention_varlen"))
+        raise validate.InputValueError(launch.FORWARD_ONLY.replace("fa4gen.attention", "fa4gen.attention_varlen"))
     o, lse = attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal,
                                   None if softmax_scale is None else float(softmax_scale), return_lse, seqused_k)
     return (o, lse) if return_lse else o

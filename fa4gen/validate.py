@@ -462,7 +462,8 @@ def check_varlen_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cu_q: Tens
     if batch == 0 and tq:
         errors.append(InputValueError(f"cu_seqlens_q describes no sequence but q has {tq} rows"))
     if shapes and batch:
-        from .plan import gqa_pack, varlen_task_bound
+        from .plan import varlen_task_bound
+        from .tiles import gqa_pack
 
         hkv_, hq_ = shapes[3], shapes[2]
         if hkv_ and hq_:
@@ -600,7 +601,7 @@ def check_kvcache_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cache_seq
         errors.append(InputValueError(f"num_splits must be in [0, {KVCACHE_MAX_SPLITS}] (0 = choose), got {num_splits}"))
     scale = attempt(check_softmax_scale, softmax_scale, d if d in HEAD_DIMS else HEAD_DIMS[-1])
     if ok and b and hkv and hq and not errors:
-        from .plan import gqa_pack
+        from .tiles import gqa_pack
 
         p = gqa_pack(hq // hkv)
         tasks = b * hkv * (hq // hkv // p) * -(-sq // (128 // p)) * max(int(num_splits), 1)

@@ -111,7 +111,7 @@ def test_heads_not_multiple():
 @pytest.mark.parametrize("hq,hkv", [(12, 4), (24, 8), (40, 8), (12, 2), (28, 4), (256, 1), (96, 8)])
 def test_any_integer_gqa_ratio_passes(hq, hkv):
     """Llama-3.2-3B 24/8, Qwen2.5-14B 40/8, Qwen2-1.5B 12/2, Qwen2.5-7B 28/4, MQA 256/1: no ratio
-    needs to divide 128 (plan.gqa_pack runs one head per tile otherwise)."""
+    needs to divide 128 (tiles.gqa_pack runs one head per tile otherwise)."""
     p = problem(*qkv(hq=hq, hkv=hkv))
     assert p.gqa_ratio == hq // hkv
     from fa4gen.api import config_for

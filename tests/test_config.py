@@ -171,14 +171,17 @@ def test_from_dict_validates():
 
 
 @pytest.mark.parametrize("g", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 40, 64, 96, 128, 256, 1 << 16])
-def test_any_integer_gqa_ratio_is_a_config_and_plan_gqa_pack_decides_the_packing(g):
-    from fa4gen.plan import gqa_manifest, gqa_pack, head_groups, seq_q_per_tile
+def test_any_integer_gqa_ratio_is_a_config_and_tiles_gqa_pack_decides_the_packing(g):
+    from fa4gen.plan import gqa_manifest
+    from fa4gen.tiles import gqa_pack, head_groups
 
     cfg = KernelConfig(arch="sm_90a", causal=True, gqa_ratio=g)
     p = g if 128 % g == 0 else 1
     assert gqa_pack(g) == cfg.gqa_pack == p
     assert head_groups(g) == cfg.head_groups == g // p
-    assert seq_q_per_tile(g) == cfg.seq_q_per_tile == 128 // p
+    assert cfg.seq_q_per_tile == 128 // p
+    if 64 % p == 0:  # a 192-row tile holds 192 / P positions (the plan's 128-row formula was wrong there)
+        assert cfg.replace(head_dim=64, causal=False, block_m=192).seq_q_per_tile == 192 // p
     assert cfg.name == f"fa4_sm90a_d128_bf16_causal_gqa{g}"
     assert gqa_manifest(g) | {"rule": ""} == {"ratio": g, "pack": p, "head_groups": g // p, "rule": ""}
 

@@ -1,7 +1,10 @@
-"""The chain's imports run one way: config -> plan -> ir -> passes -> lower -> codegen / api.
-Nothing in ir/, passes/ or the plan imports lower/ (a fact must not flow back up from a lowering)."""
+"""The chain's imports run one way: tiles -> config -> plan -> ir -> passes -> lower -> codegen / api.
+Nothing in ir/, passes/ or the plan imports lower/ (a fact must not flow back up from a lowering), and
+no two modules of the package import each other, directly or around a circle, even inside a function."""
 import ast
 from pathlib import Path
+
+import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "fa4gen"
 
@@ -36,8 +39,85 @@ def test_nothing_below_the_lowering_imports_it():
     assert not {k: v for k, v in bad.items() if v}
 
 
-def test_the_plan_imports_only_the_config():
-    assert {m for m in _imports(PKG / "plan.py") if not m.startswith("fa4gen.config")} == set()
+def test_the_plan_imports_only_the_config_and_the_tile_rules():
+    assert {m for m in _imports(PKG / "plan.py") if not m.startswith(("fa4gen.config", "fa4gen.tiles"))} == set()
+
+
+def test_the_tile_rules_import_nothing_of_the_package():
+    assert _imports(PKG / "tiles.py") == set()
+
+
+def _module_of(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _graph(files: dict[str, str]) -> dict[str, set[str]]:
+    """module -> the package's modules it imports. `from . import x` names the module x when x is one,
+    so a package's __init__ is not counted as the importer's target in its place."""
+    mods = set(files)
+    graph = {}
+    for mod, (path, src) in files.items():
+        out = set()
+        for m in _imports(path, src):
+            if m in mods:
+                out.add(m)
+            elif m.rsplit(".", 1)[0] in mods and m.rsplit(".", 1)[0] != mod:
+                out.add(m.rsplit(".", 1)[0])  # `from .x import name`: the module x
+        # `from . import api` reads as both "fa4gen" and "fa4gen.api": the package itself is only a target
+        # when no submodule of it was what the import named
+        out -= {m for m in out if any(o.startswith(m + ".") for o in out)}
+        graph[mod] = out - {mod}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _package_files() -> dict:
+    return {_module_of(p): (p, p.read_text()) for p in sorted(PKG.rglob("*.py"))}
+
+
+def test_no_import_circle_in_the_package():
+    circles = _circles(_graph(_package_files()))
+    assert not circles, "modules that import each other (directly or around a circle): " + "; ".join(
+        " <-> ".join(c) for c in circles)
+
+
+@pytest.mark.parametrize("a, b", [("fa4gen.config", "fa4gen.plan"), ("fa4gen.ptxemu.kvcache", "fa4gen.ptxemu.harness")])
+def test_a_circle_through_an_import_inside_a_function_is_found(a, b):
+    files = _package_files()
+    path_a, src_a = files[a]
+    files[a] = (path_a, src_a + f"\n\ndef _late():\n    import {b}\n")
+    assert any(a in c and b in c for c in _circles(_graph(files)))
 
 
 def test_an_upward_import_inside_a_function_is_seen():

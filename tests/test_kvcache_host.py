@@ -126,9 +126,9 @@ def test_lengths_and_pages_clamped_like_the_kernels():
 
 
 def test_api_metas_collect_every_bad_argument():
-    """api._varlen_metas / _kvcache_metas (torch-free with a fake meta): an absent optional tensor is
+    """launch.varlen_metas / _kvcache_metas (torch-free with a fake meta): an absent optional tensor is
     None, every argument that is not a tensor is reported in one error."""
-    from fa4gen import api
+    from fa4gen import launch
 
     def fake(t, name):
         if not isinstance(t, tuple):
@@ -136,11 +136,11 @@ def test_api_metas_collect_every_bad_argument():
         return meta(name, t)
 
     q, kc = (2, 1, 8, 64), (2, 100, 2, 64)
-    got = api._kvcache_metas(q, kc, kc, (2,), None, meta=fake)
+    got = launch.kvcache_metas(q, kc, kc, (2,), None, meta=fake)
     assert [m.name if m else None for m in got] == ["q", "k", "v", "cache_seqlens", None]
     with pytest.raises(InputErrors, match="k must be a torch.Tensor.*cache_seqlens must be a torch.Tensor"):
-        api._kvcache_metas(q, [1], kc, 3, None, meta=fake)
-    got = api._varlen_metas((10, 8, 64), (10, 2, 64), (10, 2, 64), (3,), (3,), None, meta=fake)
+        launch.kvcache_metas(q, [1], kc, 3, None, meta=fake)
+    got = launch.varlen_metas((10, 8, 64), (10, 2, 64), (10, 2, 64), (3,), (3,), None, meta=fake)
     assert got[-1] is None and got[0].name == "q"
     with pytest.raises(InputTypeError, match="seqused_k must be a torch.Tensor"):
-        api._varlen_metas((10, 8, 64), (10, 2, 64), (10, 2, 64), (3,), (3,), "x", meta=fake)
+        launch.varlen_metas((10, 8, 64), (10, 2, 64), (10, 2, 64), (3,), (3,), "x", meta=fake)

@@ -166,7 +166,7 @@ def test_mask_words_equal_the_compare_rule(cols):
 
 
 def test_mask_words_refuse_negative_columns():
-    from fa4gen.plan import PlanError
+    from fa4gen.tiles import PlanError
     with pytest.raises(PlanError, match="mask columns"):
         mask_words([3, -1])
 
@@ -182,7 +182,7 @@ def _sass_tools():
 def test_sass_has_packed_exp2_and_r2p_masks_without_spills(causal):
     import importlib.util
     from pathlib import Path
-    path = Path(__file__).resolve().parent.parent / "scripts" / "sass_profile.py"
+    path = Path(__file__).resolve().parent.parent / "bench" / "sass_profile.py"
     spec = importlib.util.spec_from_file_location("sass_profile", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from fa4gen import codegen
 from fa4gen.cli import main as cli_main
 from fa4gen.config import KernelConfig
-from fa4gen.plan import q_tile_rows
-from fa4gen.encodings import DescArch, SmemMatrixDesc, Swizzle, TcgenInstrDesc, TmaDtype
+from fa4gen.tiles import q_tile_rows
+from fa4gen.encodings import SmemMatrixDesc, Swizzle, TcgenInstrDesc, TmaDtype
 from fa4gen.ptxemu import fp, units
 from fa4gen.ptxemu.harness import Shape, default_shapes, emulate_file, run_once, run_raw
 from fa4gen.ptxemu.machine import Fault
@@ -55,12 +55,12 @@ def emitted(**cfg):
 
 # ---- the kernels ------------------------------------------------------------------------------------
 def test_golden_matrix_is_the_generated_matrix():
-    """generated/ holds the default sm_100a matrix, one sm_90a variant and a varlen variant of each
-    target (scripts/regen_generated.py)."""
+    """generated/ holds the default sm_100a matrix, the sm_90a review variant and its 192-row tile, and
+    a varlen and a KV-cache variant of each target (scripts/regen_generated.py)."""
     assert GOLDEN == sorted(c.name for c in codegen.GENERATED_MATRIX)
     varlen = {c.arch: c.name for c in codegen.VARLEN_REVIEW_CONFIGS}
     kv = {c.arch: [c.name] for c in codegen.KVCACHE_REVIEW_CONFIGS}
-    assert SM100_GOLDEN == sorted([c.name for c in codegen.DEFAULT_MATRIX] + [varlen["sm_100a"]] + kv.get("sm_100a", []))
+    assert SM100_GOLDEN == sorted([c.name for c in codegen.DEFAULT_MATRIX] + [varlen["sm_100a"]] + kv["sm_100a"])
     assert SM90_GOLDEN == sorted([codegen.SM90_REVIEW_CONFIG.name, codegen.SM90_WIDE_REVIEW_CONFIG.name,
                                   varlen["sm_90a"]] + kv["sm_90a"]) == [
         "fa4_sm90a_d128_bf16_causal_gqa1", "fa4_sm90a_d128_bf16_causal_gqa4_kvcache_p64",
@@ -87,7 +87,7 @@ def test_sm90_gpu_variants_emulate(cfg):
     assert rep.ok, rep.summary()
 
 
-# GQA ratios that do not divide 128 (plan.gqa_pack: one query head per tile, G head groups per kv
+# GQA ratios that do not divide 128 (tiles.gqa_pack: one query head per tile, G head groups per kv
 # head): (G, D, causal, dtype, shapes B,Sq,Skv,Hq,Hkv) with tails on both lengths, Sq != Skv both
 # ways, two kv heads (the K/V head of head group hg is hg // G) and a batch of two.
 ANY_RATIO_VARIANTS = [

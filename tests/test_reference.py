@@ -21,7 +21,7 @@ f32 = np.float32
 UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
 
 
-# ---- seed exercise 1 (FA4_SPEC.md "Worked check") -------------------------------------------------
+# ---- a worked step by hand: two keys, threshold 8, the reference kept and then rescaled ----------
 
 @pytest.mark.parametrize("emulated", [None, [True, True]])
 def test_exercise_1_keep(emulated):
@@ -338,7 +338,7 @@ def test_input_errors():
         fa4_forward(q, k, v, KernelConfig(head_dim=64, gqa_ratio=2, dtype="fp16"))
 
 
-# ---- any integer GQA ratio (plan.gqa_pack: P = G when G divides 128, else one head per tile) ----
+# ---- any integer GQA ratio (tiles.gqa_pack: P = G when G divides 128, else one head per tile) ----
 ANY_RATIOS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64]
 
 

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fa4gen  # noqa: E402
-from fa4gen import api, torch_ops  # noqa: E402
+from fa4gen import launch, torch_ops  # noqa: E402
 from fa4gen.validate import InputTypeError, InputValueError  # noqa: E402
 
 OP = torch.ops.fa4gen.attention_fwd
@@ -152,7 +152,7 @@ def test_errors_surface_while_tracing(what):
 
 def test_eager_calls_do_not_go_through_the_op(monkeypatch):
     calls = []
-    monkeypatch.setattr(api, "_attention_eager", lambda *a, **kw: calls.append(a) or "eager")
+    monkeypatch.setattr(launch, "attention_eager", lambda *a, **kw: calls.append(a) or "eager")
     monkeypatch.setattr(torch_ops, "attention", lambda *a, **kw: pytest.fail("eager call went through the op"))
     assert fa4gen.attention(1, 2, 3) == "eager" and len(calls) == 1
 

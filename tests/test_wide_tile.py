@@ -1,4 +1,4 @@
-"""The 192-row Q tile of sm_90a (three consumer warpgroups; plan.SM90_Q_ROWS, KernelConfig.block_m).
+"""The 192-row Q tile of sm_90a (three consumer warpgroups; tiles.SM90_Q_ROWS, KernelConfig.block_m).
 
 Where it may be built, what chooses it, and that the pipeline, the lowering and the emitted PTX agree
 on three consumers (the emulation of its variants is in tests/test_ptxemu.py: SM90_VARIANTS, the
@@ -16,7 +16,8 @@ from fa4gen.config import ConfigError, KernelConfig
 from fa4gen.ir import build_pipeline
 from fa4gen.lower.sm90 import Sm90LoweringError, Sm90Options, build_sm90, entry_regs_of, threads_of
 from fa4gen.passes import verify
-from fa4gen.plan import SM90_Q_ROWS, q_tile_rows, smem_plan
+from fa4gen.plan import smem_plan
+from fa4gen.tiles import SM90_Q_ROWS, q_tile_rows
 from fa4gen.runtime import launch_geometry
 
 WIDE = dict(arch="sm_90a", head_dim=64, block_m=192)
@@ -72,6 +73,35 @@ def test_api_config_follows_the_plan():
     assert api.config_for(prob(64, sq=511)).block_m == 128
     assert api.config_for(prob(64, sq=512)).block_m == 192
     assert api.config_for(prob(64, sq=10, causal=False)).block_m == 192
+
+
+def test_fast_path_gives_each_call_the_kernel_config_for_chooses(monkeypatch):
+    """The per-process fast path memoises on everything config_for reads: a short causal D = 64 call
+    made after a long one gets the 128-row kernel, not the 192-row one the long call loaded (the memo
+    once keyed on (D, causal, G, dtype, device, varlen, page size) only, without the query length)."""
+    from types import SimpleNamespace
+
+    from fa4gen import launch, validate
+
+    loaded = {}  # the registry: (content hash, device) -> kernel
+
+    def fake_get_kernel(cfg, dev):
+        loaded[(cfg.content_hash, dev.index)] = cfg  # the "kernel" is its config
+        return cfg, launch.LoadInfo(name=cfg.name, content_hash=cfg.content_hash, source="built")
+
+    monkeypatch.setattr(launch, "get_kernel", fake_get_kernel)
+    monkeypatch.setattr(launch, "KERNELS", SimpleNamespace(peek=loaded.get))
+    monkeypatch.setattr(launch, "_fast", {})
+    dev = SimpleNamespace(index=0)
+
+    def prob(sq):
+        return validate.Problem(batch=1, seqlen_q=sq, seqlen_k=sq, heads_q=4, heads_kv=4, head_dim=64, dtype="bf16",
+                                causal=True, softmax_scale=0.125, return_lse=False, device="cuda:0")
+    for sq in (8192, 512, 8192, 512, 4096, 100):
+        kernel, _ = launch.kernel_for(prob(sq), dev)
+        assert kernel == launch.config_for(prob(sq)), sq
+        assert kernel.block_m == (192 if sq >= 2048 else 128), sq
+    assert len(loaded) == 2  # one 192-row and one 128-row kernel, each built once
 
 
 def test_short_causal_rule_is_in_packed_rows():

@@ -12,9 +12,9 @@ import re
 import numpy as np
 
 from . import fp, units
-from .machine import PARAM_BASE, SMEM_BASE, TMEM_COLS, TMEM_LANES, WARP, Block, Fault, _join
-from .ops import _lanes, _mask, _uniform, addr_reader, reader, unsupported, writer
-from .parse import Addr, Imm, Reg, Sink, TmaAddr, Vec
+from .machine import PARAM_BASE, TMEM_COLS, WARP, Block, Fault, _join
+from .ops import _lanes, _uniform, addr_reader, reader, unsupported, writer
+from .parse import Addr, Reg, TmaAddr, Vec
 from .units import UnitError
 
 _U32, _F32, _U64 = np.uint32, np.float32, np.uint64
@@ -584,8 +584,8 @@ def compile_wgmma(ctx, ins, parts):
     if not isinstance(d_op, Vec) or len(d_op.items) != N // 2:
         raise unsupported(ins, f"m64n{N} needs {N // 2} accumulator registers")
     dnames = [r.name for r in d_op.items]
-    d_readers = [reader(ctx, r, "f32", ins) for r in d_op.items]
-    d_writers = [writer(ctx, r, "f32", ins) for r in d_op.items]
+    for r in d_op.items:  # compiled only for their checks: every accumulator is a declared f32 register
+        reader(ctx, r, "f32", ins), writer(ctx, r, "f32", ins)
     rs_form = isinstance(ops_[1], Vec)
     if rs_form:
         if len(ops_) != 7 or len(ops_[1].items) != 4:

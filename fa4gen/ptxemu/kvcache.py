@@ -27,7 +27,10 @@ from ..plan import COMBINE_ABI_PARAMS, kvcache_num_tasks
 from ..runtime import launch_geometry, manifest_gqa, tensor_map_geometry
 from ..schedule import kvcache_k_len, kvcache_page
 from . import units
-from .machine import Emulator, Fault, GlobalMemory
+from .cases import (RunResult, Shape, UsageError, _from_dtype_bytes, _np_dtype_bytes, entry_registers, judge,
+                    make_inputs, role_budgets, role_of)
+from .emulator import Emulator
+from .machine import SMEM_BASE, Fault, GlobalMemory
 from .parse import manifest_entries
 
 GARBAGE = 8.0  # scale of the values in cache rows no sequence may see (real keys are ~N(0, 1))
@@ -150,7 +153,6 @@ def make_kv_inputs(shape: KvShape, dtype: str, head_dim: int, page_size: int, se
     cap = shape.cap(page_size)
     k_lens = shape.k_lens(page_size)
     qs, ks, vs = [], [], []
-    from .harness import Shape, make_inputs  # (harness imports this module lazily)
     for i, n in enumerate(k_lens):
         q, k, v = make_inputs(Shape(1, shape.sq, max(n, 1), shape.hq, shape.hkv), dtype, d, seed * 1009 + i)
         qs.append(q[0])
@@ -193,7 +195,6 @@ def make_kv_inputs(shape: KvShape, dtype: str, head_dim: int, page_size: int, se
 
 
 def entry_regs(mod, man: dict, threads: int) -> int:
-    from .harness import entry_registers
     return entry_registers(mod, man, threads)
 
 
@@ -201,7 +202,6 @@ class KvLaunch:
     """The two launches of a KV-cache decode, built on the CPU as the runtime would build them."""
 
     def __init__(self, mods: dict, man: dict, shape: KvShape, inp: KvInputs, *, ctas: int, seed: int):
-        from .harness import UsageError, _np_dtype_bytes
         cfg = man["config"]
         self.man, self.cfg, self.shape, self.inp = man, cfg, shape, inp
         self.dtype = cfg["dtype"]
@@ -274,7 +274,6 @@ class KvLaunch:
         self.nctas = max(min(self.num_tasks, ctas) if pol == "persistent" else self.num_tasks, 1)
 
     def output(self):
-        from .harness import _from_dtype_bytes
         o = _from_dtype_bytes(self.dtype, self.gmem.buffer("o"), self.o_shape)
         if not self.addr["lse"]:
             return o, None
@@ -315,7 +314,6 @@ def _written(emu, name: str, size: int) -> np.ndarray:
 def run_kvcache_once(mods: dict, man: dict, shape: KvShape, seed: int, *, ctas: int = 2,
                      step_limit: int = 30_000_000, progress=None, inputs: KvInputs | None = None,
                      delays=None, options: dict | None = None):
-    from .harness import RunResult, judge, role_budgets, role_of
     cfg = man["config"]
     ps = int(man["kvcache"].get("page_size", 0))
     inp = inputs or make_kv_inputs(shape, cfg["dtype"], int(cfg["head_dim"]), ps, seed)
@@ -374,7 +372,6 @@ def run_kvcache_once(mods: dict, man: dict, shape: KvShape, seed: int, *, ctas: 
 
 
 def _barrier_names(man: dict) -> dict:
-    from .harness import SMEM_BASE
     lay = man.get("smem_layout", {})
     bars = lay.get("barriers", {})
     slots = {b["name"]: b.get("slots", 1) for b in man.get("barriers", [])}

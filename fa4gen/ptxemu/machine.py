@@ -18,11 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import fp
-from .parse import (Addr, FImm, Imm, Instr, Module, PredPair, Reg, Sink, SReg, Sym, TmaAddr,
-                    UnsupportedInstruction, Vec)
-from . import units
-from .units import UnitError
+from .parse import Instr, Module
 
 WARP = 32
 SMEM_BASE = 16  # the dynamic window starts 16 B past a 1024 B boundary: the kernel must align it
@@ -187,7 +183,7 @@ class Op:
 class CTA:
     """One CTA. `run()` executes it to completion or raises Fault."""
 
-    def __init__(self, emu: "Emulator", ctaid: int):
+    def __init__(self, emu, ctaid: int):  # emu: the launch (emulator.Emulator)
         self.emu = emu
         self.mod: Module = emu.mod
         self.prog: list[Op] = emu.prog
@@ -494,82 +490,6 @@ class CTA:
         if p.size and (p == p[0]).all():
             w.div = False
             w.pc = int(p[0])
-
-
-# ---- the emulator: a module, a launch, the compiled program -------------------------------------
-class Emulator:
-    def __init__(self, mod: Module, *, arch: str, nthreads: int, nctas: int, dyn_smem: int, params: bytes,
-                 param_offsets: dict, gmem: "GlobalMemory", seed: int, entry_regs: int | None,
-                 barrier_names: dict | None = None, delays: dict | None = None, options: dict | None = None):
-        self.mod, self.arch = mod, arch
-        self.nthreads, self.nctas, self.dyn_smem = nthreads, nctas, dyn_smem
-        self.params, self.param_offsets = params, param_offsets
-        self.gmem, self.seed = gmem, seed
-        self.entry_regs = entry_regs
-        self._bar_names = barrier_names or {}
-        self.delays = dict(DEFAULT_DELAYS, **(delays or {}))
-        self.options = dict(options or {})
-        from .ops import compile_program, init_registers  # (cycle: ops needs the classes above)
-        self.param_sizes = {p.name: p.size for p in mod.params}
-        self.prog = compile_program(self)
-        self.reg_init = init_registers(mod)
-        self.total_steps = 0
-        self.findings: list = []  # faults that do not stop the run (TMEM dealloc/leak): still failures
-        self.writers: list = []  # (kind, warp, line[, via]) for reports: who wrote an output byte
-        self._writer_idx: dict = {}
-        self.gwriter: dict = {}  # allocation name -> int32 writer id per byte
-        self.gwrites: dict = {}  # allocation name -> writes per byte (an output is written once)
-        self.gcta: dict = {}
-        if mod.maxntid is not None and nthreads > mod.maxntid:
-            raise Fault("LAUNCH", f"{nthreads} threads per CTA exceed .maxntid {mod.maxntid}")
-
-    def writer_id(self, entry: tuple) -> int:
-        i = self._writer_idx.get(entry)
-        if i is None:
-            i = self._writer_idx[entry] = len(self.writers)
-            self.writers.append(entry)
-        return i
-
-    def mark_gmem(self, name: str, buf_size: int, byte_idx: np.ndarray, wid: np.ndarray | int, cta: int = -1) -> None:
-        arr = self.gwriter.get(name)
-        if arr is None:
-            arr = self.gwriter[name] = np.full(buf_size, -1, np.int32)
-            self.gwrites[name] = np.zeros(buf_size, np.uint8)
-            self.gcta[name] = np.full(buf_size, -1, np.int32)
-        arr[byte_idx] = wid
-        idx = np.asarray(byte_idx).reshape(-1)
-        cnt = self.gwrites[name]
-        again = idx[cnt[idx] > 0]
-        if again.size and len(self.findings) < 8:
-            b = int(again[0])
-            self.findings.append(Fault("WRITTEN_TWICE", f"output {name} byte {b} written again (first by CTA "
-                                                        f"{int(self.gcta[name][b])}, now CTA {cta}): two tasks "
-                                                        "computed the same tile, a write race on a GPU"))
-        cnt[idx] = np.minimum(cnt[idx].astype(np.int32) + 1, 255).astype(np.uint8)
-        self.gcta[name][idx] = cta
-
-    def barrier_name(self, addr: int) -> str:
-        return self._bar_names.get(addr, f"mbarrier@{addr:#x}")
-
-    def run(self, step_limit: int = 20_000_000, ctas=None, progress=None) -> None:
-        for c in (range(self.nctas) if ctas is None else ctas):
-            cta = CTA(self, c)
-            try:
-                cta.run(step_limit)
-            except Fault as f:
-                f.cta = c
-                f.args = (f"CTA {c}: {f.args[0]}",)
-                raise
-            finally:
-                self.total_steps += cta.steps
-            if progress:
-                progress(c, cta)
-
-
-DEFAULT_DELAYS = {
-    "tma": (150, 2500), "mma": (20, 400), "commit": (1, 60), "tmem": (2, 200), "bulk_store": (150, 2500),
-    "wgmma": (20, 400),
-}
 
 
 class GlobalMemory:

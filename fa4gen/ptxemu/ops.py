@@ -9,11 +9,9 @@ import re
 
 import numpy as np
 
-from . import fp, units
-from .machine import (_DT, _STORE, _WIDTH, PARAM_BASE, REGS_PER_SM, SMEM_BASE, TMEM_COLS, TMEM_LANES, WARP,
-                      Block, Fault, MBar, NamedBar, Op, _join)
+from . import fp
+from .machine import _DT, _STORE, _WIDTH, PARAM_BASE, REGS_PER_SM, SMEM_BASE, WARP, Block, Fault, MBar, NamedBar, _join
 from .parse import Addr, FImm, Imm, PredPair, Reg, Sink, SReg, Sym, TmaAddr, UnsupportedInstruction, Vec
-from .units import UnitError
 
 _U32, _S32, _F32, _U64 = np.uint32, np.int32, np.float32, np.uint64
 _ZERO = {np.bool_: np.zeros(WARP, np.bool_), np.uint16: np.zeros(WARP, np.uint16),
@@ -911,75 +909,6 @@ def compile_fence(ctx, ins, parts):
 
 
 # ---- dispatch -----------------------------------------------------------------------------------
-def compile_instr(ctx: Ctx, ins) -> Op:
-    parts = ins.parts
-    head = parts[0]
-    srcs, dsts = (), ()
-    ops_ = ins.operands
-    if ops_:
-        first = ops_[0]
-        writes_first = head not in ("st", "bar", "barrier", "mbarrier", "cp", "prefetch", "tcgen05", "bra",
-                                    "setmaxnreg", "wgmma", "fence")
-        if head == "mbarrier" and parts[1] in ("try_wait", "test_wait"):
-            writes_first = True
-        if head == "tcgen05" and parts[1] == "ld":
-            writes_first = False  # async destination: poisoned, handled by the unit
-        if head == "wgmma" and parts[1] == "mma_async":
-            # chained accumulators are allowed between wgmma ops of one shape: the unit checks them
-            srcs = tuple(n for o in ops_[1:] for n in _regnames(o))
-        elif writes_first:
-            dsts = _regnames(first)
-            srcs = tuple(n for o in ops_[1:] for n in _regnames(o))
-        else:
-            srcs = tuple(n for o in ops_ for n in _regnames(o))
-    if ins.guard:
-        srcs = srcs + (ins.guard,)
-    aligned = "aligned" in parts
-    if head == "bra":
-        if len(ops_) != 1 or not isinstance(ops_[0], Sym):
-            raise unsupported(ins, "bra needs one label")
-        tgt = ctx.mod.labels.get(ops_[0].name)
-        if tgt is None:
-            raise UnsupportedInstruction(f"bra to an undefined label {ops_[0].name} at line {ins.line}")
-        return Op(ins, None, "bra", tgt, uni="uni" in parts, srcs=srcs)
-    if head in ("ret", "exit"):
-        return Op(ins, None, "ret")
-    from . import async_units as au
-    if head == "setp":
-        fn = compile_setp(ctx, ins, parts)
-    elif head == "cvt":
-        fn = compile_cvt(ctx, ins, parts)
-    elif head == "cvta":
-        a = reader(ctx, ops_[1], parts[-1], ins)
-        d = writer(ctx, ops_[0], parts[-1], ins)
-        fn = lambda w, m: d(w, a(w), m)  # noqa: E731  (param/shared windows map 1:1 into generic)
-    elif head in ("ld", "st"):
-        fn = compile_ld_st(ctx, ins, parts)
-    elif head == "mbarrier":
-        fn = compile_mbarrier(ctx, ins, parts)
-    elif head == "bar" or (head == "barrier" and len(parts) > 1):
-        fn = compile_bar(ctx, ins, parts)
-    elif head in ("elect", "vote", "shfl"):
-        fn = compile_warp_coll(ctx, ins, parts)
-    elif head == "setmaxnreg":
-        fn = compile_setmaxnreg(ctx, ins, parts)
-    elif head == "fence":
-        fn = compile_fence(ctx, ins, parts)
-    elif head in ("tcgen05", "cp", "prefetch", "wgmma"):
-        fn = au.compile_async(ctx, ins, parts)
-    elif head in ("mov", "add", "sub", "mul", "mad", "fma", "max", "min", "neg", "abs", "div", "rem", "rcp",
-                  "ex2", "lg2", "sqrt", "and", "or", "xor", "not", "shl", "shr", "selp"):
-        fn = compile_alu(ctx, ins, parts)
-    else:
-        raise unsupported(ins)
-    return Op(ins, fn, "alu", aligned=aligned, srcs=srcs, dsts=dsts)
-
-
-def compile_program(emu) -> list:
-    ctx = Ctx(emu)
-    return [compile_instr(ctx, ins) for ins in emu.mod.instrs]
-
-
 def init_registers(mod) -> dict:
     """Every declared register, zero (shared read-only arrays: writes always replace)."""
     return {name: _ZERO[_STORE[_WIDTH[t[1:]]]] for name, t in mod.regs.items()}

@@ -1,0 +1,307 @@
+"""The eager launch behind the torch-facing API (fa4gen.api) and its custom ops (fa4gen.torch_ops):
+validate a call, find its kernel (this process's table, the disk cache, or a build), launch it on the
+current stream, and record `last_call_info`.
+
+First call of a variant: generate the sm_90a PTX, assemble it (ptxas, or nvJitLink on a machine
+without a toolkit), cache the cubin on disk, load it; later calls in the process reuse the loaded
+kernel, and later processes load the cached cubin. `last_call_info()` says which of these happened
+and how long each took (also logged at DEBUG on the "fa4gen" logger).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from . import validate
+from .cache import KERNELS, CubinCache, EntryState
+from .config import KernelConfig
+from .tiles import q_tile_rows
+from .validate import Fa4genInputError, Problem
+
+log = logging.getLogger("fa4gen")
+
+RUNTIME_ARCH = "sm_90a"  # the only arch with a runtime that has run (see validate.check_arch)
+
+
+@dataclass(frozen=True)
+class LoadInfo:
+    """How the kernel of one call was obtained."""
+
+    name: str
+    content_hash: str
+    source: str  # "memory" (already loaded), "disk" (cache hit), "built" (generated + assembled)
+    build_s: float = 0.0  # generate + assemble (0 unless built)
+    cache_s: float = 0.0  # cache lookup and write, outside the build
+    load_s: float = 0.0  # cuModuleLoadData and friends
+    cache_path: str = ""
+    rebuilt_reason: str = ""  # why a cache entry on disk was not used
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    problem: Problem
+    launched: bool  # False for empty outputs and Skv == 0 (answered without a kernel)
+    kernel: LoadInfo | None
+    copied: tuple[str, ...]  # inputs copied to a TMA-legal layout
+    host_s: float  # host time of the call (the launch is asynchronous)
+
+
+_local = threading.local()
+
+FORWARD_ONLY = ("fa4gen.attention is forward-only (no backward): call it under torch.no_grad() / "
+                "torch.inference_mode() or pass detached tensors")
+
+
+def last_call_info() -> CallInfo | None:
+    """What this thread's last `attention` call did (None before the first call)."""
+    return getattr(_local, "info", None)
+
+
+def config_fields(problem) -> tuple[tuple[str, object], ...]:
+    """The KernelConfig fields of a validated Problem (dense), VarlenProblem or KvcacheProblem: the one
+    place that decides a call's kernel. `config_for` builds the config from them and the fast path
+    of `kernel_for` memoises on them, so whatever this reads of the problem (the Q tile rows read the
+    query length) is in the memo key too."""
+    kv = isinstance(problem, validate.KvcacheProblem)
+    varlen = isinstance(problem, validate.VarlenProblem)
+    return (("arch", RUNTIME_ARCH), ("head_dim", problem.head_dim), ("causal", problem.causal),
+            ("gqa_ratio", problem.gqa_ratio), ("dtype", problem.dtype), ("varlen", varlen), ("kvcache", kv),
+            ("page_size", problem.page_size if kv else 0),
+            ("block_m", q_tile_rows(RUNTIME_ARCH, problem.head_dim, problem.gqa_ratio, varlen, kv, problem.causal,
+                                    getattr(problem, "seqlen_q", None))))
+
+
+def config_for(problem) -> KernelConfig:
+    """The kernel of a validated problem (dense, varlen or KV cache): `config_fields` made a config."""
+    return KernelConfig(**dict(config_fields(problem)))
+
+
+def build(cfg: KernelConfig) -> tuple[bytes, dict]:
+    """Generate and assemble one kernel through the one chain (codegen.build: pipeline -> verify,
+    cached -> lower -> render -> assemble): (cubin, manifest). A pipeline with findings raises."""
+    from . import codegen
+
+    res = codegen.build(cfg, emit=("cubin",))
+    return res.cubin, res.manifest
+
+
+def get_kernel(cfg: KernelConfig, device=None, cache: CubinCache | None = None):
+    """The loaded Kernel for cfg on a CUDA device (default: the current one): from this process's
+    table, else the disk cache, else built. Returns (kernel, LoadInfo)."""
+    import torch
+
+    from .runtime import Kernel
+
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    store = cache if cache is not None else CubinCache()
+    info: list[LoadInfo] = []
+
+    def factory():
+        t0 = time.perf_counter()
+        r = store.get_or_build(cfg, build)
+        t1 = time.perf_counter()
+        with torch.cuda.device(device):
+            kernel = Kernel.load(r.cubin, r.manifest)
+        t2 = time.perf_counter()
+        li = LoadInfo(name=cfg.name, content_hash=cfg.content_hash, source="disk" if r.hit else "built",
+                      build_s=r.build_s, cache_s=(t1 - t0) - r.build_s, load_s=t2 - t1, cache_path=str(r.path),
+                      rebuilt_reason=r.reason if r.found is EntryState.CORRUPT else "")
+        log.debug("fa4gen %s: %s; build %.3f s, cache %.3f s, load %.3f s%s", cfg.name, li.source, li.build_s,
+                  li.cache_s, li.load_s, f" (rebuilt: {li.rebuilt_reason})" if li.rebuilt_reason else "")
+        info.append(li)
+        return kernel
+
+    kernel, created = KERNELS.get_or_create((cfg.content_hash, device.index), factory)
+    if not created:
+        info.append(LoadInfo(name=cfg.name, content_hash=cfg.content_hash, source="memory"))
+    return kernel, info[-1]
+
+
+# Per-call host cost matters at small shapes (a 16 x 1024 causal call is ~180 us of GPU time):
+# content_hash (dataclass -> JSON -> sha256) alone is ~50 us, so calls after the first map the
+# problem's kernel key (config_fields: a tuple of a few ints and strings) straight to the loaded kernel,
+# as long as the registry still holds it.
+_fast: dict[tuple, tuple[tuple[str, int], LoadInfo]] = {}
+_arch_ok: set[int] = set()
+
+
+def kernel_for(problem, dev):
+    key = (config_fields(problem), dev.index)
+    known = _fast.get(key)
+    if known is not None:
+        kernel = KERNELS.peek(known[0])
+        if kernel is not None:
+            return kernel, known[1]
+    cfg = KernelConfig(**dict(key[0]))
+    kernel, info = get_kernel(cfg, dev)
+    _fast[key] = ((cfg.content_hash, dev.index), LoadInfo(name=cfg.name, content_hash=cfg.content_hash,
+                                                          source="memory"))
+    return kernel, info
+
+
+def _tma_ready(t, name: str, why: str | None):
+    """t itself (size-1 dims given legal strides) or, when TMA cannot address it, a packed copy."""
+    if why is not None:
+        log.debug("fa4gen copies %s to a contiguous layout: %s", name, why)
+        # .contiguous() returns a misaligned but packed view unchanged; a clone gets a fresh
+        # (allocator-aligned) block
+        c = t.contiguous()
+        return c if c.data_ptr() != t.data_ptr() else t.clone()
+    strides = validate.canonical_strides(tuple(t.shape), tuple(t.stride()))
+    return t if strides == tuple(t.stride()) else t.as_strided(t.shape, strides)
+
+
+def attention_eager(torch, q, k, v, causal, softmax_scale, return_lse, check_grad: bool = True):
+    """`attention` outside a compiled region (and the body of the custom op's real implementation):
+    validate, get the kernel, launch on the current stream, record `last_call_info`."""
+    t0 = time.perf_counter()
+    metas = validate.tensor_metas(q, k, v)  # every argument that is not a dense tensor, in one error
+    problem = validate.check_problem(*metas, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse)
+    dev = q.device
+    if dev.index not in _arch_ok:
+        validate.check_arch(torch.cuda.get_device_capability(dev), torch.cuda.get_device_name(dev))
+        _arch_ok.add(dev.index)
+    if check_grad and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise validate.InputValueError(FORWARD_ONLY)
+
+    def launch(q, k, v, o, lse):
+        kernel, kinfo = kernel_for(problem, dev)
+        kernel(q, k, v, o, lse=lse, softmax_scale=problem.softmax_scale)
+        return kinfo
+
+    return _record(problem, t0, *answer(torch, problem, q, k, v, return_lse, launch))
+
+
+def answer(torch, problem, q, k, v, return_lse, launch):
+    """The outputs of a validated problem (dense or varlen): o and, with return_lse, lse allocated on
+    q's device; empty problems answered as they are and keyless ones with O = 0, LSE = -inf, without
+    a launch; otherwise the inputs TMA cannot read in place copied (problem.relayout) and
+    `launch(q, k, v, o, lse)` called on q's device. Returns (o, lse, whether it launched, what
+    launch returned, the names of the copied inputs)."""
+    dev = q.device
+    o = torch.empty(problem.out_shape, dtype=q.dtype, device=dev)
+    lse = torch.empty(problem.lse_shape, dtype=torch.float32, device=dev) if return_lse else None
+    if problem.is_empty:
+        return o, lse, False, None, ()
+    if problem.no_keys:
+        o.zero_()
+        if lse is not None:
+            lse.fill_(float("-inf"))
+        return o, lse, False, None, ()
+    why = dict(problem.relayout)
+    q, k, v = (_tma_ready(t, n, why.get(n)) for t, n in ((q, "q"), (k, "k"), (v, "v")))
+    with torch.cuda.device(dev):
+        ran = launch(q, k, v, o, lse)
+    return o, lse, True, ran, tuple(why)
+
+
+def _record(problem, t0, o, lse, launched, kinfo, copied):
+    """Record this thread's `last_call_info` and return what the call returns."""
+    _local.info = CallInfo(problem, launched, kinfo, copied, time.perf_counter() - t0)
+    return (o, lse) if problem.return_lse else o
+
+
+def varlen_metas(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, meta=None):
+    """TensorMetas of the varlen arguments (None for an absent seqused_k); every argument that is not
+    a dense tensor reported in one error. `meta` replaces validate.tensor_meta (fake tensors)."""
+    return _metas_of(((q, "q"), (k, "k"), (v, "v"), (cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k"),
+                      (seqused_k, "seqused_k")), ("seqused_k",), meta)
+
+
+def _metas_of(items, optional, meta=None):
+    """TensorMeta per (tensor, name) in items, None for an absent (None) optional one; every argument
+    that is not a dense tensor reported in one error."""
+    meta = meta or validate.tensor_meta
+    metas, errors = [], []
+    for t, n in items:
+        if t is None and n in optional:
+            metas.append(None)
+            continue
+        try:
+            metas.append(meta(t, n))
+        except Fa4genInputError as e:
+            metas.append(None)
+            errors.append(e)
+    validate.raise_all(errors)
+    return metas
+
+
+def attention_varlen_eager(torch, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                            softmax_scale, return_lse, seqused_k, check_grad: bool = True):
+    """`attention_varlen` outside a compiled region (and the custom op's real implementation)."""
+    t0 = time.perf_counter()
+    qm, km, vm, cqm, ckm, sum_ = varlen_metas(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    problem = validate.check_varlen_problem(qm, km, vm, cqm, ckm, max_seqlen_q, max_seqlen_k, seqused_k=sum_,
+                                            causal=causal, softmax_scale=softmax_scale, return_lse=return_lse)
+    dev = q.device
+    if dev.index not in _arch_ok:
+        validate.check_arch(torch.cuda.get_device_capability(dev), torch.cuda.get_device_name(dev))
+        _arch_ok.add(dev.index)
+    if check_grad and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise validate.InputValueError(FORWARD_ONLY.replace("fa4gen.attention", "fa4gen.attention_varlen"))
+    def launch(q, k, v, o, lse):
+        kernel, kinfo = kernel_for(problem, dev)
+        kernel.varlen(q, k, v, o, cu_seqlens_q, cu_seqlens_k, problem.max_seqlen_q, problem.max_seqlen_k, lse=lse,
+                      seqused_k=seqused_k, softmax_scale=problem.softmax_scale)
+        return kinfo
+
+    return _record(problem, t0, *answer(torch, problem, q, k, v, return_lse, launch))
+
+
+def attention_with_kvcache_eager(torch, q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
+                                 num_splits, return_lse):
+    """`attention_with_kvcache` once torch is imported: validate, get the kernel, launch, record."""
+    t0 = time.perf_counter()
+    metas = kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table)
+    problem = validate.check_kvcache_problem(*metas, causal=causal, softmax_scale=softmax_scale,
+                                             num_splits=num_splits, return_lse=return_lse)
+    dev = q.device
+    if dev.index not in _arch_ok:
+        validate.check_arch(torch.cuda.get_device_capability(dev), torch.cuda.get_device_name(dev))
+        _arch_ok.add(dev.index)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
+        raise validate.InputValueError(FORWARD_ONLY.replace("fa4gen.attention", "fa4gen.attention_with_kvcache"))
+    return _record(problem, t0, *kvcache_answer(torch, problem, lambda: kernel_for(problem, dev), q, k_cache,
+                                                 v_cache, cache_seqlens, page_table, return_lse))
+
+
+def kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table, meta=None):
+    """TensorMetas of the KV-cache arguments (None for an absent page_table), every argument that is
+    not a dense tensor reported in one error."""
+    return _metas_of(((q, "q"), (k_cache, "k"), (v_cache, "v"), (cache_seqlens, "cache_seqlens"),
+                      (page_table, "page_table")), ("page_table",), meta)
+
+
+def kvcache_answer(torch, problem, get_kernel, q, k_cache, v_cache, cache_seqlens, page_table, return_lse):
+    """`answer` for a validated KV-cache problem: CPU-held lengths / page entries checked and copied
+    to the device, the kernel got (`get_kernel()` -> (Kernel, LoadInfo)), the split count chosen
+    (num_splits = 0), the fp32 partials allocated, the kernel (and the combine kernel) launched."""
+    dev = q.device
+    if problem.host_index and not problem.is_empty and not problem.no_keys:
+        validate.check_kvcache_values(cache_seqlens.tolist(), None if page_table is None else page_table.tolist(),
+                                      problem)
+        cache_seqlens = cache_seqlens.to(dev, non_blocking=True)
+        if page_table is not None:
+            page_table = page_table.to(dev, non_blocking=True)
+
+    def launch(q, k, v, o, lse):
+        kernel, kinfo = get_kernel()
+        S = problem.num_splits or kernel.kvcache_num_splits(problem.batch, problem.heads_kv, problem.seqlen_q,
+                                                            problem.capacity)
+        o_part = lse_part = None
+        if S > 1:
+            rows = problem.batch * problem.seqlen_q * problem.heads_q
+            o_part = torch.empty((S, rows, problem.head_dim), dtype=torch.float32, device=dev)
+            lse_part = torch.empty((S, rows), dtype=torch.float32, device=dev)
+        kernel.kvcache(q, k, v, o, cache_seqlens, page_table, num_splits=S, lse=lse,
+                       softmax_scale=problem.softmax_scale, o_partial=o_part, lse_partial=lse_part)
+        return kinfo
+
+    return answer(torch, problem, q, k_cache, v_cache, return_lse, launch)
+
+

@@ -1,0 +1,160 @@
+"""The emulator of one launch: a parsed module compiled into ops (the synchronous instructions of
+ops.py, the asynchronous ones of async_units.py), its parameters and global memory, and the CTAs
+of machine.py run one after another. Above ops, async_units and machine, which never import it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import async_units as au
+from .machine import CTA, Fault, GlobalMemory, Op
+from .ops import (Ctx, _regnames, compile_alu, compile_bar, compile_cvt, compile_fence, compile_ld_st,
+                  compile_mbarrier, compile_setmaxnreg, compile_setp, compile_warp_coll, init_registers, reader,
+                  unsupported, writer)
+from .parse import Module, Sym, UnsupportedInstruction
+
+
+# ---- the compiled program: one op per instruction -----------------------------------------------
+def compile_instr(ctx: Ctx, ins) -> Op:
+    parts = ins.parts
+    head = parts[0]
+    srcs, dsts = (), ()
+    ops_ = ins.operands
+    if ops_:
+        first = ops_[0]
+        writes_first = head not in ("st", "bar", "barrier", "mbarrier", "cp", "prefetch", "tcgen05", "bra",
+                                    "setmaxnreg", "wgmma", "fence")
+        if head == "mbarrier" and parts[1] in ("try_wait", "test_wait"):
+            writes_first = True
+        if head == "tcgen05" and parts[1] == "ld":
+            writes_first = False  # async destination: poisoned, handled by the unit
+        if head == "wgmma" and parts[1] == "mma_async":
+            # chained accumulators are allowed between wgmma ops of one shape: the unit checks them
+            srcs = tuple(n for o in ops_[1:] for n in _regnames(o))
+        elif writes_first:
+            dsts = _regnames(first)
+            srcs = tuple(n for o in ops_[1:] for n in _regnames(o))
+        else:
+            srcs = tuple(n for o in ops_ for n in _regnames(o))
+    if ins.guard:
+        srcs = srcs + (ins.guard,)
+    aligned = "aligned" in parts
+    if head == "bra":
+        if len(ops_) != 1 or not isinstance(ops_[0], Sym):
+            raise unsupported(ins, "bra needs one label")
+        tgt = ctx.mod.labels.get(ops_[0].name)
+        if tgt is None:
+            raise UnsupportedInstruction(f"bra to an undefined label {ops_[0].name} at line {ins.line}")
+        return Op(ins, None, "bra", tgt, uni="uni" in parts, srcs=srcs)
+    if head in ("ret", "exit"):
+        return Op(ins, None, "ret")
+    if head == "setp":
+        fn = compile_setp(ctx, ins, parts)
+    elif head == "cvt":
+        fn = compile_cvt(ctx, ins, parts)
+    elif head == "cvta":
+        a = reader(ctx, ops_[1], parts[-1], ins)
+        d = writer(ctx, ops_[0], parts[-1], ins)
+        fn = lambda w, m: d(w, a(w), m)  # noqa: E731  (param/shared windows map 1:1 into generic)
+    elif head in ("ld", "st"):
+        fn = compile_ld_st(ctx, ins, parts)
+    elif head == "mbarrier":
+        fn = compile_mbarrier(ctx, ins, parts)
+    elif head == "bar" or (head == "barrier" and len(parts) > 1):
+        fn = compile_bar(ctx, ins, parts)
+    elif head in ("elect", "vote", "shfl"):
+        fn = compile_warp_coll(ctx, ins, parts)
+    elif head == "setmaxnreg":
+        fn = compile_setmaxnreg(ctx, ins, parts)
+    elif head == "fence":
+        fn = compile_fence(ctx, ins, parts)
+    elif head in ("tcgen05", "cp", "prefetch", "wgmma"):
+        fn = au.compile_async(ctx, ins, parts)
+    elif head in ("mov", "add", "sub", "mul", "mad", "fma", "max", "min", "neg", "abs", "div", "rem", "rcp",
+                  "ex2", "lg2", "sqrt", "and", "or", "xor", "not", "shl", "shr", "selp"):
+        fn = compile_alu(ctx, ins, parts)
+    else:
+        raise unsupported(ins)
+    return Op(ins, fn, "alu", aligned=aligned, srcs=srcs, dsts=dsts)
+
+
+def compile_program(emu) -> list:
+    ctx = Ctx(emu)
+    return [compile_instr(ctx, ins) for ins in emu.mod.instrs]
+
+
+# ---- the emulator: a module, a launch, the compiled program -------------------------------------
+class Emulator:
+    def __init__(self, mod: Module, *, arch: str, nthreads: int, nctas: int, dyn_smem: int, params: bytes,
+                 param_offsets: dict, gmem: "GlobalMemory", seed: int, entry_regs: int | None,
+                 barrier_names: dict | None = None, delays: dict | None = None, options: dict | None = None):
+        self.mod, self.arch = mod, arch
+        self.nthreads, self.nctas, self.dyn_smem = nthreads, nctas, dyn_smem
+        self.params, self.param_offsets = params, param_offsets
+        self.gmem, self.seed = gmem, seed
+        self.entry_regs = entry_regs
+        self._bar_names = barrier_names or {}
+        self.delays = dict(DEFAULT_DELAYS, **(delays or {}))
+        self.options = dict(options or {})
+        self.param_sizes = {p.name: p.size for p in mod.params}
+        self.prog = compile_program(self)
+        self.reg_init = init_registers(mod)
+        self.total_steps = 0
+        self.findings: list = []  # faults that do not stop the run (TMEM dealloc/leak): still failures
+        self.writers: list = []  # (kind, warp, line[, via]) for reports: who wrote an output byte
+        self._writer_idx: dict = {}
+        self.gwriter: dict = {}  # allocation name -> int32 writer id per byte
+        self.gwrites: dict = {}  # allocation name -> writes per byte (an output is written once)
+        self.gcta: dict = {}
+        if mod.maxntid is not None and nthreads > mod.maxntid:
+            raise Fault("LAUNCH", f"{nthreads} threads per CTA exceed .maxntid {mod.maxntid}")
+
+    def writer_id(self, entry: tuple) -> int:
+        i = self._writer_idx.get(entry)
+        if i is None:
+            i = self._writer_idx[entry] = len(self.writers)
+            self.writers.append(entry)
+        return i
+
+    def mark_gmem(self, name: str, buf_size: int, byte_idx: np.ndarray, wid: np.ndarray | int, cta: int = -1) -> None:
+        arr = self.gwriter.get(name)
+        if arr is None:
+            arr = self.gwriter[name] = np.full(buf_size, -1, np.int32)
+            self.gwrites[name] = np.zeros(buf_size, np.uint8)
+            self.gcta[name] = np.full(buf_size, -1, np.int32)
+        arr[byte_idx] = wid
+        idx = np.asarray(byte_idx).reshape(-1)
+        cnt = self.gwrites[name]
+        again = idx[cnt[idx] > 0]
+        if again.size and len(self.findings) < 8:
+            b = int(again[0])
+            self.findings.append(Fault("WRITTEN_TWICE", f"output {name} byte {b} written again (first by CTA "
+                                                        f"{int(self.gcta[name][b])}, now CTA {cta}): two tasks "
+                                                        "computed the same tile, a write race on a GPU"))
+        cnt[idx] = np.minimum(cnt[idx].astype(np.int32) + 1, 255).astype(np.uint8)
+        self.gcta[name][idx] = cta
+
+    def barrier_name(self, addr: int) -> str:
+        return self._bar_names.get(addr, f"mbarrier@{addr:#x}")
+
+    def run(self, step_limit: int = 20_000_000, ctas=None, progress=None) -> None:
+        for c in (range(self.nctas) if ctas is None else ctas):
+            cta = CTA(self, c)
+            try:
+                cta.run(step_limit)
+            except Fault as f:
+                f.cta = c
+                f.args = (f"CTA {c}: {f.args[0]}",)
+                raise
+            finally:
+                self.total_steps += cta.steps
+            if progress:
+                progress(c, cta)
+
+
+DEFAULT_DELAYS = {
+    "tma": (150, 2500), "mma": (20, 400), "commit": (1, 60), "tmem": (2, 200), "bulk_store": (150, 2500),
+    "wgmma": (20, 400),
+}
+
+
