@@ -36,7 +36,7 @@ def _config_options(f):
                      help="With --kvcache: a paged cache (num_pages, N, Hkv, D) read through a page table "
                           "(B, max_pages) int32, N a power of two in [16, 256]; 0 = contiguous."),
         click.option("--block-m", "block_m", type=click.Choice(["auto", "128", "192"]), default="auto", show_default=True,
-                     help="Q tile rows. auto: what fa4gen.attention runs (fa4gen.plan.q_tile_rows: 192 for dense "
+                     help="Q tile rows. auto: what fa4gen.attention runs (fa4gen.tiles.q_tile_rows: 192 for dense "
                           "sm_90a D = 64, three consumer warpgroups; 128 otherwise). 192 is sm_90a-only, dense, "
                           "GQA packs of at most 64 heads."),
         click.option("--kv-stages", type=int, default=None, help="K/V SMEM ring depth (default: the arch's)."),
@@ -55,7 +55,7 @@ def _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshol
     if block_m != "auto":
         kw["block_m"] = int(block_m)
     elif head_dim in (64, 128) and isinstance(gqa, int) and gqa >= 1:  # others: KernelConfig says what is wrong
-        from .plan import q_tile_rows
+        from .tiles import q_tile_rows
         kw["block_m"] = q_tile_rows(arch, head_dim, gqa, varlen, kvcache)
     if kv_stages is not None:
         kw["kv_stages"] = kv_stages

@@ -35,35 +35,17 @@ DEFAULT_MATRIX = tuple(
     [KernelConfig(head_dim=d, causal=c, gqa_ratio=g) for d in (64, 128) for c in (False, True) for g in (1, 4)]
     + [KernelConfig(dtype="fp16", causal=True, gqa_ratio=4)])
 # One sm_90a default variant beside it, so the PTX of both targets can be reviewed, and the 192-row
-# three-consumer tile that fa4gen.attention runs at D = 64 (plan.SM90_Q_ROWS).
+# three-consumer tile that fa4gen.attention runs at D = 64 (tiles.SM90_Q_ROWS).
 SM90_REVIEW_CONFIG = KernelConfig(arch="sm_90a", head_dim=128, causal=True, gqa_ratio=1)
 SM90_WIDE_REVIEW_CONFIG = KernelConfig(arch="sm_90a", head_dim=64, causal=True, gqa_ratio=4, block_m=192)
 # A varlen variant of each target (packed sequences, cu_seqlens; docs/ABI.md "Varlen") for review.
 VARLEN_REVIEW_CONFIGS = (KernelConfig(head_dim=128, causal=True, gqa_ratio=4, varlen=True),
                          KernelConfig(arch="sm_90a", head_dim=128, causal=True, gqa_ratio=4, varlen=True))
 # A KV-cache variant of each target (decode over a paged cache, split-KV, the fa4_combine entry;
-# docs/ABI.md "KV cache") for review. The sm_100a one joins only once its lowering emits a KV-cache
-# module (a manifest with the "kvcache" record): until then it is left out, not checked in broken.
-KVCACHE_REVIEW_CANDIDATES = (KernelConfig(head_dim=128, causal=True, gqa_ratio=4, kvcache=True, page_size=64),
-                             KernelConfig(arch="sm_90a", head_dim=128, causal=True, gqa_ratio=4, kvcache=True,
-                                          page_size=64))
-
-
-def kvcache_lowered(cfg: KernelConfig) -> bool:
-    """Whether the config's arch lowers KV-cache kernels today (the manifest it would write has the
-    "kvcache" record). sm_90a: yes. sm_100a: asked of its lowering (no PTX is rendered)."""
-    if cfg.arch == "sm_90a":
-        return True
-    try:
-        from .ir import build_pipeline
-        from .lower.sm100 import manifest_sm100
-
-        return "kvcache" in manifest_sm100(build_pipeline(cfg))
-    except Exception:  # noqa: BLE001 (a lowering that cannot take the config does not lower it)
-        return False
-
-
-KVCACHE_REVIEW_CONFIGS = tuple(c for c in KVCACHE_REVIEW_CANDIDATES if kvcache_lowered(c))
+# docs/ABI.md "KV cache") for review.
+KVCACHE_REVIEW_CONFIGS = (KernelConfig(head_dim=128, causal=True, gqa_ratio=4, kvcache=True, page_size=64),
+                          KernelConfig(arch="sm_90a", head_dim=128, causal=True, gqa_ratio=4, kvcache=True,
+                                       page_size=64))
 # The variants checked in under generated/ (scripts/regen_generated.py): the sm_100a matrix, the
 # sm_90a review variants, the two varlen ones and the KV-cache ones.
 GENERATED_MATRIX = (DEFAULT_MATRIX + (SM90_REVIEW_CONFIG, SM90_WIDE_REVIEW_CONFIG) + VARLEN_REVIEW_CONFIGS

@@ -181,7 +181,7 @@ def exp2_hardware(x) -> np.ndarray:
 def emulated_mask(cfg: KernelConfig, frag_idx: int, apply_mask: bool) -> np.ndarray:
     """bool[32]: which columns of 32-column fragment ``frag_idx`` (0..3) use exp2_emulated.
 
-    The seed's softmax loop (fa4_chapter_zh.txt, the `ex2_emulation_2` dispatch) walks pairs
+    FA4's softmax loop (its `ex2_emulation_2` dispatch) walks pairs
     (idx, idx + 1) with idx = frag_idx * 32 + 2 * i, i in 0..15, and uses hardware ex2 when
     ``2*i % 16 < 16 - 2*emu_pairs or frag_idx >= 3 or frag_idx < emu_start or apply_mask``.
     Since 16 - 2*emu_pairs is even, pair i's test equals the per-element test on j in {2i, 2i+1}:

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Regenerate generated/: the default sm_100a matrix and one sm_90a variant as <name>.ptx + <name>.json, for review.
+"""Regenerate generated/, the review matrix of both targets, as <name>.ptx + <name>.json.
 
     python scripts/regen_generated.py [--out DIR] [--no-assemble]
 
-The variants are fa4gen.codegen.GENERATED_MATRIX: DEFAULT_MATRIX (sm_100a) plus SM90_REVIEW_CONFIG
-(sm_90a, D 128, causal, GQA 1). Each goes through the whole chain (fa4gen.codegen.build: IR, verify,
+The variants are fa4gen.codegen.GENERATED_MATRIX: DEFAULT_MATRIX (sm_100a), the sm_90a review variants
+(SM90_REVIEW_CONFIG, SM90_WIDE_REVIEW_CONFIG) and a varlen and a KV-cache variant of each target. Each goes through the whole chain (fa4gen.codegen.build: IR, verify,
 lower, render and, when ptxas is available, assembly for its target, whose resource report lands in
 the .json). The
 cubins are not checked in. tests/test_sm100_emit.py regenerates into a temporary directory and

@@ -1,4 +1,5 @@
-"""Skips tests marked `gpu` unless torch sees a GPU that fa4gen has a kernel for (sm_90).
+"""Skips tests marked `gpu` unless torch sees a GPU that fa4gen has a kernel for (sm_90), and holds the
+GPU tests' shared fixture (exact_fp32).
 
 Only decides when gpu-marked tests were collected, so CPU runs never import torch because of it."""
 
@@ -31,3 +32,14 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason=f"gpu test: {reason}")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+@pytest.fixture
+def exact_fp32():
+    """The GPU tests' fp32 reference must be real fp32: TF32 matmuls would round the logits to 10 bits."""
+    import torch
+
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(old)

@@ -8,7 +8,7 @@ import pytest
 
 from fa4gen import assemble as asm
 from fa4gen.assemble import (
-    MIN_PTX_ISA_FOR_ARCH, PTX_VERSION, AssembleError, AssemblePolicy, Backend, BackendUnavailableError,
+    MIN_PTX_ISA_FOR_ARCH, PTX_VERSION_FOR_ARCH, AssembleError, AssemblePolicy, Backend, BackendUnavailableError,
     FailureKind, assemble, disassemble, parse_resources, ptx_isa_version_for, ptx_version_supported,
 )
 
@@ -22,7 +22,7 @@ ARCHS = ["sm_90a", "sm_100a"]
 
 
 def _header(arch: str) -> str:
-    return f".version {PTX_VERSION}\n.target {arch}\n.address_size 64\n\n"
+    return f".version {PTX_VERSION_FOR_ARCH[arch]}\n.target {arch}\n.address_size 64\n\n"
 
 
 def smem_kernel(arch: str) -> str:
@@ -117,17 +117,31 @@ def test_ptx_isa_table():
 
 def test_ptx_version_fits_h200_driver_and_targets():
     """The H200 machines run driver 580 = CUDA 13.0; sm_100a needs >= 8.6, sm_90a >= 8.0."""
-    assert ptx_version_supported(PTX_VERSION, "13.0")
-    assert ptx_version_supported(PTX_VERSION, "12.9")
-    for arch, least in MIN_PTX_ISA_FOR_ARCH.items():
-        assert asm._version_tuple(PTX_VERSION) >= asm._version_tuple(least), arch
+    assert set(PTX_VERSION_FOR_ARCH) == set(MIN_PTX_ISA_FOR_ARCH) == set(ARCHS)
+    for arch, version in PTX_VERSION_FOR_ARCH.items():
+        assert ptx_version_supported(version, "13.0"), arch
+        assert ptx_version_supported(version, "12.9"), arch
+        assert asm._version_tuple(version) >= asm._version_tuple(MIN_PTX_ISA_FOR_ARCH[arch]), arch
+
+
+def test_lowerings_declare_the_table_version():
+    """Both lowerings print their target's PTX_VERSION_FOR_ARCH entry, the one place it is said."""
+    from fa4gen.config import KernelConfig
+    from fa4gen.lower.sm90 import build_sm90
+    from fa4gen.lower.sm100 import build_sm100
+
+    sm90, _ = build_sm90(KernelConfig(arch="sm_90a", head_dim=128, causal=True))
+    sm100, _ = build_sm100(KernelConfig(arch="sm_100a", head_dim=128, causal=True))
+    for arch, ptx in (("sm_90a", sm90), ("sm_100a", sm100)):
+        assert f"\n.version {PTX_VERSION_FOR_ARCH[arch]}\n.target {arch}\n" in ptx, arch
 
 
 @pytest.mark.skipif(not HAVE_PTXAS, reason="ptxas not found")
 def test_local_ptxas_reads_ptx_version():
     version = asm.ptxas_version(asm.find_ptxas())
     assert version, "could not read ptxas --version"
-    assert ptx_version_supported(PTX_VERSION, version)
+    for arch, ptx_version in PTX_VERSION_FOR_ARCH.items():
+        assert ptx_version_supported(ptx_version, version), arch
 
 
 # ---- valid kernels --------------------------------------------------------------------------

@@ -326,9 +326,9 @@ def test_tensor_map_interleave32_needs_swizzle32_and_32b_strides():
 # ---- ptxas accepts the encodings as the instructions' operands ------------------------------
 
 def _tcgen05_ptx(idesc: int, adesc: int, bdesc: int) -> str:
-    from fa4gen.assemble import PTX_VERSION
+    from fa4gen.assemble import PTX_VERSION_FOR_ARCH
     return f"""\
-.version {PTX_VERSION}
+.version {PTX_VERSION_FOR_ARCH["sm_100a"]}
 .target sm_100a
 .address_size 64
 
@@ -370,7 +370,7 @@ def test_tcgen05_mma_with_encoded_operands_assembles(tmp_path):
 
 def test_wgmma_with_encoded_descriptors_assembles(tmp_path):
     """ptxas (sm_90a) accepts wgmma descriptors made by SmemMatrixDesc (K-major A, MN-major B)."""
-    from fa4gen.assemble import PTX_VERSION, assemble, available_backends
+    from fa4gen.assemble import PTX_VERSION_FOR_ARCH, assemble, available_backends
     if not available_backends():
         pytest.skip("neither ptxas nor nvJitLink found")
     a = SmemMatrixDesc.k_major_sw128("sm_90a", 0x0).encode()
@@ -378,7 +378,7 @@ def test_wgmma_with_encoded_descriptors_assembles(tmp_path):
     acc = ", ".join(f"%f{i}" for i in range(32))
     stores = "\n".join(f"  st.global.f32 [%rd3+{4 * i}], %f{i};" for i in range(32))
     ptx = f"""\
-.version {PTX_VERSION}
+.version {PTX_VERSION_FOR_ARCH["sm_90a"]}
 .target sm_90a
 .address_size 64
 

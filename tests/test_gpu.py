@@ -35,7 +35,7 @@ torch = pytest.importorskip("torch")
 from fa4gen import api  # noqa: E402
 from fa4gen.cache import KERNELS  # noqa: E402
 from fa4gen.config import KernelConfig  # noqa: E402
-from fa4gen.plan import q_tile_rows  # noqa: E402
+from fa4gen.tiles import q_tile_rows  # noqa: E402
 from fa4gen.validate import DeviceError, InputTypeError, InputValueError  # noqa: E402
 
 UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
@@ -101,15 +101,6 @@ def reference(q, k, v, causal, scale):
     return o.transpose(1, 2), lse, pv_abs.transpose(1, 2)
 
 
-@pytest.fixture
-def exact_fp32():
-    """The reference must be real fp32: TF32 matmuls would round the logits to 10 bits."""
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(old)
-
-
 def check_against_reference(o, lse, q, k, v, causal, scale, dtype, label):
     o_ref, lse_ref, pv_abs = reference(q, k, v, causal, scale)
     nan_o = torch.isnan(o).sum().item()
@@ -160,7 +151,7 @@ def make_inputs(c, seed_label, device="cuda"):
 
 def run_kernel_poisoned(q, k, v, causal, scale, dtype, emu_pairs=None, block_m=None):
     """Call the Kernel itself with O and LSE filled with NaN, so unwritten elements show. block_m None:
-    the Q tile fa4gen.attention picks (plan.q_tile_rows: 192 rows, three consumers, at D = 64 unless
+    the Q tile fa4gen.attention picks (tiles.q_tile_rows: 192 rows, three consumers, at D = 64 unless
     causal over fewer than 2048 packed rows)."""
     b, sq, hq, d = q.shape
     g = hq // k.shape[2]
@@ -199,7 +190,7 @@ def test_kernel_matches_reference(c, exact_fp32):
 
 
 # D = 64 runs 192-row tiles (three consumer warpgroups) by default, except causal calls over fewer
-# than 2048 packed rows, which run the 128-row kernel (plan.q_tile_rows). Both tiles on the cases
+# than 2048 packed rows, which run the 128-row kernel (tiles.q_tile_rows). Both tiles on the cases
 # the default does not give them: the 192-row kernel on every causal D = 64 case (a build for any
 # shape takes it), the 128-row two-consumer kernel (KernelConfig(block_m=128)) on every other D = 64 case.
 CASES_D64_TILES = ([(c, 192) for c in CASES if c["d"] == 64 and c["causal"]]
@@ -217,7 +208,7 @@ def test_d64_tile_matches_reference(c, block_m, exact_fp32):
         check_against_reference(o, lse, q, k, v, c["causal"], scale, c["dtype"], label)
 
 
-# ---- GQA ratios that do not divide 128 (plan.gqa_pack: one query head per Q tile) ------------------
+# ---- GQA ratios that do not divide 128 (tiles.gqa_pack: one query head per Q tile) ------------------
 # (G, Hkv): Llama-3.2-3B 24/8, Qwen2.5-14B 40/8, Qwen2-1.5B 12/2, Qwen2.5-7B 28/4, and 12/1. Each
 # ratio runs D 64/128 x causal/non-causal (20 kernel configs), on (Sq, Skv) pairs with Sq != Skv
 # (both ways) and tails on both lengths, dtypes and x30 inputs alternating.

@@ -15,7 +15,7 @@ from fa4gen import api  # noqa: E402
 from fa4gen.config import KernelConfig  # noqa: E402
 from fa4gen.validate import DeviceError, Fa4genInputError, InputTypeError, InputValueError  # noqa: E402
 
-from test_gpu import TORCH_DTYPE, check_against_reference, exact_fp32  # noqa: E402,F401 (fixture)
+from test_gpu import TORCH_DTYPE, check_against_reference  # noqa: E402
 from test_gpu_varlen import assert_guards, guarded  # noqa: E402
 
 pytestmark = pytest.mark.gpu

@@ -300,7 +300,7 @@ def test_dense_and_varlen_ptx_unchanged(name):
         assert word not in ptx
 
 
-# ---- emulation (a small set; scripts/kvcache_sm100_evidence.py emulates the matrix) -------------------
+# ---- emulation (a small set; bench/README.md "Removed probes" has the whole matrix's run) -------------
 def _first_batch(man):
     from fa4gen.ptxemu.kvcache import default_kv_shapes
     return default_kv_shapes(man)[:1]  # Sq = 3, 3 splits (uneven and empty), no keys, past the capacity

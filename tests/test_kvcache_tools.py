@@ -349,7 +349,7 @@ def test_cli_builds_and_emulates_a_kvcache_variant(tmp_path):
 
 def test_review_configs_include_the_kvcache_variants():
     names = {c.name for c in codegen.KVCACHE_REVIEW_CONFIGS}
-    assert "fa4_sm90a_d128_bf16_causal_gqa4_kvcache_p64" in names
+    assert names == {"fa4_sm90a_d128_bf16_causal_gqa4_kvcache_p64", "fa4_sm100a_d128_bf16_causal_gqa4_kvcache_p64"}
     assert set(codegen.KVCACHE_REVIEW_CONFIGS) <= set(codegen.GENERATED_MATRIX)
     for c in codegen.KVCACHE_REVIEW_CONFIGS:
         assert c.kvcache and c.page_size == 64 and c.causal and c.gqa_ratio == 4 and c.head_dim == 128

@@ -6,7 +6,6 @@ fa4gen check and the emulator strip them (tests/test_ptxemu.py runs both on gene
 from __future__ import annotations
 
 import functools
-import json
 import re
 from pathlib import Path
 

@@ -372,10 +372,10 @@ SWEEP = ROOT / "bench" / "results" / "2026-11-30T092139Z_NVIDIA-H200_l2_sweep.js
 
 
 def test_choice_on_the_measured_h200_is_a_measured_win():
-    """scripts/bench_l2_group.py on the H200 (60 MiB L2, 132 SMs) timed several l2_group values per
-    shape. The rule must pick, with that device's numbers, one of the timed values, and one no
-    slower than one section (within 2% noise); where one section is what it picks, no timed
-    section size may have been more than 2% faster."""
+    """`python3 -m bench.l2_group` (then scripts/bench_l2_group.py) on the H200 (60 MiB L2, 132 SMs)
+    timed several l2_group values per shape. The rule must pick, with that device's numbers, one of
+    the timed values, and one no slower than one section (within 2% noise); where one section is
+    what it picks, no timed section size may have been more than 2% faster."""
     rows = json.loads(SWEEP.read_text())
     assert len(rows) >= 6
     for r in rows:

@@ -1,7 +1,6 @@
 """Pipeline IR: `build_pipeline(cfg)` returns the frozen Pipeline for the config's arch."""
 
 from ..config import KernelConfig
-from .core import *  # noqa: F401,F403
 from .core import Pipeline
 
 

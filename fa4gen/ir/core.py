@@ -98,7 +98,8 @@ class Region:
 
 @dataclass(frozen=True)
 class Barrier:
-    """A barrier family. Kind and arrival count are required: never defaulted (STYLE.md lesson 4)."""
+    """A barrier family. Kind and arrival count are required, never defaulted: a defaulted count
+    would let a barrier silently disagree with the number of arrivals its protocol makes."""
 
     name: str
     kind: BarrierKind

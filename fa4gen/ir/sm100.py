@@ -1,4 +1,4 @@
-"""The sm_100a (Blackwell) pipeline of FA4_SPEC.md, as IR.
+"""The sm_100a (Blackwell) FA4 forward pipeline, as IR.
 
 One CTA task = (batch, kv_head, m_block) with two 128-row Q tiles in flight (Q stages 0 and 1).
 Warps: WG0 / WG1 softmax for Q tile 0 / 1, WG2 correction, WG3 warp 0 MMA, warp 1 TMA load,

@@ -2,7 +2,7 @@
 
 CTA = 1 + C warpgroups. WG0 warp 0 is the TMA producer (warps 1-3 idle, same setmaxnreg), WG1 .. WGC
 are consumers that each own 64 rows of the block_m-row Q tile (C = block_m / 64: 2, or 3 for the
-192-row tiles of plan.SM90_Q_ROWS). S, P and O live in registers (wgmma
+192-row tiles of tiles.SM90_Q_ROWS). S, P and O live in registers (wgmma
 accumulators; P as the RS-form A fragments), so the TMEM hand-offs of sm_100a become
 `wgmma.wait_group` (MmaWait) points. Q has two SMEM slots (the next task's Q loads under this
 task's K/V loop), K and V separate rings; every empty

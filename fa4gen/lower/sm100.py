@@ -5,7 +5,7 @@ statement; each op becomes one template item (a macro call of templates/sm100/op
 Loop / If becomes labels and predicated branches. The templates only spell instructions: every
 register name, offset, descriptor constant, column and label is computed here.
 
-Kernel shape (FA4_SPEC.md): 512 threads = 16 warps; roles own whole warps; one if/else chain on the
+Kernel shape (the roles of fa4gen/ir/sm100.py): 512 threads = 16 warps; roles own whole warps; one if/else chain on the
 warpgroup index sets each warpgroup's setmaxnreg budget, then a branch on the warp index enters the
 role. Every role runs warp-converged: single-thread work (expect_tx, TMA, tcgen05.mma, commit) is
 issued by the lane elect.sync picked, so addresses and descriptors stay warp-uniform (ptxas keeps
@@ -24,7 +24,7 @@ import math
 import struct
 from dataclasses import dataclass, field
 
-from ..assemble import PTX_VERSION
+from ..assemble import PTX_VERSION_FOR_ARCH
 from ..config import GENERATOR_VERSION, KernelConfig
 from ..plan import (KVCACHE_ORDER, combine_context, kv_box_rows, kvcache_manifest, VARLEN_ORDER, abi_params, HALF_COLS, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS,
                     SMEM_ALIGN, gqa_manifest, mask_words, panel_bytes, qo_map_dims, varlen_manifest)
@@ -1159,7 +1159,7 @@ def lower_sm100(pipe: Pipeline) -> dict:
     return {
         "generator_version": GENERATOR_VERSION,
         "name": cfg.name,
-        "ptx_version": PTX_VERSION,
+        "ptx_version": PTX_VERSION_FOR_ARCH["sm_100a"],
         "target": TARGET,
         "entry": ENTRY,
         "param_decls": [decl for _, decl in abi_params(cfg)],

@@ -6,7 +6,7 @@ structure:
 
 * CTA = 1 + C warpgroups. WG0 is the producer (one thread issues every TMA load; setmaxnreg.dec),
   WG1 .. WGC are consumers (setmaxnreg.inc), each owning 64 rows of the block_m-row Q tile
-  (C = block_m / 64: 2 for 128-row tiles, 3 for the 192-row tiles of D = 64, plan.SM90_Q_ROWS).
+  (C = block_m / 64: 2 for 128-row tiles, 3 for the 192-row tiles of D = 64, tiles.SM90_Q_ROWS).
 * S = Q K^T: wgmma m64n128k16, A and B from 128B-swizzled K-major SMEM.
   O += P V: wgmma m64n{D}k16 with P from registers (RS form) and V MN-major (imm-trans-b = 1).
 * mbarrier rings: Q (q_stages slots: consecutive tasks' tiles), K and V (kv stages each, capped by
@@ -21,15 +21,15 @@ constants, per-register mask columns and exp-path choices. The templates only sp
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import math
 from dataclasses import dataclass
 
+from ..assemble import PTX_VERSION_FOR_ARCH
 from ..config import GENERATOR_VERSION, KernelConfig
 from ..plan import (KVCACHE_ORDER, abi_params, combine_context, kv_box_rows, kvcache_manifest, VARLEN_ORDER, varlen_manifest, HALF_COLS, gqa_manifest, qo_map_dims, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS,
-                    SM90_REGS, SM90_SCHED_BAR_ID, SM90_SMEM_ALIGN as SMEM_ALIGN,
-                    SM90_SMEM_LIMIT as SMEM_LIMIT, SmemPlan, mask_words, panel_bytes, q_panel_bytes, q_tile_bytes,
+                    SM90_REGS, SM90_SCHED_BAR_ID,
+                    SM90_SMEM_LIMIT as SMEM_LIMIT, mask_words, panel_bytes, q_panel_bytes, q_tile_bytes,
                     sm90_consumers, sm90_epi_bar_id, smem_plan, tile_bytes)
 from ..render import render
 
@@ -40,9 +40,6 @@ __all__ = ["Sm90Options", "Probe", "build_sm90", "lower_sm90", "manifest_sm90",
            "smem_plan", "Sm90LoweringError", "SMEM_LIMIT"]
 
 ENTRY = "fa4_fwd"
-PTX_VERSION = "8.5"  # wgmma, setmaxnreg, elect.sync, 5-D TMA: PTX 8.0+; the H200 driver (580) takes 9.0
-THREADS = 384  # 128-row tiles: producer + 2 consumers (threads_of(cfg) in general)
-ENTRY_REGS = (REGS_PER_SM // THREADS) // 8 * 8  # 168: ptxas caps a .maxntid 384 / .minnctapersm 1 kernel here
 WG_ROWS = 64  # rows per consumer warpgroup (wgmma M)
 
 
@@ -52,8 +49,11 @@ def threads_of(cfg: KernelConfig) -> int:
 
 
 def entry_regs_of(cfg: KernelConfig) -> int:
-    """ptxas's per-thread register cap of a .maxntid threads / .minnctapersm 1 kernel (multiple of 8)."""
+    """ptxas's per-thread register cap of a .maxntid threads / .minnctapersm 1 kernel (multiple of 8):
+    168 for the 384 threads of a 128-row tile, 128 for the 512 of a 192-row one."""
     return (REGS_PER_SM // threads_of(cfg)) // 8 * 8
+
+
 NEG_INF = "0fFF800000"
 LN2 = math.log(2.0)
 
@@ -158,7 +158,7 @@ def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
         raise Sm90LoweringError("probes write a 128-key S row into O: head_dim must be 128")
     D = cfg.head_dim
     G = cfg.gqa_ratio
-    P = cfg.gqa_pack  # heads per tile (plan.gqa_pack): G when G divides 128, else 1
+    P = cfg.gqa_pack  # heads per tile (tiles.gqa_pack): G when G divides 128, else 1
     sqt = cfg.seq_q_per_tile
     plan = smem_plan(cfg)
     halves = D // HALF_COLS
@@ -223,7 +223,7 @@ def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
     ctx = {
         "generator_version": GENERATOR_VERSION,
         "name": cfg.name,
-        "ptx_version": PTX_VERSION,
+        "ptx_version": PTX_VERSION_FOR_ARCH["sm_90a"],
         "target": "sm_90a",
         "entry": ENTRY,
         "param_decls": [decl for _, decl in abi_params(cfg)],

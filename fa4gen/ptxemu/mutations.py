@@ -409,7 +409,7 @@ def by_name(name: str) -> PtxMutation:
     raise KeyError(f"no PTX mutation {name!r}; known: {', '.join(m.name for m in PTX_MUTATIONS)}")
 
 
-# ---- 192-row Q tiles (sm_90a D = 64: three consumer warpgroups, plan.SM90_Q_ROWS): the edits put back
+# ---- 192-row Q tiles (sm_90a D = 64: three consumer warpgroups, tiles.SM90_Q_ROWS): the edits put back
 # a two-consumer number where the three-consumer kernel needs its own (ring of turns, arrival
 # counts, Q tile bytes, each consumer's O rows).
 _SM90W = dict(arch="sm_90a", head_dim=64, causal=True, gqa_ratio=4, dtype="bf16", block_m=192)

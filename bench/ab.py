@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A/B timing of this generator's sm_90a kernels against an earlier generator's, interleaved.
 
-    python scripts/bench_ab.py --baseline DIR [--rounds 7] [--rep-ms 100] [--out FILE.json]
+    python3 -m bench.ab --baseline DIR [--rounds 7] [--rep-ms 100] [--out FILE.json]
 
 DIR holds the earlier kernels as `fa4gen build --arch sm_90a --out DIR` writes them
 (<name>.cubin + <name>.json). For every shape of bench/attention.py's SHAPES (plus two with tails,
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     from fa4gen.plan import q_tile_rows
 
     if not torch.cuda.is_available():
-        print("bench_ab: no CUDA GPU", file=sys.stderr)
+        print("bench.ab: no CUDA GPU", file=sys.stderr)
         return 2
     rows = []
     shapes = {"main": SHAPES + EXTRA, "d64": D64_SHAPES, "both": SHAPES + EXTRA + D64_SHAPES}[a.suite]
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     stamp = _dt.datetime.now(_dt.timezone.utc)
     out = a.out or ROOT / "bench" / "results" / f"{stamp:%Y-%m-%dT%H%M%SZ}_ab_sm90a.json"
-    env = environment(["scripts/bench_ab.py", *(argv or sys.argv[1:])])
+    env = environment(["-m", "bench.ab", *(argv or sys.argv[1:])])
     out.write_text(json.dumps({**env, "baseline": str(a.baseline), "rounds": a.rounds, "rep_ms": a.rep_ms,
                                "results": rows}, indent=1) + "\n")
     print(f"wrote {out}")

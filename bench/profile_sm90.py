@@ -3,7 +3,7 @@
 
     ncu --kernel-name fa4_fwd --launch-skip 1 --launch-count 1 --section SpeedOfLight \\
         --section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats \\
-        python3 scripts/profile_sm90.py 4,4096,32,32,64 [--causal] [--dtype bf16] [--emu-pairs N]
+        python3 -m bench.profile_sm90 4,4096,32,32,64 [--causal] [--dtype bf16] [--emu-pairs N]
 
 Builds (or takes from the cache) the kernel, runs it twice (the first launch warms up and is
 skipped by --launch-skip 1), synchronises. Prints the config name."""

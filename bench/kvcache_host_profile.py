@@ -2,7 +2,7 @@
 """Host cost of one fa4gen.attention_with_kvcache call on the GPU machine: the per-call host time
 (no sync) of the API and of Kernel.kvcache with preallocated buffers, and a cProfile of the API.
 
-    python3 scripts/kvcache_host_profile.py [--calls N]
+    python3 -m bench.kvcache_host_profile [--calls N]
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Sweep sm_90a kernel knobs on the GPU: which config of the same IR is fastest per shape.
 
-    python scripts/tune_sm90.py [--shapes issue14|all] [--rounds 5] [--out FILE.json]
+    python3 -m bench.tune_sm90 [--shapes issue14|all] [--rounds 5] [--out FILE.json]
 
 Knobs (all fields of KernelConfig that the sm_90a kernel reads): emu_pairs (exponentials per 16
 on the FMA cubic instead of MUFU), emu_start, kv_stages (K/V ring depth, as far as SMEM allows),
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     stamp = _dt.datetime.now(_dt.timezone.utc)
     out = a.out or ROOT / "bench" / "results" / f"{stamp:%Y-%m-%dT%H%M%SZ}_tune_sm90a.json"
-    env = environment(["scripts/tune_sm90.py", *(argv or sys.argv[1:])])
+    env = environment(["-m", "bench.tune_sm90", *(argv or sys.argv[1:])])
     out.write_text(json.dumps({**env, "rounds": a.rounds, "rep_ms": a.rep_ms, "results": rows}, indent=1) + "\n")
     print(f"wrote {out}")
     return 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Static SASS profile of the sm_100a kernels, per warp role: what ptxas made of the generated PTX.
 
-    python scripts/sass_profile.py [--out FILE.json] [--names a,b] [--keep DIR] [--quiet]
+    python3 -m bench.sass_profile [--out FILE.json] [--names a,b] [--keep DIR] [--quiet]
 
 For every variant of the default sm_100a matrix (fa4gen.codegen.DEFAULT_MATRIX) the PTX is built
 through the chain, assembled with ptxas (-O3, resource report: registers, spills) and disassembled
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
     out = a.out or ROOT / "bench" / "results" / f"{stamp:%Y-%m-%dT%H%MZ}_sass_profile_sm100a.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
-        "date": stamp.isoformat(timespec="seconds"), "command": "python scripts/sass_profile.py " + " ".join(argv or sys.argv[1:]),
+        "date": stamp.isoformat(timespec="seconds"), "command": "python3 -m bench.sass_profile " + " ".join(argv or sys.argv[1:]),
         "ptxas": str(ptxas), "ptxas_version": ptxas_version(ptxas), "disassembler": find_disassembler()[1][0],
         "note": "static counts (code size), per warp role by PTX line records; not executed on any GPU",
         "variants": rows}, indent=1) + "\n")

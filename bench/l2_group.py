@@ -1,6 +1,6 @@
 """Causal sm_90a kernel time against the l2_group launch parameter, on one GPU (H100/H200).
 
-    python3 scripts/bench_l2_group.py [--out results.json]
+    python3 -m bench.l2_group [--out results.json]
 
 For each shape: the runtime's choice (fa4gen.schedule.choose_l2_group), one section (= B*Hkv, the
 order before L2 sections) and a few section sizes around the L2 budget, each timed twice in
