@@ -253,8 +253,14 @@ def _load_ptx(path: Path, manifest: str | None, mutation: str | None) -> tuple[s
 @click.option("--mutation", default=None, help="Apply a PTX corpus mutation to the file first (see --list-mutations).")
 @click.option("--list-mutations", is_flag=True, help="List the PTX mutation corpus and exit.")
 @click.option("--quiet", is_flag=True, help="Only the verdict line and reports.")
+@click.option("--coverage", "coverage", is_flag=True,
+              help="After the runs, report which paths of each entry they took: basic blocks reached (by warp "
+                   "role), guarded branches seen both ways, and the blocks and branch directions never reached, "
+                   "with their PTX lines. Does not change the exit code.")
+@click.option("--coverage-json", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Also write that coverage report as JSON to this file.")
 def emulate(ptx_file, manifest, shapes, lens, kvs, seeds, seed0, ctas, step_limit, persistent, mutation,
-            list_mutations, quiet):
+            list_mutations, quiet, coverage, coverage_json):
     from .ptxemu import harness
     from .ptxemu.mutations import PTX_MUTATIONS
     from .ptxemu.parse import PtxSyntaxError
@@ -299,6 +305,8 @@ def emulate(ptx_file, manifest, shapes, lens, kvs, seeds, seed0, ctas, step_limi
         click.echo(f"note: the PTX header names {named}, the manifest {man.get('name')}: runs use the manifest", err=True)
     ok = True
     total_steps, total_s = 0, 0.0
+    from .ptxemu.coverage import Coverage
+    cov = Coverage()
     try:
         from .ptxemu.parse import parse_for_manifest
         mod = parse_for_manifest(text, man)
@@ -312,6 +320,8 @@ def emulate(ptx_file, manifest, shapes, lens, kvs, seeds, seed0, ctas, step_limi
                     sys.exit(2)
                 total_steps += r.warp_instructions
                 total_s += r.seconds
+                if r.coverage is not None:
+                    cov.merge(r.coverage)
                 rep = harness.EmulateReport(r.ok, str(path), [r])
                 click.echo(rep.summary())
                 ok &= r.ok
@@ -319,6 +329,12 @@ def emulate(ptx_file, manifest, shapes, lens, kvs, seeds, seed0, ctas, step_limi
         click.echo(f"fa4gen emulate: {path}: {e}", err=True)
         sys.exit(1)
     rate = f", {total_steps / total_s:,.0f} warp-instructions/s" if total_s else ""
+    if coverage:
+        click.echo("coverage of the runs:\n" + cov.summary(limit=1000))
+    if coverage_json:
+        import json
+
+        Path(coverage_json).write_text(json.dumps(cov.as_dict(), indent=1) + "\n")
     click.echo(f"{'PASS' if ok else 'FAIL'}: {path} ({len(shp) * seeds} runs{rate})")
     sys.exit(0 if ok else 1)
 

@@ -322,6 +322,61 @@ $join:
     assert np.array_equal(out, np.where(t % 2, 200, 100) + t)
 
 
+def test_coverage_records_blocks_and_branch_directions():
+    """Coverage (fa4gen/ptxemu/coverage.py): a guarded branch taken by some lanes is seen both ways,
+    one no lane takes is reported "never taken" with its line, and the block only it leads to is not
+    reached; the block split follows labels, branches and exits."""
+    from fa4gen.ptxemu.coverage import Coverage, basic_blocks
+    from fa4gen.ptxemu.parse import parse
+
+    ptx = _kernel(".param .u64 out", """
+    .reg .pred %p, %q; .reg .b32 %t, %v; .reg .b64 %a, %o;
+    ld.param.u64 %o, [out];
+    mov.u32 %t, %tid.x;
+    and.b32 %v, %t, 1;
+    setp.eq.u32 %p, %v, 1;
+    setp.gt.u32 %q, %t, 1000;
+    @%q bra $never;
+    @%p bra $odd;
+    mov.u32 %v, 100;
+    bra $join;
+$never:
+    mov.u32 %v, 7;
+$odd:
+    mov.u32 %v, 200;
+$join:
+    mul.wide.u32 %a, %t, 4;
+    add.s64 %a, %o, %a;
+    st.global.u32 [%a], %v;
+    ret;""")
+    mod = parse(ptx)
+    blocks = basic_blocks(mod)
+    assert [b.label for b in blocks] == ["", "", "", "$never", "$odd", "$join"]
+    cov = Coverage()
+    run_raw(ptx, threads=64, args=(np.zeros(64, np.uint32),), coverage=cov)
+    (entry,) = cov.entries.values()
+    assert [b.label for b in entry.unreached_blocks()] == ["$never"]
+    assert entry.block_fraction() == (5, 6) and entry.branch_fraction() == (1, 2)
+    lines = ptx.splitlines()
+    never_line = next(i + 1 for i, ln in enumerate(lines) if "@%q bra $never" in ln)
+    assert [(entry.lines[pc], bits) for pc, bits in entry.one_way_branches()] == [(never_line, 2)]
+    assert "never taken" in cov.summary() and not cov.complete
+    run_raw(ptx.replace("setp.gt.u32 %q, %t, 1000", "setp.gt.u32 %q, %t, 40"), threads=64,
+            args=(np.zeros(64, np.uint32),), coverage=cov)  # a second run merges: now both ways, all blocks
+    assert cov.complete, cov.summary()
+
+
+def test_a_default_emulation_reports_its_coverage_by_role():
+    name = "fa4_sm100a_d64_bf16_noncausal_gqa1"
+    rep = emulate_file(GEN / f"{name}.ptx", seeds=1, shapes=[Shape.parse("1,130,130,1,1")])
+    cov = rep.coverage.entries["fa4_fwd"]
+    roles = {r["role"] for r in json.loads((GEN / f"{name}.json").read_text())["roles"]}
+    assert set(cov.hits) <= roles and {"load", "mma", "correction"} <= set(cov.hits)
+    hit, total = cov.block_fraction()
+    assert 0 < hit <= total == len(cov.blocks)
+    assert rep.coverage.as_dict()["fa4_fwd"]["blocks"] == [hit, total]
+
+
 def test_shfl_butterfly_reduces_a_warp():
     ptx = _kernel(".param .u64 out", """
     .reg .b32 %t, %v, %s; .reg .b64 %a, %o;
@@ -412,9 +467,13 @@ def test_parser_reads_the_emitted_subset():
 def test_emulate_cli_exit_codes(tmp_path):
     runner = CliRunner()
     good = GEN / "fa4_sm100a_d64_bf16_noncausal_gqa4.ptx"
-    r = runner.invoke(cli_main, ["emulate", str(good), "--seeds", "1", "--quiet"])
+    cov_json = tmp_path / "cov.json"
+    r = runner.invoke(cli_main, ["emulate", str(good), "--seeds", "1", "--quiet", "--coverage",
+                                 "--coverage-json", str(cov_json)])
     assert r.exit_code == 0, r.output
     assert "PASS" in r.output and "warp-instructions/s" in r.output
+    blocks = json.loads(cov_json.read_text())["fa4_fwd"]["blocks"]
+    assert f"fa4_fwd: {blocks[0]}/{blocks[1]} basic blocks" in r.output and 0 < blocks[0] <= blocks[1]
     bad = tmp_path / good.name
     scale = "mul.rn.f32x2 %op2, %op2, %k_i2;"  # O columns 4, 5 normalised (packed f32x2)
     assert scale in good.read_text()  # the edit below must change something

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import reference
+from .coverage import Coverage, EntryCoverage
 from .parse import manifest_entries
 
 MODEL_LSE_ATOL, MODEL_LSE_RTOL = 5e-5, 2e-5
@@ -61,6 +62,7 @@ class RunResult:
     seconds: float = 0.0
     o: np.ndarray | None = None
     lse: np.ndarray | None = None
+    coverage: Coverage | None = None  # the paths this run took (coverage.py), also of a failed run
 
 
 def make_inputs(shape: Shape, dtype: str, head_dim: int, seed: int):
@@ -124,6 +126,18 @@ def role_budgets(man: dict) -> dict:
     """warp -> (role, setmaxnreg) from the manifest: the PTX must ask for exactly these budgets."""
     return {w: (r["role"], int(r["setmaxnreg"])) for r in man.get("roles", []) if r.get("setmaxnreg")
             for w in r.get("warps", [])}
+
+
+def run_coverage(man: dict, *emus) -> Coverage:
+    """The coverage of one run from its emulators (the kernel's entry first: its warps are named by the
+    manifest's roles; a further entry, the KV-cache combine kernel, is one role "all")."""
+    cov = Coverage()
+    for i, emu in enumerate(emus):
+        if emu is not None:
+            named = i == 0 and bool(man.get("roles"))
+            cov.add(EntryCoverage.of_run(emu.mod, emu.hits, emu.dirs,
+                                         (lambda w: role_of(man, w)) if named else (lambda w: "all")))
+    return cov
 
 
 def role_of(man: dict, warp: int) -> str:

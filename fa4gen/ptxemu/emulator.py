@@ -99,6 +99,9 @@ class Emulator:
         self.param_sizes = {p.name: p.size for p in mod.params}
         self.prog = compile_program(self)
         self.reg_init = init_registers(mod)
+        nwarps = (nthreads + 31) // 32  # coverage records, per warp over every CTA (coverage.py reads them)
+        self.hits = [bytearray(len(self.prog)) for _ in range(nwarps)]
+        self.dirs = [bytearray(len(self.prog)) for _ in range(nwarps)]
         self.total_steps = 0
         self.findings: list = []  # faults that do not stop the run (TMEM dealloc/leak): still failures
         self.writers: list = []  # (kind, warp, line[, via]) for reports: who wrote an output byte

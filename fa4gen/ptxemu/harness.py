@@ -23,7 +23,9 @@ from .kvcache import KvShape, KvUsageError, default_kv_shapes, run_kvcache_once 
 from .emulator import Emulator
 from .machine import SMEM_BASE, Fault, GlobalMemory
 from .cases import (RunResult, Shape, UsageError, _from_dtype_bytes, _np_dtype_bytes, _pv_abs,  # noqa: F401
-                    entry_registers, judge, make_inputs, role_budgets, role_of, tolerance)  # (re-exported: harness.X)
+                    entry_registers, judge, make_inputs, role_budgets, role_of, run_coverage,
+                    tolerance)  # (re-exported: harness.X)
+from .coverage import Coverage
 from .parse import manifest_entries, parse, parse_for_manifest
 
 
@@ -76,6 +78,15 @@ class EmulateReport:
     ok: bool
     ptx: str
     runs: list = field(default_factory=list)
+
+    @property
+    def coverage(self) -> Coverage:
+        """The paths the runs took, merged (per entry: basic blocks, branch directions, by role)."""
+        cov = Coverage()
+        for r in self.runs:
+            if r.coverage is not None:
+                cov.merge(r.coverage)
+        return cov
 
     def summary(self) -> str:
         lines = []
@@ -242,10 +253,11 @@ class Launch:
 
 
 def run_raw(ptx_text: str, *, threads: int, ctas: int = 1, args: tuple = (), smem: int = 0, seed: int = 0,
-            step_limit: int = 1_000_000):
+            step_limit: int = 1_000_000, coverage: Coverage | None = None):
     """Launch any PTX kernel in the emulator: `args` in parameter order, NumPy arrays become device
     buffers (the parameter gets their address), ints/floats are packed as the parameter's type.
-    Returns the buffers after the run, in argument order (None for scalars). Raises Fault."""
+    Returns the buffers after the run, in argument order (None for scalars). Raises Fault. The paths
+    the run took are merged into `coverage` when given (every warp is role "all")."""
     mod = parse(ptx_text)
     if len(args) != len(mod.params):
         raise UsageError(f"{len(args)} arguments for {len(mod.params)} parameters")
@@ -264,7 +276,11 @@ def run_raw(ptx_text: str, *, threads: int, ctas: int = 1, args: tuple = (), sme
             blob += struct.pack(fmt, a)
     emu = Emulator(mod, arch="raw", nthreads=threads, nctas=ctas, dyn_smem=smem, params=bytes(blob),
                    param_offsets=offsets, gmem=gmem, seed=seed, entry_regs=entry_registers(mod, None, threads))
-    emu.run(step_limit)
+    try:
+        emu.run(step_limit)
+    finally:
+        if coverage is not None:
+            coverage.merge(run_coverage({}, emu))
     if emu.findings:
         raise emu.findings[0]
     outs = []
@@ -311,6 +327,7 @@ def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2
         emu.run(step_limit, progress=progress)
     except Fault as f:
         res.warp_instructions = emu.total_steps if "emu" in locals() else 0
+        res.coverage = run_coverage(man, emu) if "emu" in locals() else None
         res.kind = "fault"
         res.finding = f.kind
         role = f" [{role_of(man, f.warp)}]" if f.warp is not None else ""
@@ -318,6 +335,7 @@ def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2
         res.seconds = time.perf_counter() - t0
         return res
     res.warp_instructions = emu.total_steps
+    res.coverage = run_coverage(man, emu)
     res.seconds = time.perf_counter() - t0
     o, lse = launch.output()
     res.o, res.lse = o, lse

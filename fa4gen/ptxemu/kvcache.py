@@ -28,7 +28,7 @@ from ..runtime import launch_geometry, manifest_gqa, tensor_map_geometry
 from ..schedule import kvcache_k_len, kvcache_page
 from . import units
 from .cases import (RunResult, Shape, UsageError, _from_dtype_bytes, _np_dtype_bytes, entry_registers, judge,
-                    make_inputs, role_budgets, role_of)
+                    make_inputs, role_budgets, role_of, run_coverage)
 from .emulator import Emulator
 from .machine import SMEM_BASE, Fault, GlobalMemory
 from .parse import manifest_entries
@@ -322,7 +322,7 @@ def run_kvcache_once(mods: dict, man: dict, shape: KvShape, seed: int, *, ctas: 
     t0 = time.perf_counter()
     S = shape.num_splits
     stage = f"{launch.fwd_entry}"
-    emu = None
+    emu = cemu = None
     try:
         emu = Emulator(launch.fwd, arch=cfg["arch"], nthreads=int(man["threads_per_cta"]), nctas=launch.nctas,
                        dyn_smem=int(man["dynamic_smem_bytes"]), params=launch.fwd_params,
@@ -348,11 +348,13 @@ def run_kvcache_once(mods: dict, man: dict, shape: KvShape, seed: int, *, ctas: 
             findings += [(stage, f) for f in cemu.findings]
     except Fault as f:
         res.warp_instructions += (emu.total_steps if emu is not None and stage == launch.fwd_entry else 0)
+        res.coverage = run_coverage(man, emu, cemu if stage != launch.fwd_entry else None)
         res.kind, res.finding = "fault", f.kind
         role = f" [{role_of(man, f.warp)}]" if f.warp is not None and stage == launch.fwd_entry else ""
         res.report = f"{stage}: {f}{role}"
         res.seconds = time.perf_counter() - t0
         return res
+    res.coverage = run_coverage(man, emu, cemu)
     res.seconds = time.perf_counter() - t0
     o, lse = launch.output()
     res.o, res.lse = o, lse

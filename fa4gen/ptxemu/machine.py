@@ -216,6 +216,7 @@ class CTA:
         self.wg_pending: dict = {}  # (wg, seq) -> {warp: contribution}
         self.wg_tail: dict = {}
         self.reg_pool_used = 0
+        self.hits, self.bdirs = emu.hits, emu.dirs  # coverage: per warp, per instruction (coverage.py)
 
     # ---- guards -------------------------------------------------------------------------------
     def guard_id(self, key, thr, what) -> int:
@@ -414,6 +415,7 @@ class CTA:
             raise Fault("PC", "execution ran past the last instruction", warp=w.wid)
         op = prog[pc]
         ins = op.ins
+        self.hits[w.wid][pc] = 1
         if op.aligned and not (act_full or act.all()):
             raise Fault("ALIGNED", f"{ins.opcode} is .sync.aligned but only {int(act.sum())} of 32 lanes execute it",
                         line=ins.line, warp=w.wid, text=ins.text)
@@ -455,10 +457,13 @@ class CTA:
                 raise Fault("BRA_UNI", "bra.uni taken by some lanes only (the branch is not uniform)",
                             line=ins.line, warp=w.wid, text=ins.text)
             if full or (any_ and np.array_equal(m, act)):
+                self.bdirs[w.wid][pc] |= 1  # coverage.TAKEN
                 self._advance(w, pc, act, op.target)
             elif not any_:
+                self.bdirs[w.wid][pc] |= 2  # coverage.FALLTHROUGH
                 self._advance(w, pc, act, nxt)
             else:
+                self.bdirs[w.wid][pc] |= 3
                 if not w.div:
                     w.pcs[:] = pc
                     w.div = True
