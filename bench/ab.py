@@ -43,7 +43,7 @@ def main(argv=None) -> int:
 
     from fa4gen import api
     from fa4gen.config import KernelConfig
-    from fa4gen.plan import q_tile_rows
+    from fa4gen.tiles import q_tile_rows
 
     if not torch.cuda.is_available():
         print("bench.ab: no CUDA GPU", file=sys.stderr)

@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     from fa4gen import api
     from fa4gen.config import KernelConfig
 
-    from fa4gen.plan import q_tile_rows
+    from fa4gen.tiles import q_tile_rows
 
     shapes = {"issue14": ISSUE14, "all": SHAPES, "d64": D64}[a.shapes]
     tiles = a.shapes == "d64"

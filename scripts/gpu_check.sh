@@ -49,7 +49,7 @@ def one(key):
     from fa4gen import api
     from fa4gen.cache import CubinCache
     from fa4gen.config import KernelConfig
-    from fa4gen.plan import q_tile_rows
+    from fa4gen.tiles import q_tile_rows
     d, dt, causal, g, varlen, *kv = key
     rows = kv[1] if len(kv) > 1 else q_tile_rows("sm_90a", d, g, varlen, bool(kv) and kv[0] is not None)
     cfg = KernelConfig(arch="sm_90a", head_dim=d, dtype=dt, causal=causal, gqa_ratio=g, varlen=varlen,
