@@ -122,7 +122,7 @@ def compile_tma(ctx, ins, parts):
                     cta.sguard[idx] = cta.guard_id(("bar", b.addr), b.phase + 1,
                                                    f"the TMA load of {name} (PTX line {line}) completing on {b.name}")
                     cta.mbar_complete_tx(b, nbytes, know, line, wid)
-                cta.at(cta.now + cta.delay(lo, hi), land)
+                cta.at(cta.now + cta.delay(lo, hi), land, ("TMA load", ins.line, w.wid))
         return fn
     # store: global <- shared::cta, bulk_group completion
     if "bulk_group" not in parts or len(ops_) != 2:
@@ -164,7 +164,7 @@ def compile_tma(ctx, ins, parts):
                     ids[src_w == u] = emu.writer_id(("TMA store", wid, ins.line, via))
                 emu.mark_gmem(gname, buf.size, dst, ids[:, None], cta.ctaid)
                 op["done"] = True
-            cta.at(cta.now + cta.delay(lo, hi), land)
+            cta.at(cta.now + cta.delay(lo, hi), land, ("TMA store", ins.line, w.wid))
     return fn
 
 
@@ -332,7 +332,7 @@ def compile_tcgen05(ctx, ins, parts):
                     for j, wr in enumerate(ws):
                         wr(w, vals[:, j].copy(), None)
                     w.tc_pending -= 1
-                cta.at(cta.now + cta.delay(lo, hi), land)
+                cta.at(cta.now + cta.delay(lo, hi), land, ("tcgen05.ld", ins.line, w.wid))
                 return None
             vals = np.stack([np.broadcast_to(r(w), (WARP,)) for r in rs], axis=1).astype(np.uint32)
             g = cta.tguard[rows, cols]
@@ -351,7 +351,7 @@ def compile_tcgen05(ctx, ins, parts):
                 cta.tmem[rows, cols] = vals
                 cta.tguard[rows, cols] = cta.guard_id(("st", w.wid), seq, f"tcgen05.st of warp {w.wid} (PTX line {ins.line})")
                 w.st_landed = max(w.st_landed, seq)
-            cta.at(t, land)
+            cta.at(t, land, ("tcgen05.st", ins.line, w.wid))
             return None
         return fn
     if op == "mma":
@@ -369,7 +369,8 @@ def compile_tcgen05(ctx, ins, parts):
                 know = dict(w.know)
                 know[("mma", w.wid)] = w.mma_seq
                 t = max(cta.now, w.mma_tail) + cta.delay(lo, hi)
-                cta.at(t, lambda b=b, know=know, wid=w.wid: cta.mbar_arrive(b, 1, know, ins.line, wid))
+                cta.at(t, lambda b=b, know=know, wid=w.wid: cta.mbar_arrive(b, 1, know, ins.line, wid),
+                      ("tcgen05.commit arrive", ins.line, w.wid))
         return fn
     raise unsupported(ins)
 
@@ -487,7 +488,7 @@ def compile_tcgen05_mma(ctx, ins, parts):
                     D = mma_accumulate(A, B, old, emu.options.get("mma_model", DEFAULT_MMA_MODEL))
                 cta.tmem[0:M, dc: dc + N] = D.view(np.uint32)
                 cta.tguard[0:M, dc: dc + N] = cta.guard_id(own, seq, f"tcgen05.mma #{seq} of warp {wid} (PTX line {ins.line})")
-            cta.at(t, execute)
+            cta.at(t, execute, ("tcgen05.mma", ins.line, w.wid))
     return fn
 
 
@@ -703,7 +704,7 @@ def compile_wgmma(ctx, ins, parts):
                     if fence_ is not None:
                         fence_[n] = id(arr)
             pend["done"] = True
-        cta.at(t, execute)
+        cta.at(t, execute, ("wgmma.mma_async", ins.line, w.wid))
         return None
     return fn
 

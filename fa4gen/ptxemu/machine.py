@@ -278,9 +278,11 @@ class CTA:
                             line=line, warp=warp, addr=where)
 
     # ---- events -------------------------------------------------------------------------------
-    def at(self, t: int, fn) -> None:
+    def at(self, t: int, fn, what: tuple = ("an asynchronous operation", None, None)) -> None:
+        """Run fn at time t: an asynchronous operation landing. what = (kind, PTX line, issuing warp)
+        names it if it is still in flight when the CTA exits."""
         self._eseq += 1
-        heapq.heappush(self.events, (int(t), self._eseq, fn))
+        heapq.heappush(self.events, (int(t), self._eseq, fn, what))
 
     def delay(self, lo: int, hi: int) -> int:
         return int(self.rng.integers(lo, hi + 1))
@@ -288,7 +290,7 @@ class CTA:
     def fire_until(self, t: int) -> None:
         ev = self.events
         while ev and ev[0][0] <= t:
-            _, _, fn = heapq.heappop(ev)
+            fn = heapq.heappop(ev)[2]
             fn()
 
     # ---- shared memory ------------------------------------------------------------------------
@@ -362,9 +364,13 @@ class CTA:
     def run(self, step_limit: int) -> None:
         rng = self.rng
         warps = self.warps
+        exit_checked = False
         while True:
             ready = [w for w in warps if self.runnable(w)]
             if not ready:
+                if self.events and not exit_checked and all(w.done for w in warps):
+                    exit_checked = True
+                    self.async_at_exit()
                 if self.events:
                     t = self.events[0][0]
                     self.now = max(self.now, t)
@@ -393,6 +399,30 @@ class CTA:
         bars = [b.state() for b in self.mbars.values()]
         raise Fault("DEADLOCK", "every live warp is blocked and no asynchronous operation is pending:\n    "
                     + "\n    ".join(lines) + "\n  mbarriers:\n    " + "\n    ".join(bars))
+
+    def async_at_exit(self):
+        """Every warp has exited with asynchronous operations still in flight (TMA loads or stores,
+        tcgen05/wgmma work, commit arrivals): on a GPU the CTA's resources (SMEM, TMEM) are released
+        under them. A finding; the emulator still lets them land so that the report can go on."""
+        pend = sorted(self.events)
+        names = [f"{k} (PTX line {ln}) of warp {w}" if ln is not None else k for _, _, _, (k, ln, w) in pend[:4]]
+        more = f" and {len(pend) - 4} more" if len(pend) > 4 else ""
+        self.emu.findings.append(Fault("ASYNC_AT_EXIT", f"CTA {self.ctaid}: every warp exited with {len(pend)} "
+                                                        f"asynchronous operation(s) in flight: {', '.join(names)}{more}"))
+
+    def warp_exit_check(self, w: Warp, line) -> None:
+        """A warp exits: whatever it issued and only it can wait for must have been waited for."""
+        issues = []
+        if w.bulk_seq > w.know.get(("bulkrd", w.wid), 0):
+            issues.append(f"{w.bulk_seq - w.know.get(('bulkrd', w.wid), 0)} bulk (TMA) store(s) whose shared-memory "
+                          "reads it never waited for (cp.async.bulk.wait_group.read)")
+        if w.wg_groups or w.wg_open:
+            issues.append(f"{len(w.wg_groups) + bool(w.wg_open)} wgmma group(s) not waited for (wgmma.wait_group)")
+        if w.tc_pending:
+            issues.append(f"{w.tc_pending} tcgen05.ld not waited for (tcgen05.wait::ld)")
+        if issues and len(self.emu.findings) < 8:
+            self.emu.findings.append(Fault("ASYNC_AT_EXIT", f"warp {w.wid} exits with " + "; ".join(issues),
+                                           line=line, warp=w.wid))
 
     def finish(self):
         if self.tmem_alloc:
@@ -476,6 +506,7 @@ class CTA:
                 w.full = False
                 if not w.alive.any():
                     w.done = True
+                    self.warp_exit_check(w, ins.line)
                     return
             self._advance(w, pc, act & w.alive, nxt)
         w.steps += 1

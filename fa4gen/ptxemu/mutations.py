@@ -441,3 +441,31 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
                 _sub(r"wgmma\.wait_group\.sync\.aligned 0;(\n(?:[^\n]*\n){0,12}?\s*// O \*= acc)",
                      r"wgmma.wait_group.sync.aligned 1;\1"), protocol=False),
 )
+
+
+# ---- work in flight when the CTA exits: the store's last wait dropped, so the TMA store may still read
+# the O staging SMEM after the CTA has retired and its SMEM went to the next CTA. The emulator lets the
+# store land either way; a warp that exits with bulk stores it never waited for (and a CTA that exits
+# with any asynchronous operation in flight) is its finding ASYNC_AT_EXIT.
+def _drop_final_store_waits(text, man):
+    """Drop the store role's last read wait and the final full wait before its exit (sm_100a)."""
+    reads = list(re.finditer(r"^[^\n]*cp\.async\.bulk\.wait_group\.read 0;[^\n]*\n", text, re.M))
+    final = list(re.finditer(r"^[^\n]*cp\.async\.bulk\.wait_group 0;[^\n]*\n", text, re.M))
+    if not reads or not final:
+        raise MutationMiss("the store role's bulk waits are not there")
+    out = text
+    for m in sorted([reads[-1], final[-1]], key=lambda m: m.start(), reverse=True):
+        out = out[:m.start()] + out[m.end():]
+    return out
+
+
+PTX_MUTATIONS = PTX_MUTATIONS + (
+    PtxMutation("dropped_final_store_waits", _SM100, "the store warp exits without waiting for its last TMA "
+                "store to read O_smem (last wait_group.read and the final wait_group dropped)",
+                ("ASYNC_AT_EXIT", "RACE"), _drop_final_store_waits),
+    PtxMutation("sm90_dropped_final_store_wait", _SM90, "the consumers exit without waiting for their last "
+                "TMA store of O (the final cp.async.bulk.wait_group 0 dropped)", ("ASYNC_AT_EXIT",),
+                # not a `check` finding: sm_90a's read-back stops before the epilogue (issue 23: its
+                # reader becomes the inverse of the one walker instead of growing its regexes)
+                _drop_line(r"cp\.async\.bulk\.wait_group 0;", nth=-1), protocol=False),
+)
