@@ -13,7 +13,7 @@ import numpy as np
 
 from . import fp, units
 from .machine import PARAM_BASE, TMEM_COLS, WARP, Block, Fault, _join
-from .ops import _lanes, _uniform, addr_reader, reader, unsupported, writer
+from .ops import _bcast, _lanes, _uniform, addr_reader, reader, unsupported, writer
 from .parse import Addr, Reg, TmaAddr, Vec
 from .units import UnitError
 
@@ -63,7 +63,7 @@ def _tma_box(cta, w, ins, rank, tmap_addr, coord_readers, smem_addr, lane, what)
     name, tm = _tensor_map(cta, tmap_addr, ins, w)
     if tm.rank != rank:
         raise Fault("TMAP", f"{rank}d copy through the rank-{tm.rank} map {name}", line=ins.line, warp=w.wid)
-    coords = tuple(int(np.broadcast_to(c(w), (WARP,))[lane]) for c in coord_readers)
+    coords = tuple(int(_bcast(c(w))[lane]) for c in coord_readers)
     goff, valid, phys = _unit(lambda: units.tma_box_plan(tm, coords, smem_addr), ins, w)
     cta.smem_check(phys, tm.esize, ins.line, w.wid, f"TMA {what} SMEM side")
     base, buf, gname = _gmem_for(cta, tm, ins, w)
@@ -97,7 +97,7 @@ def compile_tma(ctx, ins, parts):
             for lane in _lanes(m):
                 dst_a, bar_a = int(da(w)[lane]), int(ba(w)[lane])
                 name, tm, valid, phys, buf, gname, rel = _tma_box(
-                    cta, w, ins, rank, int(np.broadcast_to(ta(w), (WARP,))[lane]), cs, dst_a, lane, "load")
+                    cta, w, ins, rank, int(_bcast(ta(w))[lane]), cs, dst_a, lane, "load")
                 es = tm.esize
                 b = cta.mbar_at(bar_a, ins.line, w.wid, w.know)
                 byt = np.zeros((valid.size, es), np.uint8)
@@ -140,7 +140,7 @@ def compile_tma(ctx, ins, parts):
         for lane in _lanes(m):
             src_a = int(sa(w)[lane])
             name, tm, valid, phys, buf, gname, rel = _tma_box(
-                cta, w, ins, rank, int(np.broadcast_to(ta(w), (WARP,))[lane]), cs, src_a, lane, "store")
+                cta, w, ins, rank, int(_bcast(ta(w))[lane]), cs, src_a, lane, "store")
             es = tm.esize
             know = dict(w.know)
             w.bulk_seq += 1
@@ -178,7 +178,7 @@ def compile_bulk_group(ctx, ins, parts):
         n = reader(ctx, ins.operands[0], "u32", ins)
 
         def fn(w, m):
-            k = int(np.broadcast_to(n(w), (WARP,))[0])
+            k = int(_bcast(n(w))[0])
 
             def ready():
                 w.bulk_groups = [g for g in w.bulk_groups if not all(o["done"] for o in g)]
@@ -218,7 +218,7 @@ def compile_tcgen05(ctx, ins, parts):
 
         def fn(w, m):
             cta = w.cta
-            n = int(np.broadcast_to(nr(w), (WARP,))[0])
+            n = int(_bcast(nr(w))[0])
             if n < 32 or n > 512 or n & (n - 1):
                 raise Fault("TMEM_ALLOC", f"tcgen05.alloc of {n} columns: a power of two in 32..512", line=ins.line, warp=w.wid)
             if cta.tmem_relinquished:
@@ -244,8 +244,8 @@ def compile_tcgen05(ctx, ins, parts):
 
         def fn(w, m):
             cta = w.cta
-            lane, col = _taddr(int(np.broadcast_to(tr(w), (WARP,))[0]))
-            n = int(np.broadcast_to(nr(w), (WARP,))[0])
+            lane, col = _taddr(int(_bcast(tr(w))[0]))
+            n = int(_bcast(nr(w))[0])
             if cta.tmem_alloc.get(col) != n or lane != 0:
                 # not fatal to the data: recorded, and the run goes on so O is still judged
                 cta.emu.findings.append(Fault("TMEM_ALLOC", f"tcgen05.dealloc of {n} columns at lane {lane} column "
@@ -334,7 +334,7 @@ def compile_tcgen05(ctx, ins, parts):
                     w.tc_pending -= 1
                 cta.at(cta.now + cta.delay(lo, hi), land, ("tcgen05.ld", ins.line, w.wid))
                 return None
-            vals = np.stack([np.broadcast_to(r(w), (WARP,)) for r in rs], axis=1).astype(np.uint32)
+            vals = np.stack([_bcast(r(w)) for r in rs], axis=1).astype(np.uint32)
             g = cta.tguard[rows, cols]
             if (g == 1).any():
                 raise Fault("RACE", "tcgen05.st to TMEM cells another store is still writing", line=ins.line, warp=w.wid)
@@ -399,10 +399,10 @@ def compile_tcgen05_mma(ctx, ins, parts):
         cta = w.cta
         for lane in _lanes(m):
             dv = int(da(w)[lane]) & 0xFFFFFFFF
-            av = int(np.broadcast_to(aa(w), (WARP,))[lane])
-            bv = int(np.broadcast_to(bb(w), (WARP,))[lane])
-            iv = int(np.broadcast_to(ii(w), (WARP,))[lane])
-            acc = bool(np.broadcast_to(ee(w), (WARP,))[lane])
+            av = int(_bcast(aa(w))[lane])
+            bv = int(_bcast(bb(w))[lane])
+            iv = int(_bcast(ii(w))[lane])
+            acc = bool(_bcast(ee(w))[lane])
             idesc = _unit(lambda: units.decode_idesc(iv), ins, w)
             if idesc.m != 128 or idesc.sparse or int(idesc.d_type) != 1:
                 raise Fault("UNIT", f"tcgen05.mma with M={idesc.m}, sparse={idesc.sparse}, d_type={idesc.d_type.name}: "
@@ -512,11 +512,13 @@ def mma_accumulate(A: np.ndarray, B: np.ndarray, old: np.ndarray | None, model: 
     K = prod.shape[2]
     for k0 in range(0, K, G):
         part = prod[:, :, k0:k0 + G]
-        big = np.maximum(np.abs(part).max(axis=2), np.abs(acc))
+        big = np.maximum(np.maximum(part.max(axis=2), -part.min(axis=2)), np.abs(acc))
         _, ex = np.frexp(big)  # the largest exponent among the group's terms
         inv_q = np.ldexp(1.0, np.minimum(24 + E - ex, 1074))  # 1 / quantum, a power of two: exact
         q = 1.0 / inv_q
-        s = np.trunc(part * inv_q[:, :, None]).sum(axis=2) * q + np.trunc(acc * inv_q) * q
+        scaled = part * inv_q[:, :, None]  # exact (a power of two), then truncated in place
+        np.trunc(scaled, out=scaled)
+        s = scaled.sum(axis=2) * q + np.trunc(acc * inv_q) * q
         acc = s if final == "exact" else fp.round_pair(s, None, final).astype(np.float64)
     return acc.astype(np.float32)
 
@@ -547,7 +549,7 @@ def compile_wgmma(ctx, ins, parts):
         n = reader(ctx, ops_[0], "u32", ins)
 
         def fn(w, m):
-            k = int(np.broadcast_to(n(w), (WARP,))[0])
+            k = int(_bcast(n(w))[0])
 
             # The contract, not the timing: wait_group k completes every committed group but the k
             # most recent, and only those are known done afterwards. The k most recent stay in flight
@@ -622,10 +624,10 @@ def compile_wgmma(ctx, ins, parts):
             if fence.get(r) != id(w.regs[r]):
                 raise Fault("WGMMA_FENCE", f"wgmma uses {r}, written after the last wgmma.fence of warp {w.wid}",
                             line=ins.line, warp=w.wid, text=ins.text)
-        bv = _uniform(np.broadcast_to(b_r(w), (WARP,)).astype(np.uint64), np.arange(WARP), "B descriptor", ins, w)
-        av = (_uniform(np.broadcast_to(a_r(w), (WARP,)).astype(np.uint64), np.arange(WARP), "A descriptor", ins, w)
+        bv = _uniform(_bcast(b_r(w)).astype(np.uint64), np.arange(WARP), "B descriptor", ins, w)
+        av = (_uniform(_bcast(a_r(w)).astype(np.uint64), np.arange(WARP), "A descriptor", ins, w)
               if a_r is not None else None)
-        scale_d = (bool(_uniform(np.broadcast_to(sd(w), (WARP,)), np.arange(WARP), "scale-d", ins, w))
+        scale_d = (bool(_uniform(_bcast(sd(w)), np.arange(WARP), "scale-d", ins, w))
                    if sd is not None else bool(sd_imm))
         seq = w.wg_seq
         w.wg_seq += 1

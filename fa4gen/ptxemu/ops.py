@@ -20,6 +20,17 @@ for _z in _ZERO.values():
     _z.flags.writeable = False
 
 
+_LANES = (WARP,)
+
+
+def _bcast(x):
+    """x as a read-only lane vector: itself when it is one already (a register's value, the common
+    case), else np.broadcast_to's view of a scalar (an immediate, a uniform value)."""
+    if getattr(x, "shape", None) == _LANES:
+        return x
+    return np.broadcast_to(x, _LANES)
+
+
 def unsupported(ins, why=""):
     return UnsupportedInstruction(f"unsupported instruction {ins.opcode} at line {ins.line}"
                                   + (f": {why}" if why else ""))
@@ -309,7 +320,7 @@ def compile_alu(ctx, ins, parts):
         signed = t.startswith("s")
 
         def fn(w, m):
-            av, bv = np.broadcast_to(a(w), (WARP,)), np.broadcast_to(b(w), (WARP,))
+            av, bv = _bcast(a(w)), _bcast(b(w))
             mm = _mask(m)
             if (bv[mm] == 0).any():
                 lane = int(np.flatnonzero(mm & (bv == 0))[0])
@@ -365,7 +376,7 @@ def _compile_mov_vec(ctx, ins, t):
         lo, hi = (writer(ctx, it, "b32", ins) for it in vec.items)
 
         def fn(w, m):
-            v = np.broadcast_to(np.asarray(a(w), _U64), (WARP,))
+            v = _bcast(np.asarray(a(w), _U64))
             lo(w, (v & _U64(0xFFFFFFFF)).astype(_U32), m)
             hi(w, (v >> _U64(32)).astype(_U32), m)
         return fn
@@ -388,7 +399,7 @@ def _compile_f32x2(ctx, ins, head, mods, rnd, ftz):
     d = writer(ctx, ins.operands[0], "b64", ins)
 
     def halves(v):
-        v = np.broadcast_to(np.asarray(v, _U64), (WARP,))
+        v = _bcast(np.asarray(v, _U64))
         return ((v & _U64(0xFFFFFFFF)).astype(_U32).view(_F32), (v >> _U64(32)).astype(_U32).view(_F32))
 
     def one(x):
@@ -431,7 +442,7 @@ def compile_setp(ctx, ins, parts):
     def fn(w, m):
         av, bv = a(w), b(w)
         r = _cmp_float(cmp_, np.asarray(av), np.asarray(bv)) if isf else _CMP_INT[cmp_](av, bv)
-        r = np.broadcast_to(r, (WARP,))
+        r = _bcast(r)
         if comb is not None:
             cv = c(w)
             dp(w, comb(r, cv), m)
@@ -461,8 +472,8 @@ def compile_cvt(ctx, ins, parts):
         mode = rnd or "rn"
 
         def fn(w, m):
-            hi = conv(np.broadcast_to(a(w), (WARP,)), mode).astype(_U32)
-            lo = conv(np.broadcast_to(b(w), (WARP,)), mode).astype(_U32)
+            hi = conv(_bcast(a(w)), mode).astype(_U32)
+            lo = conv(_bcast(b(w)), mode).astype(_U32)
             d(w, (hi << _U32(16)) | lo, m)
         return fn
     a = reader(ctx, ops_[1], st_, ins)
@@ -470,7 +481,7 @@ def compile_cvt(ctx, ins, parts):
     ddt = _DT[dt_]
     if st_ == "f32" and dt_ in ("bf16", "f16"):
         conv = fp.f32_to_bf16_bits if dt_ == "bf16" else fp.f32_to_f16_bits
-        return lambda w, m: d(w, conv(np.broadcast_to(a(w), (WARP,)), rnd or "rn"), m)
+        return lambda w, m: d(w, conv(_bcast(a(w)), rnd or "rn"), m)
     if st_ in ("bf16", "f16") and dt_ == "f32":
         conv = fp.bf16_bits_to_f32 if st_ == "bf16" else fp.f16_bits_to_f32
         return lambda w, m: d(w, conv(a(w)), m)
@@ -603,7 +614,7 @@ def compile_ld_st(ctx, ins, parts):
             cta.check_war(cta.srguard[idx], w.know, f"st.shared of warp {w.wid}", own=w.wid, line=ins.line,
                           warp=w.wid, addrs=idx)
             cta.srguard[idx] = 0
-            vals = np.stack([np.broadcast_to(np.asarray(r(w), dt), (WARP,))[lanes] for r in rs], axis=1)
+            vals = np.stack([_bcast(np.asarray(r(w), dt))[lanes] for r in rs], axis=1)
             cta.smem[idx] = vals.reshape(len(lanes), vec).copy().view(np.uint8).reshape(len(lanes), nb)
             cta.sguard[idx] = cta.guard_id(("w", w.wid), w.epoch + 1, f"st.shared of warp {w.wid}")
             cta.swriter[idx] = cta.emu.writer_id(("st.shared", w.wid, ins.line))
@@ -615,7 +626,7 @@ def compile_ld_st(ctx, ins, parts):
             lanes = _lanes(m)
             addrs = ar(w)[lanes]
             gm = w.cta.emu.gmem
-            vals = np.stack([np.broadcast_to(np.asarray(r(w), dt), (WARP,))[lanes] for r in rs], axis=1)
+            vals = np.stack([_bcast(np.asarray(r(w), dt))[lanes] for r in rs], axis=1)
             for j, (a, lane) in enumerate(zip(addrs, lanes)):
                 a = int(a)
                 base, buf, gname = _gmem_slot(gm, a, nb, "st.global", ins, w, lane)
@@ -647,7 +658,7 @@ def compile_mbarrier(ctx, ins, parts):
             lanes = _lanes(m)
             addrs = ar(w)[lanes]
             cta.smem_check(addrs, 8, ins.line, w.wid, "mbarrier.init")
-            counts = np.broadcast_to(cnt(w), (WARP,))[lanes]
+            counts = _bcast(cnt(w))[lanes]
             for a, c in zip(addrs, counts):
                 a, c = int(a), int(c)
                 if not 1 <= c < (1 << 20):
@@ -668,7 +679,7 @@ def compile_mbarrier(ctx, ins, parts):
             lanes = _lanes(m)
             addrs = ar(w)[lanes]
             w.release_epoch()
-            ex = np.broadcast_to(extra(w), (WARP,))[lanes] if extra is not None else None
+            ex = _bcast(extra(w))[lanes] if extra is not None else None
             for i, a in enumerate(addrs):
                 b = cta.mbar_at(int(a), ins.line, w.wid, w.know)
                 if expect:
@@ -685,7 +696,7 @@ def compile_mbarrier(ctx, ins, parts):
             cta = w.cta
             lanes = _lanes(m)
             addrs = ar(w)[lanes]
-            pv = np.broadcast_to(par(w), (WARP,))[lanes]
+            pv = _bcast(par(w))[lanes]
             res = np.zeros(WARP, bool)
             blocked_on = None
             for i, (a, p) in enumerate(zip(addrs, pv)):
@@ -713,7 +724,7 @@ def compile_bar(ctx, ins, parts):
         msk = reader(ctx, ops_[0], "u32", ins)
 
         def fn(w, m):
-            mv = int(np.broadcast_to(msk(w), (WARP,))[0])
+            mv = int(_bcast(msk(w))[0])
             act = _mask(m)
             want = np.array([(mv >> i) & 1 for i in range(WARP)], bool)
             if (want & ~act).any():
@@ -735,8 +746,8 @@ def compile_bar(ctx, ins, parts):
             raise Fault("ALIGNED", f"{ins.opcode} executed by {int(m.sum())} of 32 lanes (the barrier counts whole warps)",
                         line=ins.line, warp=w.wid, text=ins.text)
         lanes = _lanes(m)
-        bid = _uniform(np.broadcast_to(idr(w), (WARP,)), lanes, "barrier id", ins, w)
-        count = (_uniform(np.broadcast_to(cnt(w), (WARP,)), lanes, "thread count", ins, w) if cnt is not None
+        bid = _uniform(_bcast(idr(w)), lanes, "barrier id", ins, w)
+        count = (_uniform(_bcast(cnt(w)), lanes, "thread count", ins, w) if cnt is not None
                  else cta.nthreads)
         if not 0 <= bid < 16:
             raise Fault("NAMED_BARRIER", f"barrier id {bid} outside 0..15", line=ins.line, warp=w.wid)
@@ -786,7 +797,7 @@ def compile_warp_coll(ctx, ins, parts):
         msk = reader(ctx, ops_[1], "u32", ins)
 
         def fn(w, m):
-            mv = int(np.broadcast_to(msk(w), (WARP,))[0])
+            mv = int(_bcast(msk(w))[0])
             act = _mask(m)
             want = np.array([(mv >> i) & 1 for i in range(WARP)], bool)
             cand = np.flatnonzero(act & want)
@@ -807,7 +818,7 @@ def compile_warp_coll(ctx, ins, parts):
 
         def fn(w, m):
             act = _mask(m)
-            v = np.broadcast_to(a(w), (WARP,)) & act
+            v = _bcast(a(w)) & act
             if mode == "any":
                 d(w, np.full(WARP, bool(v.any())), m)
             elif mode == "all":
@@ -828,9 +839,9 @@ def compile_warp_coll(ctx, ins, parts):
 
         def fn(w, m):
             act = _mask(m)
-            av = np.broadcast_to(a(w), (WARP,))
-            bv = np.broadcast_to(b(w), (WARP,)).astype(np.int64)
-            cv = np.broadcast_to(c(w), (WARP,)).astype(np.int64)
+            av = _bcast(a(w))
+            bv = _bcast(b(w)).astype(np.int64)
+            cv = _bcast(c(w)).astype(np.int64)
             clamp, seg = cv & 0x1F, (cv >> 8) & 0x1F
             maxl = (lane & seg) | (clamp & ~seg)
             minl = lane & seg
@@ -862,7 +873,7 @@ def compile_setmaxnreg(ctx, ins, parts):
 
     def fn(w, m):
         cta = w.cta
-        v = int(np.broadcast_to(n(w), (WARP,))[0])
+        v = int(_bcast(n(w))[0])
         if v % 8 or not 24 <= v <= 256:
             raise Fault("SETMAXNREG", f"setmaxnreg {v}: must be a multiple of 8 in 24..256", line=ins.line, warp=w.wid)
         want = cta.emu.options.get("role_regs", {}).get(w.wid)
