@@ -216,10 +216,10 @@ class PrebuiltKernel:
         p = validate.check_problem(*metas, causal=cfg.causal, softmax_scale=softmax_scale, return_lse=return_lse)
         self._check_fits(torch, p, q, k, v)
 
-        def launch(q, k, v, o, lse):
+        def run(q, k, v, o, lse):
             self.kernel(q, k, v, o, lse=lse, softmax_scale=p.softmax_scale)
 
-        o, lse, *_ = launch.answer(torch, p, q, k, v, return_lse, launch)
+        o, lse, *_ = launch.answer(torch, p, q, k, v, return_lse, run)
         return (o, lse) if return_lse else o
 
     def _check_fits(self, torch, p, q, k, v) -> None:
@@ -253,11 +253,11 @@ class PrebuiltKernel:
                                           causal=cfg.causal, softmax_scale=softmax_scale, return_lse=return_lse)
         self._check_fits(torch, p, q, k, v)
 
-        def launch(q, k, v, o, lse):
+        def run(q, k, v, o, lse):
             self.kernel.varlen(q, k, v, o, cu_seqlens_q, cu_seqlens_k, p.max_seqlen_q, p.max_seqlen_k, lse=lse,
                                seqused_k=seqused_k, softmax_scale=p.softmax_scale)
 
-        o, lse, *_ = launch.answer(torch, p, q, k, v, return_lse, launch)
+        o, lse, *_ = launch.answer(torch, p, q, k, v, return_lse, run)
         return (o, lse) if return_lse else o
 
 

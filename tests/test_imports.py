@@ -123,3 +123,39 @@ def test_a_circle_through_an_import_inside_a_function_is_found(a, b):
 def test_an_upward_import_inside_a_function_is_seen():
     src = "def f():\n    from ..lower.sm90 import smem_plan\n    return smem_plan\n"
     assert "fa4gen.lower.sm90" in _imports(PKG / "ir" / "x.py", src)
+
+
+def _shadowed_imports(src: str, filename: str) -> list[str]:
+    """Functions that bind a local name (a def, an assignment) equal to a module-level import they
+    also read: every read of it in that function sees the local, never the module."""
+    import symtable
+
+    top = symtable.symtable(src, filename, "exec")
+    imported = {s.get_name() for s in top.get_symbols() if s.is_imported()}
+    out = []
+
+    def walk(t, path):
+        for child in t.get_children():
+            where = f"{path}.{child.get_name()}" if path else child.get_name()
+            if child.get_type() == "function":
+                for s in child.get_symbols():
+                    if (s.get_name() in imported and s.is_local() and not s.is_imported() and s.is_referenced()
+                            and s.is_assigned()):
+                        out.append(f"{where}: {s.get_name()}")
+            walk(child, where)
+
+    walk(top, "")
+    return out
+
+
+def test_no_function_shadows_a_module_it_reads():
+    """PrebuiltKernel.__call__ once named its launch closure `launch`, hiding the fa4gen.launch module its
+    own next line called (an UnboundLocalError / AttributeError on the GPU only)."""
+    bad = {str(p.relative_to(PKG)): _shadowed_imports(p.read_text(), str(p)) for p in sorted(PKG.rglob("*.py"))}
+    assert not {k: v for k, v in bad.items() if v}
+
+
+def test_a_shadowed_module_is_found():
+    src = ("from . import launch\n\nclass K:\n    def __call__(self):\n        def launch(x):\n            return x\n"
+           "        return launch.answer(launch)\n")
+    assert _shadowed_imports(src, "x.py") == ["K.__call__: launch"]
