@@ -258,6 +258,8 @@ def test_default_batches_cover_the_rules():
     blocks = [-(-n // 128) for n in lens]
     assert any(b % multi.num_splits and b > multi.num_splits for b in blocks)  # uneven splits
     assert shapes[2].sq * 4 > 64  # the second consumer warpgroup has real rows
+    # the API's default decode launch: one split (the kernel's direct O / LSE store) and no LSE (lse_ptr = 0)
+    assert shapes[3].num_splits == 1 and not shapes[3].with_lse and shapes[1].with_lse
     inp = kvcache.make_kv_inputs(multi, "bf16", 128, 16, seed=0)
     used = {int(p) for b in range(multi.b) for p in inp.page_table[b * inp.stride: b * inp.stride + -(-lens[b] // 16)]}
     assert inp.stride > inp.max_pages and inp.num_pages > len(used) + 1  # row padding, unused pages
@@ -279,7 +281,7 @@ def test_sm90_kvcache_emulates(cfg):
     ptx, man = built(**cfg)
     rep = harness.emulate_file("k.ptx", ptx_text=ptx, manifest=man, seeds=1)
     assert rep.ok, rep.summary()
-    assert [(r.shape.num_splits, r.shape.with_lse) for r in rep.runs] == [(3, True), (1, True), (2, False)]
+    assert [(r.shape.num_splits, r.shape.with_lse) for r in rep.runs] == [(3, True), (1, True), (2, False), (1, False)]
 
 
 def test_sm100_kvcache_build_is_the_review_variant_emulated_and_checked_in_test_ptxemu():

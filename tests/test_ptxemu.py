@@ -151,6 +151,19 @@ def test_default_shapes_exercise_tails_masking_and_the_persistent_loop():
             assert any(s.sq > s.skv for s in default_shapes(man))  # rows that see no key
 
 
+def test_default_shapes_end_with_the_apis_default_launch_without_lse():
+    """fa4gen.attention without return_lse passes lse_ptr = 0: the last default launch of dense and varlen
+    kernels does too (a store through it faults: GMEM_OOB), every other one asks for LSE."""
+    for name in GOLDEN:
+        man = json.loads((GEN / f"{name}.json").read_text())
+        shapes = default_shapes(man)
+        assert not shapes[-1].with_lse and all(s.with_lse for s in shapes[:-1 if not man.get("kvcache") else 1])
+    assert not Shape.parse("1,3,70,4,1,nolse").with_lse and Shape.parse("1,3,70,4,1").with_lse
+    assert str(Shape.parse("1,3,70,4,1,nolse")).endswith("no-LSE")
+    from fa4gen.ptxemu.harness import VarShape
+    assert not VarShape.parse("3:70,0:5;4,1;nolse").with_lse and VarShape.parse("3:70,0:5;4,1").with_lse
+
+
 # ---- the corpus ----------------------------------------------------------------------------------
 def test_corpus_covers_the_bug_classes():
     names = {m.name for m in PTX_MUTATIONS}

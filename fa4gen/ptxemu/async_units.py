@@ -485,7 +485,7 @@ def compile_tcgen05_mma(ctx, ins, parts):
                               line=ins.line, warp=wid, addrs=_tmem_addr_grid(0, dc, N, M), space="TMEM")
                 cta.trguard[0:M, dc: dc + N] = 0
                 with np.errstate(over="ignore", invalid="ignore"):
-                    D = mma_accumulate(A, B, old, emu.options.get("mma_model", DEFAULT_MMA_MODEL))
+                    D = mma_accumulate(A, B, old, cta.emu.options.get("mma_model", DEFAULT_MMA_MODEL))
                 cta.tmem[0:M, dc: dc + N] = D.view(np.uint32)
                 cta.tguard[0:M, dc: dc + N] = cta.guard_id(own, seq, f"tcgen05.mma #{seq} of warp {wid} (PTX line {ins.line})")
             cta.at(t, execute, ("tcgen05.mma", ins.line, w.wid))
@@ -694,7 +694,7 @@ def compile_wgmma(ctx, ins, parts):
                     rows, cols = d_idx[wi_]
                     D_old[rows, cols] = np.stack([np.asarray(c["warp"].regs[n]).view(np.float32) for n in dnames])
             with np.errstate(over="ignore", invalid="ignore"):
-                D = mma_accumulate(A, B, D_old, emu.options.get("mma_model", DEFAULT_MMA_MODEL))
+                D = mma_accumulate(A, B, D_old, cta.emu.options.get("mma_model", DEFAULT_MMA_MODEL))
             for wi_, c in cs.items():
                 ww = c["warp"]
                 rows, cols = d_idx[wi_]

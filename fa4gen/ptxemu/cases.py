@@ -34,19 +34,22 @@ class Shape:
     skv: int
     hq: int
     hkv: int
+    with_lse: bool = True  # False: lse_ptr = 0, the API's default launch (nothing may be written through it)
 
     def __str__(self):
-        return f"B={self.b} Sq={self.sq} Skv={self.skv} Hq={self.hq} Hkv={self.hkv}"
+        return f"B={self.b} Sq={self.sq} Skv={self.skv} Hq={self.hq} Hkv={self.hkv}" + ("" if self.with_lse else " no-LSE")
 
     @classmethod
     def parse(cls, s: str) -> "Shape":
+        items = s.split(",")
+        with_lse = items[-1].strip() != "nolse"
         try:
-            vals = [int(x) for x in s.split(",")]
+            vals = [int(x) for x in (items if with_lse else items[:-1])]
         except ValueError:
-            raise UsageError(f"--shape {s!r}: five integers B,Sq,Skv,Hq,Hkv") from None
+            raise UsageError(f"--shape {s!r}: five integers B,Sq,Skv,Hq,Hkv[,nolse]") from None
         if len(vals) != 5 or any(v < 1 for v in vals):
-            raise UsageError(f"--shape {s!r}: five positive integers B,Sq,Skv,Hq,Hkv")
-        return cls(*vals)
+            raise UsageError(f"--shape {s!r}: five positive integers B,Sq,Skv,Hq,Hkv[,nolse]")
+        return cls(*vals, with_lse=with_lse)
 
 
 @dataclass

@@ -97,7 +97,14 @@ class Emulator:
         self.delays = dict(DEFAULT_DELAYS, **(delays or {}))
         self.options = dict(options or {})
         self.param_sizes = {p.name: p.size for p in mod.params}
-        self.prog = compile_program(self)
+        # The compiled program depends on the module, the parameter layout, the delays and the options,
+        # never on a launch's values (ld.param reads them when it runs; every runtime closure reaches
+        # the launch through w.cta.emu): the runs of one parsed module share it.
+        key = (tuple(sorted(param_offsets.items())), tuple(sorted(self.delays.items())), repr(sorted(self.options.items())))
+        programs = mod.__dict__.setdefault("_compiled_programs", {})
+        self.prog = programs.get(key)
+        if self.prog is None:
+            self.prog = programs[key] = compile_program(self)
         self.reg_init = init_registers(mod)
         nwarps = (nthreads + 31) // 32  # coverage records, per warp over every CTA (coverage.py reads them)
         self.hits = [bytearray(len(self.prog)) for _ in range(nwarps)]

@@ -37,6 +37,7 @@ class VarShape:
     hq: int
     hkv: int
     seqused_k: tuple | None = None
+    with_lse: bool = True  # False: lse_ptr = 0 (the API's default launch)
 
     def __post_init__(self):
         self.lens_q, self.lens_k = tuple(int(x) for x in self.lens_q), tuple(int(x) for x in self.lens_k)
@@ -57,20 +58,23 @@ class VarShape:
     def __str__(self):
         pairs = " ".join(f"{a}:{b}" for a, b in zip(self.lens_q, self.lens_k))
         used = f" seqused_k={','.join(map(str, self.seqused_k))}" if self.seqused_k is not None else ""
-        return f"varlen [{pairs}] Hq={self.hq} Hkv={self.hkv}{used}"
+        return f"varlen [{pairs}] Hq={self.hq} Hkv={self.hkv}{used}" + ("" if self.with_lse else " no-LSE")
 
     @classmethod
     def parse(cls, s: str) -> "VarShape":
-        """'LQ:LK,LQ:LK,...;HQ,HKV' (e.g. '131:200,0:17,40:0;4,1')."""
+        """'LQ:LK,LQ:LK,...;HQ,HKV[;nolse]' (e.g. '131:200,0:17,40:0;4,1')."""
+        with_lse = s.split(";")[-1].strip() != "nolse"
+        if not with_lse:
+            s = s.rsplit(";", 1)[0]
         try:
             seqs, heads = s.split(";")
             pairs = [tuple(int(x) for x in p.split(":")) for p in seqs.split(",")]
             hq, hkv = (int(x) for x in heads.split(","))
         except ValueError:
-            raise UsageError(f"--lens {s!r}: LQ:LK,LQ:LK,...;HQ,HKV (e.g. 131:200,0:17,40:0;4,1)") from None
+            raise UsageError(f"--lens {s!r}: LQ:LK,LQ:LK,...;HQ,HKV[;nolse] (e.g. 131:200,0:17,40:0;4,1)") from None
         if not pairs or any(len(p) != 2 or min(p) < 0 for p in pairs) or hq < 1 or hkv < 1:
             raise UsageError(f"--lens {s!r}: lengths >= 0 as LQ:LK pairs, then HQ,HKV >= 1")
-        return cls(tuple(p[0] for p in pairs), tuple(p[1] for p in pairs), hq, hkv)
+        return cls(tuple(p[0] for p in pairs), tuple(p[1] for p in pairs), hq, hkv, with_lse=with_lse)
 
 
 @dataclass
@@ -117,7 +121,8 @@ def load_manifest(ptx_path: Path, manifest_path: Path | None) -> dict:
 def default_shapes(man: dict) -> list:
     """Small shapes with tails on both lengths, GQA packing, and (causal) Sq != Skv both ways.
     Varlen kernels: ragged batches with a zero-length sequence, one with no keys, q_len != k_len
-    both ways, a sequence of more than one task, and (second shape) seqused_k."""
+    both ways, a sequence of more than one task, and (second shape) seqused_k. Last, for both: a
+    small launch without LSE (the API's default: lse_ptr = 0)."""
     cfg = man["config"]
     if man.get("kvcache"):
         return default_kv_shapes(man)
@@ -125,14 +130,18 @@ def default_shapes(man: dict) -> list:
     rows = manifest_tile_rows(man) // pack
     per_task = int(man["grid"].get("tiles_per_task", 1))
     hkv = 2 if g <= 2 else 1
+    # the last launch of each kind is the API's default one, without LSE (lse_ptr = 0: a store through it
+    # faults), on the smallest problem that stores LSE rows: one partial Q tile, one partial K/V block
     if cfg.get("varlen"):
         long_q = rows * per_task + rows // 2 + 3
         return [VarShape((long_q, 0, 40, 9, 70), (200, 17, 0, 130, 30), g * hkv, hkv),
-                VarShape((5, rows + 1, 0), (140, 129, 0), g * hkv, hkv, seqused_k=(3, 100, 0))]
+                VarShape((5, rows + 1, 0), (140, 129, 0), g * hkv, hkv, seqused_k=(3, 100, 0)),
+                VarShape((3, 0), (70, 5), g * hkv, hkv, with_lse=False)]
     sq = rows * per_task + rows // 2 + 3  # a second task whose tiles are partly / wholly past Sq
+    no_lse = Shape(1, 3, 70, g * hkv, hkv, with_lse=False)
     if cfg["causal"]:
-        return [Shape(1, sq, sq + 70, g * hkv, hkv), Shape(1, 150, 97, g, 1)]
-    return [Shape(1, sq, 203, g * hkv, hkv)]
+        return [Shape(1, sq, sq + 70, g * hkv, hkv), Shape(1, 150, 97, g, 1), no_lse]
+    return [Shape(1, sq, 203, g * hkv, hkv), no_lse]
 
 
 def make_varlen_inputs(shape: VarShape, dtype: str, head_dim: int, seed: int):
@@ -314,7 +323,7 @@ def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2
     if inputs is None:
         inputs = (make_varlen_inputs if varlen else make_inputs)(shape, cfg["dtype"], d, seed)
     q, k, v = inputs
-    launch = Launch(mod, man, shape, q, k, v, ctas=ctas, seed=seed, l2_group=l2_group)
+    launch = Launch(mod, man, shape, q, k, v, ctas=ctas, seed=seed, l2_group=l2_group, with_lse=shape.with_lse)
     entry_regs = entry_registers(mod, man, int(man["threads_per_cta"]))
     t0 = time.perf_counter()
     res = RunResult(False, shape, seed)

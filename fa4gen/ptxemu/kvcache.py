@@ -104,7 +104,7 @@ class KvShape:
 
 
 def default_kv_shapes(man: dict) -> list:
-    """Three decode batches. The first: Sq = 3 with num_splits = 3, sequences of 129 keys (2 blocks:
+    """Four decode batches. The first: Sq = 3 with num_splits = 3, sequences of 129 keys (2 blocks:
     splits of 1, 1 and 0 blocks), 1 key (causal: two of its rows see none), a negative length (no
     key: every split empty, O = 0, LSE = -inf) and one past the capacity (clamped to it: 600 keys,
     or the paged capacity, 5 or 6 blocks split 2 + 2 + 1 or 2 + 2 + 2, its last block partly past
@@ -113,12 +113,14 @@ def default_kv_shapes(man: dict) -> list:
     third: Sq = 64 / P + 3 query positions, so the tile's second 64 rows (the second consumer
     warpgroup of sm_90a) hold P * 3 real rows, with 2 splits of 2 + 1 blocks, and no LSE asked
     (lse_ptr = 0 for fa4_fwd and fa4_combine); with an odd Hq its B * Sq * Hq rows leave the last
-    combine CTA partly empty."""
+    combine CTA partly empty. The fourth: the API's default decode launch, one split (the kernel
+    stores O itself) and no LSE: the kernel's direct LSE store must skip lse_ptr = 0."""
     g, pack = manifest_gqa(man)
     hkv = 2 if g <= 2 else 1
     return [KvShape((129, 1, -3, 1000), 3, g * hkv, hkv, num_splits=3, capacity=600),
             KvShape((250, 0), 1, g * hkv, hkv, num_splits=1, capacity=260),
-            KvShape((300, 40, 77), 64 // pack + 3, g * hkv, hkv, num_splits=2, capacity=320, with_lse=False)]
+            KvShape((300, 40, 77), 64 // pack + 3, g * hkv, hkv, num_splits=2, capacity=320, with_lse=False),
+            KvShape((70,), 1, g * hkv, hkv, num_splits=1, capacity=128, with_lse=False)]
 
 
 @dataclass

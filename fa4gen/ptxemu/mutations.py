@@ -469,3 +469,28 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
                 # reader becomes the inverse of the one walker instead of growing its regexes)
                 _drop_line(r"cp\.async\.bulk\.wait_group 0;", nth=-1), protocol=False),
 )
+
+
+# ---- the API's default launch: no LSE (lse_ptr = 0). The kernels skip the LSE store when the pointer
+# is null; with the guard compared against 1 instead of 0 they store through address 0 + offset. Only a
+# launch without LSE can see it (harness.default_shapes' last launch, default_kv_shapes' fourth).
+def _lse_guard_off(op):
+    pattern = rf"setp\.{op}\.u64 (%p_c|%p_lse), %lse, 0;"
+    return _sub(pattern, rf"setp.{op}.u64 \1, %lse, 1;", count=0)
+
+
+_SM100K = dict(arch="sm_100a", head_dim=128, causal=True, gqa_ratio=4, dtype="bf16", kvcache=True, page_size=64)
+PTX_MUTATIONS = PTX_MUTATIONS + (
+    PtxMutation("lse_null_guard_off", _SM100C, "the LSE store's null-pointer guard tests lse_ptr == 1: a "
+                "launch without LSE stores through address 0", ("GMEM_OOB",), _lse_guard_off("eq"), protocol=False),
+    PtxMutation("sm90_lse_null_guard_off", _SM90C, "the LSE store's null-pointer guard tests lse_ptr != 1",
+                ("GMEM_OOB",), _lse_guard_off("ne"), protocol=False),
+    PtxMutation("varlen_lse_null_guard_off", _SM100V, "varlen: the LSE store's null-pointer guard tests "
+                "lse_ptr == 1", ("GMEM_OOB",), _lse_guard_off("eq"), protocol=False),
+    PtxMutation("sm90_varlen_lse_null_guard_off", _SM90V, "varlen: the LSE store's null-pointer guard tests "
+                "lse_ptr != 1", ("GMEM_OOB",), _lse_guard_off("ne"), protocol=False),
+    PtxMutation("kvcache_lse_null_guard_off", _SM100K, "KV cache, one split: fa4_fwd's direct LSE store "
+                "guard tests lse_ptr == 1", ("GMEM_OOB",), _lse_guard_off("eq"), protocol=False),
+    PtxMutation("sm90_kvcache_lse_null_guard_off", _SM90K, "KV cache, one split: fa4_fwd's direct LSE store "
+                "guard tests lse_ptr != 1", ("GMEM_OOB",), _lse_guard_off("ne"), protocol=False),
+)

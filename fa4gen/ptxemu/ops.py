@@ -542,10 +542,13 @@ def compile_ld_st(ctx, ins, parts):
             if off is None:
                 raise unsupported(ins, f"unknown parameter {src.base.name}")
             off += src.offset
-            dt = _DT[t]
-            raw = emu.params[off: off + width * vec]
-            vals = np.frombuffer(raw, dtype=np.dtype(dt).newbyteorder("<"))
-            return lambda w, m: [ws[i](w, vals[i], m) for i in range(vec)] and None
+            pdt = np.dtype(_DT[t]).newbyteorder("<")
+
+            def fn(w, m):  # the launch's values, read when it runs: a compiled program serves every launch
+                vals = np.frombuffer(w.cta.emu.params, dtype=pdt, count=vec, offset=off)
+                for i in range(vec):
+                    ws[i](w, vals[i], m)
+            return fn
         if space == "shared" or space.startswith("shared"):
             ar = addr_reader(ctx, src, ins)
             dt = _DT[t]
