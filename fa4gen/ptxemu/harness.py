@@ -121,8 +121,8 @@ def load_manifest(ptx_path: Path, manifest_path: Path | None) -> dict:
 def default_shapes(man: dict) -> list:
     """Small shapes with tails on both lengths, GQA packing, and (causal) Sq != Skv both ways.
     Varlen kernels: ragged batches with a zero-length sequence, one with no keys, q_len != k_len
-    both ways, a sequence of more than one task, and (second shape) seqused_k. Last, for both: a
-    small launch without LSE (the API's default: lse_ptr = 0)."""
+    both ways, a sequence of more than one task, and seqused_k. First, for both: a small launch
+    without LSE (the API's default: lse_ptr = 0)."""
     cfg = man["config"]
     if man.get("kvcache"):
         return default_kv_shapes(man)
@@ -130,18 +130,19 @@ def default_shapes(man: dict) -> list:
     rows = manifest_tile_rows(man) // pack
     per_task = int(man["grid"].get("tiles_per_task", 1))
     hkv = 2 if g <= 2 else 1
-    # the last launch of each kind is the API's default one, without LSE (lse_ptr = 0: a store through it
+    # the first launch of each kind is the API's default one, without LSE (lse_ptr = 0: a store through it
     # faults), on the smallest problem that stores LSE rows: one partial Q tile, one partial K/V block
+    # (first: a kernel that mishandles it fails at once, before the longer launches)
     if cfg.get("varlen"):
         long_q = rows * per_task + rows // 2 + 3
-        return [VarShape((long_q, 0, 40, 9, 70), (200, 17, 0, 130, 30), g * hkv, hkv),
-                VarShape((5, rows + 1, 0), (140, 129, 0), g * hkv, hkv, seqused_k=(3, 100, 0)),
-                VarShape((3, 0), (70, 5), g * hkv, hkv, with_lse=False)]
+        return [VarShape((3, 0), (70, 5), g * hkv, hkv, with_lse=False),
+                VarShape((long_q, 0, 40, 9, 70), (200, 17, 0, 130, 30), g * hkv, hkv),
+                VarShape((5, rows + 1, 0), (140, 129, 0), g * hkv, hkv, seqused_k=(3, 100, 0))]
     sq = rows * per_task + rows // 2 + 3  # a second task whose tiles are partly / wholly past Sq
     no_lse = Shape(1, 3, 70, g * hkv, hkv, with_lse=False)
     if cfg["causal"]:
-        return [Shape(1, sq, sq + 70, g * hkv, hkv), Shape(1, 150, 97, g, 1), no_lse]
-    return [Shape(1, sq, 203, g * hkv, hkv), no_lse]
+        return [no_lse, Shape(1, sq, sq + 70, g * hkv, hkv), Shape(1, 150, 97, g, 1)]
+    return [no_lse, Shape(1, sq, 203, g * hkv, hkv)]
 
 
 def make_varlen_inputs(shape: VarShape, dtype: str, head_dim: int, seed: int):
