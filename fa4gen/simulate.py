@@ -58,7 +58,8 @@ class Task:
 
 
 def tiles_per_task(cfg: KernelConfig) -> int:
-    """sm_100a: two 128-row Q tiles in flight per task; sm_90a: one, split over two consumers."""
+    """sm_100a: two 128-row Q tiles in flight per task; sm_90a: one, split over its consumer
+    warpgroups (two; three on 192-row tiles)."""
     return 2 if cfg.arch == "sm_100a" else 1
 
 

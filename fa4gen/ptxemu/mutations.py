@@ -191,7 +191,7 @@ PTX_MUTATIONS: tuple[PtxMutation, ...] = (
                 "diagonal column of row 0's fragment (one visible key masked)", ("mismatch",),
                 _sub(r"setp\.le\.s32 %pp6, %lim0, 0;", "setp.lt.s32 %pp6, %lim0, 0;", count=0), protocol=False),
     PtxMutation("sm90_swap_kv_full_barriers", _SM90, "steady state: the K wait polls v_full and the V wait k_full",
-                ("RACE", "mismatch", "DEADLOCK"),
+                ("RACE", "mismatch", "DEADLOCK", "ARRIVAL_OVERFLOW"),
                 _sub(r"(mad\.lo\.u32 %baddr, %kst, 8, %bar;\n\s*add\.u32 %baddr, %baddr, )32(;[\s\S]*?"
                      r"mad\.lo\.u32 %baddr, %vst, 8, %bar;\n\s*add\.u32 %baddr, %baddr, )64;",
                      r"\g<1>64\g<2>32;", nth=1)),
