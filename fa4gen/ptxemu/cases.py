@@ -27,6 +27,14 @@ class UsageError(Exception):
     """Bad arguments (exit 2)."""
 
 
+def split_nolse(text: str, sep: str) -> tuple[list[str], bool]:
+    """A launch spelled on the command line, cut at `sep`: (its fields, whether it asks for LSE). A
+    last field `nolse` (every kind of shape: --shape, --lens, --kv) launches with lse_ptr = 0."""
+    fields = text.split(sep)
+    with_lse = fields[-1].strip() != "nolse"
+    return (fields if with_lse else fields[:-1]), with_lse
+
+
 @dataclass
 class Shape:
     b: int
@@ -41,10 +49,9 @@ class Shape:
 
     @classmethod
     def parse(cls, s: str) -> "Shape":
-        items = s.split(",")
-        with_lse = items[-1].strip() != "nolse"
+        items, with_lse = split_nolse(s, ",")
         try:
-            vals = [int(x) for x in (items if with_lse else items[:-1])]
+            vals = [int(x) for x in items]
         except ValueError:
             raise UsageError(f"--shape {s!r}: five integers B,Sq,Skv,Hq,Hkv[,nolse]") from None
         if len(vals) != 5 or any(v < 1 for v in vals):

@@ -23,7 +23,7 @@ from .kvcache import KvShape, KvUsageError, default_kv_shapes, run_kvcache_once 
 from .emulator import Emulator
 from .machine import SMEM_BASE, Fault, GlobalMemory
 from .cases import (RunResult, Shape, UsageError, _from_dtype_bytes, _np_dtype_bytes, _pv_abs,  # noqa: F401
-                    entry_registers, judge, make_inputs, role_budgets, role_of, run_coverage,
+                    entry_registers, judge, make_inputs, role_budgets, role_of, run_coverage, split_nolse,
                     tolerance)  # (re-exported: harness.X)
 from .coverage import Coverage
 from .parse import manifest_entries, parse, parse_for_manifest
@@ -63,11 +63,9 @@ class VarShape:
     @classmethod
     def parse(cls, s: str) -> "VarShape":
         """'LQ:LK,LQ:LK,...;HQ,HKV[;nolse]' (e.g. '131:200,0:17,40:0;4,1')."""
-        with_lse = s.split(";")[-1].strip() != "nolse"
-        if not with_lse:
-            s = s.rsplit(";", 1)[0]
+        fields, with_lse = split_nolse(s, ";")
         try:
-            seqs, heads = s.split(";")
+            seqs, heads = fields
             pairs = [tuple(int(x) for x in p.split(":")) for p in seqs.split(",")]
             hq, hkv = (int(x) for x in heads.split(","))
         except ValueError:

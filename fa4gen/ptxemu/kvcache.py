@@ -28,7 +28,7 @@ from ..runtime import launch_geometry, manifest_gqa, tensor_map_geometry
 from ..schedule import kvcache_k_len, kvcache_page
 from . import units
 from .cases import (RunResult, Shape, UsageError, _from_dtype_bytes, _np_dtype_bytes, entry_registers, judge,
-                    make_inputs, role_budgets, role_of, run_coverage)
+                    make_inputs, role_budgets, role_of, run_coverage, split_nolse)
 from .emulator import Emulator
 from .machine import SMEM_BASE, Fault, GlobalMemory
 from .parse import manifest_entries
@@ -82,10 +82,7 @@ class KvShape:
         """'L,L,...;SQ;HQ,HKV;SPLITS[;CAPACITY][;nolse]' (e.g. '129,1,-3,1000;3;4,1;3;600')."""
         usage = (f"--kv {s!r}: LENS;SQ;HQ,HKV;SPLITS[;CAPACITY][;nolse], e.g. '129,1,-3,1000;3;4,1;3;600' "
                  "(cache_seqlens as the device reads them, clamped to [0, capacity]; nolse: lse_ptr = 0)")
-        parts = s.split(";")
-        with_lse = parts[-1].strip() != "nolse"
-        if not with_lse:
-            parts = parts[:-1]
+        parts, with_lse = split_nolse(s, ";")
         try:
             if len(parts) not in (4, 5):
                 raise ValueError
