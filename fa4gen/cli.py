@@ -305,8 +305,7 @@ def emulate(ptx_file, manifest, shapes, lens, kvs, seeds, seed0, ctas, step_limi
         click.echo(f"note: the PTX header names {named}, the manifest {man.get('name')}: runs use the manifest", err=True)
     ok = True
     total_steps, total_s = 0, 0.0
-    from .ptxemu.coverage import Coverage
-    cov = Coverage()
+    runs = []
     try:
         from .ptxemu.parse import parse_for_manifest
         mod = parse_for_manifest(text, man)
@@ -320,8 +319,7 @@ def emulate(ptx_file, manifest, shapes, lens, kvs, seeds, seed0, ctas, step_limi
                     sys.exit(2)
                 total_steps += r.warp_instructions
                 total_s += r.seconds
-                if r.coverage is not None:
-                    cov.merge(r.coverage)
+                runs.append(r)
                 rep = harness.EmulateReport(r.ok, str(path), [r])
                 click.echo(rep.summary())
                 ok &= r.ok
@@ -329,6 +327,7 @@ def emulate(ptx_file, manifest, shapes, lens, kvs, seeds, seed0, ctas, step_limi
         click.echo(f"fa4gen emulate: {path}: {e}", err=True)
         sys.exit(1)
     rate = f", {total_steps / total_s:,.0f} warp-instructions/s" if total_s else ""
+    cov = harness.EmulateReport(ok, str(path), runs).coverage
     if coverage:
         click.echo("coverage of the runs:\n" + cov.summary(limit=1000))
     if coverage_json:
