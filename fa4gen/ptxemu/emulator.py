@@ -101,10 +101,9 @@ class Emulator:
         # never on a launch's values (ld.param reads them when it runs; every runtime closure reaches
         # the launch through w.cta.emu): the runs of one parsed module share it.
         key = (tuple(sorted(param_offsets.items())), tuple(sorted(self.delays.items())), repr(sorted(self.options.items())))
-        programs = mod.__dict__.setdefault("_compiled_programs", {})
-        self.prog = programs.get(key)
+        self.prog = mod.programs.get(key)
         if self.prog is None:
-            self.prog = programs[key] = compile_program(self)
+            self.prog = mod.programs[key] = compile_program(self)
         self.reg_init = init_registers(mod)
         nwarps = (nthreads + 31) // 32  # coverage records, per warp over every CTA (coverage.py reads them)
         self.hits = [bytearray(len(self.prog)) for _ in range(nwarps)]

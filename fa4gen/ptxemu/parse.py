@@ -110,6 +110,8 @@ class Module:
     maxnreg: int | None = None
     directives: dict = field(default_factory=dict)
     lines: tuple | None = None  # (first, last) source line of the entry: its .entry line to its closing brace
+    # compiled programs of this entry by (parameter layout, delays, options): emulator.Emulator fills it
+    programs: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 _REG_TYPES = {".pred", ".b8", ".b16", ".b32", ".b64", ".u8", ".u16", ".u32", ".u64", ".s8", ".s16",
