@@ -5,7 +5,8 @@
 
 Exports BASE_COMMIT with `git archive` into a temporary directory, renders the PTX of every
 variant of both targets (D 64/128 x fp16/bf16 x causal x GQA 1, 2, 4, ..., 128 x emu_pairs default,
-2, 0: 384 kernels) with that tree and with this one, and lists the variants whose PTX differs.
+2, 0: 384 kernels; then varlen, KV cache with pages of 0/16/64/256 keys and the 192-row sm_90a tile at
+GQA 1/4/6) with that tree and with this one, and lists the variants whose PTX differs.
 The kernel name in the PTX header is masked: a tuned (non-default) config's name carries the
 content hash, which covers the generator's sources and so changes with any edit.
 """
@@ -32,6 +33,20 @@ for arch, d, dt, c, g, e in itertools.product(("sm_90a", "sm_100a"), (64, 128), 
     cfg = KernelConfig(arch=arch, head_dim=d, dtype=dt, causal=c, gqa_ratio=g, emu_pairs=e)
     ptx, _ = (build_sm90 if arch == "sm_90a" else build_sm100)(cfg)
     out[f"{arch} d{d} {dt} {'causal' if c else 'noncausal'} gqa{g} emu_pairs={e}"] = \
+        hashlib.sha256(ptx.replace(cfg.name, "NAME").encode()).hexdigest()
+# the entry points and tile sizes: varlen, KV cache (contiguous and paged), 192-row sm_90a tiles
+for arch, d, c, g, kind in itertools.product(("sm_90a", "sm_100a"), (64, 128), (False, True), (1, 4, 6),
+                                             ("varlen", "kv0", "kv16", "kv64", "kv256", "m192")):
+    if kind == "m192" and (arch != "sm_90a" or d != 64):
+        continue
+    extra = ({"varlen": True} if kind == "varlen" else {"block_m": 192} if kind == "m192" else
+             {"kvcache": True, "page_size": int(kind[2:])})
+    try:
+        cfg = KernelConfig(arch=arch, head_dim=d, causal=c, gqa_ratio=g, **extra)
+    except ValueError:
+        continue
+    ptx, _ = (build_sm90 if arch == "sm_90a" else build_sm100)(cfg)
+    out[f"{arch} d{d} {'causal' if c else 'noncausal'} gqa{g} {kind}"] = \
         hashlib.sha256(ptx.replace(cfg.name, "NAME").encode()).hexdigest()
 json.dump(out, sys.stdout)
 '''
