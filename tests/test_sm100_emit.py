@@ -23,7 +23,8 @@ from fa4gen.config import KernelConfig
 from fa4gen.encodings import MmaType, TcgenInstrDesc
 from fa4gen.exp2 import emulated_mask
 from fa4gen.ir import build_pipeline
-from fa4gen.lower.sm100 import Sm100LoweringError, lower_sm100, smem_layout
+from fa4gen.lower.sm100 import Sm100LoweringError, lower_sm100
+from fa4gen.lower.walk import LoweringError, smem_layout
 from fa4gen.passes.verify import VerificationError
 from fa4gen.reference import fa4_forward, round_to_dtype
 from fa4gen.simulate import simulate
@@ -193,8 +194,10 @@ def test_lowering_refuses_what_it_cannot_emit():
     with pytest.raises(Sm100LoweringError):
         lower_sm100(pipe.__class__(**{**pipe.__dict__, "arch": "sm_90a"}))
     big = KernelConfig(kv_stages=4)
-    with pytest.raises(Sm100LoweringError, match="SMEM"):
+    with pytest.raises(LoweringError, match="SMEM"):  # the layout is the walker's, for both targets
         smem_layout(build_pipeline(big))
+    with pytest.raises(Sm100LoweringError, match="SMEM"):
+        lower_sm100(build_pipeline(big))
 
 
 # ---- beyond the seed ------------------------------------------------------------------------------

@@ -1,0 +1,426 @@
+"""The statement walker both targets lower their verified role programs with.
+
+A `Walker` visits one role's program (fa4gen/ir/core.py) statement by statement and appends template
+items: each op becomes one item (a macro of the target's templates/<arch>/ops.ptx.j2, preceded by a
+`// op N` marker), each Loop / If becomes labels and predicated branches. What an op means for the
+protocol (which barrier slot, which parity, which ring state, how a state advances, which block a
+BlockRef names) is decided here, once, for both targets; a target's subclass adds the ops of its
+machine (tcgen05 / wgmma, TMEM / registers) and its op table `OP_PTX` (IR op -> the protocol
+instructions it lowers to, the table `fa4gen check` inverts).
+
+Ring states: each State lives in one register q in [0, 2*depth): slot = slot_base + q mod depth, wait
+parity = q >= depth, advanced by stride modulo 2*depth -- exactly ir.core.State's convention.
+
+Also here, because both targets derive them from the Pipeline the same way: the SMEM layout
+(`smem_layout`) and the register bookkeeping shared by a kernel's roles (`WalkCtx`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Cond, ExpectTx, FenceProxyAsync, If, Loop,
+                       LoopKind, NamedArrive, NamedSync, Pipeline, Role, Scope, Space, TmaStoreWait, Wait,
+                       walk_ops)
+from ..plan import SMEM_ALIGN
+
+__all__ = ["LoweringError", "SmemLayout", "WalkCtx", "Walker", "pairwise", "smem_layout"]
+
+
+class LoweringError(ValueError):
+    """A pipeline or config a lowering cannot emit (says what and why)."""
+
+
+def pairwise(srcs: list[str], tmp: str, arity: int = 2) -> tuple[list[tuple[str, ...]], str]:
+    """A balanced reduction tree over `srcs` as (dst, a, b[, c]) ops on fresh temporaries tmp0,
+    tmp1...: groups of `arity` sources per op (3: sm_100a's three-input max.f32, FMNMX3); a level's
+    last group may be smaller (2 sources), a single leftover passes up unchanged."""
+    ops, level, n = [], list(srcs), 0
+    while len(level) > 1:
+        nxt = []
+        i = 0
+        while len(level) - i >= 2:
+            k = min(arity, len(level) - i)
+            ops.append((f"{tmp}{n}", *level[i:i + k]))
+            nxt.append(f"{tmp}{n}")
+            n += 1
+            i += k
+        nxt.extend(level[i:])
+        level = nxt
+    return ops, level[0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# SMEM layout
+
+
+@dataclass(frozen=True)
+class SmemLayout:
+    """Byte offsets from the 1024-aligned dynamic SMEM base."""
+
+    regions: dict  # region name -> (offset of slot 0, bytes per slot, slots)
+    barriers: dict  # barrier name -> offset of slot 0 (8 bytes per slot)
+    tmem_slot: int  # 4 bytes: the TMEM base address written by tcgen05.alloc
+    used: int
+    total: int  # dynamic SMEM bytes to request: used + alignment slack
+
+    def region_offset(self, name: str) -> int:
+        return self.regions[name][0]
+
+    def slot_bytes(self, name: str) -> int:
+        return self.regions[name][1]
+
+
+def smem_layout(pipe: Pipeline, error: type[Exception] = LoweringError) -> SmemLayout:
+    """The SMEM regions in declaration order (1024-aligned where their slots are), then 8 bytes per
+    mbarrier slot, then the TMEM address slot; the total includes the alignment slack."""
+    off = 0
+    regions = {}
+    for r in pipe.regions:
+        if r.space is not Space.SMEM:
+            continue
+        if r.bytes_per_slot % SMEM_ALIGN == 0 and off % SMEM_ALIGN:
+            raise error(f"SMEM region {r.name} would start at {off}, not 1024-aligned")
+        regions[r.name] = (off, r.bytes_per_slot, r.slots)
+        off += r.slots * r.bytes_per_slot
+    off = -(-off // 8) * 8
+    bars = {}
+    for b in pipe.barriers:
+        if b.kind is BarrierKind.NAMED:
+            continue
+        bars[b.name] = off
+        off += 8 * b.slots
+    tmem_slot = off
+    off += 8
+    total = off + SMEM_ALIGN
+    if total > pipe.smem_limit:
+        raise error(f"SMEM: {off} bytes + {SMEM_ALIGN} alignment slack = {total} exceed the "
+                    f"{pipe.smem_limit}-byte limit of {pipe.arch} (fewer kv_stages?)")
+    return SmemLayout(regions, bars, tmem_slot, off, total)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The walker
+
+
+@dataclass
+class WalkCtx:
+    """Per-kernel lowering state shared by the role walkers."""
+
+    pipe: Pipeline
+    layout: SmemLayout
+    tmem_warp: int  # sm_100a: the one warp that allocates Tensor Memory and frees it after the final sync
+    regs: dict = field(default_factory=dict)  # ptx type -> ordered set of declared names / families
+    n_uid: int = 0
+
+    def uid(self) -> int:
+        self.n_uid += 1
+        return self.n_uid
+
+    def reg(self, kind: str, name: str) -> str:
+        self.regs.setdefault(kind, {})[name] = None
+        return name
+
+    def family(self, kind: str, prefix: str, n: int) -> None:
+        fam = self.regs.setdefault(kind, {})
+        key = f"{prefix}<{n}>"
+        for k in list(fam):
+            if k.startswith(prefix + "<"):
+                if int(k[len(prefix) + 1:-1]) >= n:
+                    return
+                del fam[k]
+        fam[key] = None
+
+    def decls(self) -> list[str]:
+        return [f".reg .{kind} {n};" for kind, names in self.regs.items() for n in names]
+
+
+class Walker:
+    """Walks one role's program into template items. Subclasses set `OP_PTX` (the op table), `Error`
+    and `target`, and add `op_<Op>` handlers for their machine's ops and the hooks below."""
+
+    OP_PTX: dict = {}
+    Error: type[Exception] = LoweringError
+    target = "?"
+
+    def __init__(self, ctx: WalkCtx, role: Role):
+        self.ctx = ctx
+        self.pipe = ctx.pipe
+        self.cfg = ctx.pipe.config
+        self.role = role
+        self.p = role.name
+        self.items: list[dict] = []
+        self.op_index = 0
+        self.loop_kind: LoopKind | None = None
+
+    # ---- names -------------------------------------------------------------------------------
+    def r(self, kind: str, name: str) -> str:
+        return self.ctx.reg(kind, f"%{name}")
+
+    def label(self, what: str) -> str:
+        return f"$L_{self.p}_{what}{self.ctx.uid()}"
+
+    def emit(self, m: str, **kw) -> None:
+        self.items.append({"m": m, **kw})
+
+    def qreg(self, name: str) -> str:
+        """The State's one register q in [0, 2*depth): slot = q mod depth, wait parity = q >= depth
+        (q = (start + stride*advances + depth*start_phase) mod 2*depth, see ir.core's convention)."""
+        self.role.state(name)
+        return self.r("b32", f"q_{self.p}_{name}")
+
+    def slot(self, s) -> tuple[str, object]:
+        """("const", slot) or ("state", State) of a slot operand."""
+        if isinstance(s, int):
+            return "const", s
+        st = self.role.state(s)
+        if st.depth == 1:
+            return "const", st.slot_base
+        return "state", st
+
+    def resolve(self, st, slot_dst: str | None = None, parity_dst: str | None = None) -> list[tuple]:
+        """Instructions decoding a ring state's q register into its slot index and/or wait parity."""
+        q = self.qreg(st.name)
+        ins = [("setp.ge.u32", "%p_q", q, str(st.depth))]
+        if slot_dst:
+            ins += [("mov.u32", slot_dst, q), ("@%p_q sub.u32", slot_dst, q, str(st.depth))]
+        if parity_dst:
+            ins += [("selp.u32", parity_dst, "1", "0", "%p_q")]
+        return ins
+
+    def bar_addr(self, bname: str, s) -> tuple[list[tuple], str]:
+        """(setup instructions, address expression) of barrier slot s."""
+        base = self.ctx.layout.barriers[bname]
+        kind, v = self.slot(s)
+        if kind == "const":
+            return [], f"%bar+{base + 8 * v}"
+        pre = self.resolve(v, slot_dst="%qs") + [("mad.lo.u32", "%qb", "%qs", "8", "%bar")]
+        return pre, f"%qb+{base + 8 * v.slot_base}"
+
+    def parity(self, name: str) -> tuple[list[tuple], str]:
+        st = self.role.state(name)
+        if st.depth == 1:
+            return [], self.qreg(name)
+        return self.resolve(st, parity_dst="%qp"), "%qp"
+
+    def smem_addr(self, region: str, s, dst: str) -> tuple[list[tuple], str, int]:
+        """(setup instructions, base register, byte offset) of slot s of an SMEM region."""
+        off, nbytes, _ = self.ctx.layout.regions[region]
+        kind, v = self.slot(s)
+        if kind == "const":
+            return [], "%smem", off + v * nbytes
+        pre = self.resolve(v, slot_dst="%qs") + [("mad.lo.u32", dst, "%qs", str(nbytes), "%smem")]
+        return pre, dst, off + v.slot_base * nbytes
+
+    # ---- comments: the IR's names for what each instruction touches ---------------------------
+    # Printed after the instruction (templates: `{{ note | comment }}`), never part of it: one line,
+    # no ';', and no instruction mnemonic (tests count mnemonics in the raw text).
+    def slot_note(self, s) -> str:
+        """A slot operand in words: "1" (constant) or "%q_mma_k mod 3" (a ring State's slot)."""
+        kind, v = self.slot(s)
+        if kind == "const":
+            return str(v)
+        q = self.qreg(v.name)
+        return f"{v.slot_base} + {q} mod {v.depth}" if v.slot_base else f"{q} mod {v.depth}"
+
+    def bar_note(self, bname: str, s) -> str:
+        return f"{bname}[{self.slot_note(s)}]"
+
+    def phase_note(self, name: str) -> str:
+        """The parity a Wait passes, as the State's register says it (ir.core's phase convention:
+        try_wait.parity P passes once the barrier's phase of parity P has completed)."""
+        st = self.role.state(name)
+        q = self.qreg(name)
+        how = f"start phase {st.start_phase}" + (f", stride {st.stride}" if st.stride != 1 else "")
+        par = q if st.depth == 1 else f"({q} >= {st.depth})"
+        return f"phase parity {par}: state {name}, {how}"
+
+    @staticmethod
+    def block_note(ref: BlockRef) -> str:
+        """The K/V block a BlockRef names (blocks are visited in reverse: n-1, n-2, ..., 0)."""
+        return {BlockRef.FIRST: "n-1", BlockRef.CUR: "n-1-t", BlockRef.PREV: "n-t", BlockRef.LAST: "0"}[ref]
+
+    def what(self, text: str) -> None:
+        """Say what the current op's block computes, on its `// op N` marker."""
+        marker = next(it for it in reversed(self.items) if it["m"] == "marker")
+        marker["what"] = text
+
+    def state_users(self, name: str) -> list[str]:
+        """The barriers and regions whose slot a State walks, in program order."""
+        out = []
+        for op in walk_ops(self.role.program):
+            for f in ("state", "slot", "bar_slot", "dst_slot", "src_slot", "a_slot", "b_slot"):
+                if getattr(op, f, None) == name:
+                    key = {"dst_slot": "dst", "src_slot": "src", "a_slot": "a", "b_slot": "b",
+                           "bar_slot": "barrier"}.get(f, "barrier")
+                    target = getattr(op, key, None)
+                    if isinstance(target, str) and target not in out:
+                        out.append(target)
+        return out
+
+    # ---- program walk ------------------------------------------------------------------------
+    def init_state(self, st) -> None:
+        users = ", ".join(self.state_users(st.name))
+        if st.depth == 1:
+            shape = f"slot {st.slot_base}, phase parity = q"
+        else:
+            base = f"{st.slot_base} + " if st.slot_base else ""
+            shape = f"q in [0, {2 * st.depth}), slot = {base}q mod {st.depth}, phase parity = (q >= {st.depth})"
+        note = (f"state {st.name} ({users}): {shape}, start {st.start}, start phase {st.start_phase}"
+                + (f", stride {st.stride}" if st.stride != 1 else ""))
+        self.emit("state_init", q=self.qreg(st.name),
+                  value=(st.start + st.depth * st.start_phase) % (2 * st.depth), state=st.name, note=note)
+
+    def stmts(self, stmts: tuple) -> None:
+        for st in stmts:
+            if isinstance(st, Loop):
+                self.loop(st)
+            elif isinstance(st, If):
+                self.if_(st)
+            else:
+                self.op(st)
+
+    def loop(self, lp: Loop) -> None:
+        if lp.kind is LoopKind.TASKS:
+            if self.loop_kind is not None:
+                raise self.Error(f"{self.p}: a TASKS loop must be outermost")
+            head, done = self.label("task"), self.label("tasks_done")
+            self.task_begin(head, done)
+            self.loop_kind = lp.kind
+            self.stmts(lp.body)
+            self.loop_kind = None
+            self.emit("task_end", head=head, done=done)
+            return
+        if self.loop_kind is not LoopKind.TASKS:
+            raise self.Error(f"{self.p}: K/V loops must sit directly inside the TASKS loop")
+        head, done = self.label("kv"), self.label("kv_done")
+        first = 0 if lp.kind is LoopKind.KV else 1
+        self.emit("kv_begin", head=head, done=done, first=first)
+        self.loop_kind = lp.kind
+        self.stmts(lp.body)
+        self.loop_kind = LoopKind.TASKS
+        self.emit("kv_end", head=head, done=done, first=first)
+
+    def task_begin(self, head: str, done: str) -> None:
+        """Target hook: the task loop's head (decode the task, its block range) and per-task setup."""
+        raise NotImplementedError
+
+    def if_(self, st: If) -> None:
+        other, end = self.label("else"), self.label("endif")
+        if st.cond in (Cond.FIRST_BLOCK, Cond.NOT_FIRST_BLOCK):
+            if self.loop_kind not in (LoopKind.KV, LoopKind.KV_REST):
+                raise self.Error(f"{self.p}: {st.cond.value} outside a K/V loop")
+        self.emit("if_begin", cond=st.cond.value, other=other, **self.if_args(st))
+        self.stmts(st.then)
+        if st.orelse:
+            self.emit("if_else", other=other, end=end)
+            self.stmts(st.orelse)
+            self.emit("if_end", label=end)
+        else:
+            self.emit("if_end", label=other)
+
+    def if_args(self, st: If) -> dict:
+        """Target hook: the operands an If's condition reads (registers of the target)."""
+        return {}
+
+    def varlen_regs(self) -> None:
+        """The registers of the varlen decode (templates/common/scheduler.ptx.j2 decode_varlen): scan
+        state %vb/%vbase, this sequence's first rows %qoff/%koff, the parameters it reads."""
+        for n in ("vb", "vbase", "qoff", "koff", "totq", "totk"):
+            self.r("b32", n)
+        for n in ("cuq", "cuk", "sused", "rdv"):
+            self.r("b64", n)
+
+    # ---- ops ---------------------------------------------------------------------------------
+    def op(self, op) -> None:
+        idx = self.op_index
+        self.op_index += 1
+        handler = getattr(self, "op_" + type(op).__name__, None)
+        if handler is None or type(op) not in self.OP_PTX:
+            raise self.Error(f"{self.p}: {type(op).__name__} has no {self.target} lowering")
+        self.emit("marker", index=idx, op=type(op).__name__, what="")
+        handler(op)
+
+    def fences(self, op) -> tuple[bool, bool]:
+        """Target hook: (fence before, fence after) a thread-synchronising op (sm_100a: tcgen05 fences)."""
+        return False, False
+
+    def op_Wait(self, op: Wait) -> None:
+        _, after = self.fences(op)
+        pre, addr = self.bar_addr(op.barrier, op.state)
+        ppre, par = self.parity(op.state)
+        note = f"wait {self.bar_note(op.barrier, op.state)}, {self.phase_note(op.state)}"
+        self.emit("wait", pre=pre + ppre, addr=addr, parity=par, uid=self.ctx.uid(), pred="%p_w",
+                  fence_after=after, note=note)
+
+    def arrivals(self, scope: Scope) -> int:
+        """Arrivals one execution of an Arrive of this scope makes."""
+        return {Scope.ELECTED: 1, Scope.WARP: len(self.role.warps), Scope.ALL: self.role.threads}[scope]
+
+    def op_Arrive(self, op: Arrive) -> None:
+        before, _ = self.fences(op)
+        elected = op.scope is Scope.ELECTED
+        pre, addr = self.bar_addr(op.barrier, op.slot)
+        n = self.arrivals(op.scope)
+        who = {Scope.ELECTED: f"the elected lane of {self.p}", Scope.WARP: f"one lane per warp of {self.p}",
+               Scope.ALL: f"every thread of {self.p}"}[op.scope]
+        note = (f"arrive {self.bar_note(op.barrier, op.slot)}: {who}, {n} of the "
+                f"{self.pipe.barrier(op.barrier).count} arrivals per phase")
+        self.emit("arrive", pre=pre, addr=addr, elected=elected, fence_before=before,
+                  skip=self.label("noel") if elected else "", note=note, scope=op.scope.value)
+
+    def op_ExpectTx(self, op: ExpectTx) -> None:
+        pre, addr = self.bar_addr(op.barrier, op.slot)
+        note = (f"expect_tx {self.bar_note(op.barrier, op.slot)}: 1 arrival + {op.bytes} transaction bytes "
+                "(the TMA loads complete the phase)")
+        self.emit("expect_tx", pre=pre, addr=addr, bytes=op.bytes, skip=self.label("noel"), note=note)
+
+    def block_reg(self, ref: BlockRef, dst: str) -> list[tuple]:
+        """Instructions computing the K/V block index (blocks visited in reverse: n-1, n-2, ...).
+        KV cache: the split's blocks [%nlo, %nlo + n), so the index is %nlo + that."""
+        ins = self._block_rel(ref, dst)
+        if self.cfg.kvcache:
+            ins = [("mov.u32", dst, "%nlo")] if ins == [("mov.u32", dst, "0")] else ins + [("add.u32", dst, dst, "%nlo")]
+        return ins
+
+    def _block_rel(self, ref: BlockRef, dst: str) -> list[tuple]:
+        if ref is BlockRef.FIRST:
+            return [("sub.u32", dst, "%n", "1")]
+        if ref is BlockRef.LAST:
+            return [("mov.u32", dst, "0")]
+        if self.loop_kind not in (LoopKind.KV, LoopKind.KV_REST):
+            raise self.Error(f"{self.p}: block {ref.value} outside a K/V loop")
+        if ref is BlockRef.CUR:
+            return [("sub.u32", dst, "%n", "1"), ("sub.u32", dst, dst, "%t")]
+        return [("sub.u32", dst, "%n", "%t")]  # PREV: iteration t-1
+
+    def op_TmaStoreWait(self, op: TmaStoreWait) -> None:
+        self.emit("tma_store_wait", skip=self.label("noel"))
+
+    def op_FenceProxyAsync(self, op: FenceProxyAsync) -> None:
+        self.emit("fence_proxy_async")
+
+    def named(self, op) -> tuple[str, int, bool]:
+        """(id operand, thread count, per-warp) of a named-barrier op."""
+        b = self.pipe.barrier(op.barrier)
+        kind, v = self.slot(op.slot)
+        if kind != "const":
+            raise self.Error("named barriers take constant slots")
+        if b.per_warp:  # instance slot*4 + warp % 4 (engine model)
+            return self.r("b32", f"nbid_{self.p}_{v}"), 64, True
+        return str(b.named_id + v), b.count, False
+
+    def op_NamedArrive(self, op: NamedArrive) -> None:
+        before, _ = self.fences(op)
+        bid, count, _ = self.named(op)
+        self.emit("named_arrive", id=bid, count=count, fence_before=before)
+
+    def op_NamedSync(self, op: NamedSync) -> None:
+        _, after = self.fences(op)
+        bid, count, _ = self.named(op)
+        self.emit("named_sync", id=bid, count=count, fence_after=after)
+
+    def op_Advance(self, op: Advance) -> None:
+        st = self.role.state(op.state)
+        self.emit("advance", q=self.qreg(op.state), add=st.stride % (2 * st.depth), wrap=2 * st.depth,
+                  note=f"advance state {op.state}: q += {st.stride % (2 * st.depth)} mod {2 * st.depth}")
