@@ -122,3 +122,32 @@ def test_any_gqa_ratio_verifies_through_the_cli(arch, g):
         r = CliRunner().invoke(main, ["verify", "--arch", arch, "--gqa", str(g), "--head-dim", "64", *causal])
         assert r.exit_code == 0, r.output
         assert "verify: OK" in r.output
+
+
+def test_replicated_roles_are_the_instances_the_verifier_proves():
+    """The sm_90a consumers are one program (Pipeline.replicated) emitted once; `roles` holds its
+    instances. Instantiation resolves InstSlot and the FIRST_/LAST_INSTANCE branches per instance."""
+    from fa4gen.ir.core import Cond, If, InstSlot, NamedArrive, NamedSync, instantiate, walk_ops
+    from fa4gen.ir.sm90 import build_sm90_pipeline
+
+    for block_m in (128, 192):
+        cfg = KernelConfig(arch="sm_90a", head_dim=64, causal=True, block_m=block_m)
+        pipe = build_sm90_pipeline(cfg)
+        (tmpl,) = pipe.replicated
+        n = tmpl.instances
+        assert n == block_m // 64
+        insts = [pipe.role(f"consumer{i}") for i in range(n)]
+        assert insts == [instantiate(tmpl, i) for i in range(n)]
+        for i, role in enumerate(insts):
+            assert role.warps == tuple(range(4 + 4 * i, 8 + 4 * i))
+            ops = list(walk_ops(role.program))
+            assert not any(isinstance(getattr(op, f, None), InstSlot) for op in ops for f in op.__dataclass_fields__)
+            assert not any(isinstance(st, If) and st.cond in (Cond.FIRST_INSTANCE, Cond.LAST_INSTANCE)
+                           for st in role.program)
+            syncs = {op.slot for op in ops if isinstance(op, NamedSync) and op.barrier == "sched"}
+            arrives = {op.slot for op in ops if isinstance(op, NamedArrive) and op.barrier == "sched"}
+            # its own turn, plus slot 0 (the final hand-off) for consumer 0; hands on to i + 1 mod n
+            assert syncs == ({0} if i == 0 else {i})
+            assert arrives == {(i + 1) % n} | ({0} if i == n - 1 else set())
+    with pytest.raises(ValueError):
+        instantiate(tmpl, n)

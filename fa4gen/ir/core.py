@@ -56,6 +56,10 @@ class Cond(enum.Enum):
     # runtime, per warpgroup (sm_90a KV cache): some of this consumer's rows are query positions < Sq;
     # otherwise (decode packs Sq * G rows into the first warpgroup) it takes the barrier-only path
     ROWS_IN_SQ = "rows_in_sq"
+    # replicated roles (Role.instances > 1): which instance runs the program. Static for each instance
+    # (`instantiate` resolves them), a test of the instance index where one program serves them all.
+    FIRST_INSTANCE = "first_instance"
+    LAST_INSTANCE = "last_instance"
 
 
 class BlockRef(enum.Enum):
@@ -136,8 +140,19 @@ class State:
         return self.position(advances)[1] + 1 - self.start_phase
 
 
-# A slot operand: a constant slot, or the current slot of one of the role's States.
-Slot = Union[int, str]
+@dataclass(frozen=True)
+class InstSlot:
+    """A slot (or Q tile / row-group index) relative to the instance of a replicated role:
+    (instance + offset) mod instances. The sm_90a consumer warpgroups use it for their own rows, O
+    staging slot and epilogue barrier (offset 0) and to pass the ping-pong ring's tensor-core turn on
+    to the next consumer (offset 1)."""
+
+    offset: int = 0
+
+
+# A slot operand: a constant slot, the current slot of one of the role's States, or a slot relative to
+# the instance of a replicated role.
+Slot = Union[int, str, InstSlot]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -380,6 +395,11 @@ class Role:
     states: tuple[State, ...]
     program: tuple  # of Stmt
     qtile: int | None = None  # the Q tile this role owns (softmax roles)
+    # > 1: one program for `instances` copies of the role (instance i runs warps + i * len(warps)); its
+    # slots may be InstSlot and its Ifs FIRST_/LAST_INSTANCE. The Pipeline's `roles` hold the
+    # instances (`instantiate`), which the verifier proves; its `replicated` hold this program, which
+    # a lowering emits once for all of them.
+    instances: int = 1
 
     @property
     def threads(self) -> int:
@@ -403,6 +423,8 @@ class Pipeline:
     tmem_alloc_cols: int  # 0 on sm_90a
     smem_limit: int
     notes: tuple[str, ...] = ()
+    # replicated roles (Role.instances > 1) whose instances `roles` holds as <name><i> (instantiate)
+    replicated: tuple[Role, ...] = ()
 
     def region(self, name: str) -> Region:
         for r in self.regions:
@@ -448,6 +470,36 @@ def _jsonable(x):
     if isinstance(x, (tuple, list)):
         return [_jsonable(v) for v in x]
     return x
+
+
+def _inst_value(x, i: int, n: int):
+    return (i + x.offset) % n if isinstance(x, InstSlot) else x
+
+
+def _instantiate_stmts(stmts: tuple, i: int, n: int) -> tuple:
+    out = []
+    for st in stmts:
+        if isinstance(st, Loop):
+            out.append(Loop(st.kind, _instantiate_stmts(st.body, i, n)))
+        elif isinstance(st, If) and st.cond in (Cond.FIRST_INSTANCE, Cond.LAST_INSTANCE):
+            taken = (i == 0) if st.cond is Cond.FIRST_INSTANCE else (i == n - 1)
+            out.extend(_instantiate_stmts(st.then if taken else st.orelse, i, n))
+        elif isinstance(st, If):
+            out.append(If(st.cond, _instantiate_stmts(st.then, i, n), _instantiate_stmts(st.orelse, i, n)))
+        else:
+            out.append(type(st)(**{f.name: _inst_value(getattr(st, f.name), i, n) for f in fields(st)}))
+    return tuple(out)
+
+
+def instantiate(role: Role, i: int) -> Role:
+    """Instance i of a replicated role: named <name><i>, on warps + i * len(warps), every InstSlot
+    resolved to (i + offset) mod instances and every FIRST_/LAST_INSTANCE If to the branch it takes."""
+    n = role.instances
+    if not 0 <= i < n:
+        raise ValueError(f"role {role.name} has {n} instances, not an instance {i}")
+    k = len(role.warps)
+    return Role(f"{role.name}{i}", tuple(w + i * k for w in role.warps), role.regs, role.states,
+                _instantiate_stmts(role.program, i, n), _inst_value(role.qtile, i, n))
 
 
 def walk_ops(program: tuple):

@@ -17,8 +17,8 @@ from ..config import KernelConfig
 from ..plan import (SM90_CONSUMER_REGS, SM90_PRODUCER_REGS, SM90_REGS, SM90_SCHED_BAR_ID,
                     SM90_SMEM_LIMIT, q_tile_bytes, sm90_consumers, sm90_epi_bar_id, smem_plan, tile_bytes)
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync,
-                   If, Loop, LoopKind, Mma, MmaWait, NamedArrive, NamedSync, Pipeline, Region, Role, Scope,
-                   SmemSt, Space, State, StoreRows, TmaLoad, TmaStore, TmaStoreWait, Wait)
+                   If, InstSlot, Loop, LoopKind, Mma, MmaWait, NamedArrive, NamedSync, Pipeline, Region, Role, Scope,
+                   SmemSt, Space, State, StoreRows, TmaLoad, TmaStore, TmaStoreWait, Wait, instantiate)
 
 SCHED_BAR_ID = SM90_SCHED_BAR_ID
 PRODUCER_REGS, CONSUMER_REGS = SM90_PRODUCER_REGS, SM90_CONSUMER_REGS
@@ -75,71 +75,77 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
                         *load("v", "v", "v", BlockRef.LAST, "V"),
                     )),))
 
-    def consumer(i: int) -> Role:
-        nxt = (i + 1) % nc  # the consumer this one hands the tensor core to
-        def qk(block):
-            return Mma("qk", "Q", "q", "K", "k", "S", 0, d, "false", block)
+    # One program for the C consumer warpgroups (instance i owns rows 64 i .. 64 i + 63 of the tile,
+    # O_smem slot i and epilogue barrier i; InstSlot(1) is the next consumer of the ping-pong ring).
+    me, nxt = InstSlot(0), InstSlot(1)
 
-        def pv(block):
-            return Mma("pv", "P", 0, "V", "v", "O", 0, 128, "not_first", block)
+    def qk(block):
+        return Mma("qk", "Q", "q", "K", "k", "S", 0, d, "false", block)
 
-        rescale = If(Cond.ANY_RESCALE, (Compute("rescale_o", i, reads=("O",), writes=("O",)),))
-        release_q = If(Cond.LAST_BLOCK, (Arrive("q_empty", "q", Scope.WARP),))
-        softmax = Compute("softmax", i, reads=("S",), writes=("S",))
-        pack = Compute("pack_p", i, reads=("S",), writes=("P",))
-        blocks = (
-            Wait("k_full", "k"), NamedSync("sched", i), qk(BlockRef.FIRST), NamedArrive("sched", nxt),
-            MmaWait(0), Arrive("k_empty", "k", Scope.WARP), Advance("k"), release_q,
-            softmax, pack,
-            Loop(LoopKind.KV_REST, (
-                Wait("k_full", "k"), Wait("v_full", "v"), NamedSync("sched", i),
-                qk(BlockRef.CUR), pv(BlockRef.PREV), NamedArrive("sched", nxt),
-                MmaWait(1),  # S(t) done; O += P V(t-1) may still run under this block's softmax
-                Arrive("k_empty", "k", Scope.WARP), Advance("k"), release_q,
-                softmax,
-                MmaWait(0), Arrive("v_empty", "v", Scope.WARP), Advance("v"),
-                rescale,  # O *= acc(t) once the PV that wrote O completed, outside the tensor-core turn
-                pack,  # P registers are rewritten only after the PV MMA that read them completed
-            )),
-            Wait("v_full", "v"), NamedSync("sched", i), pv(BlockRef.LAST), NamedArrive("sched", nxt),
+    def pv(block):
+        return Mma("pv", "P", 0, "V", "v", "O", 0, 128, "not_first", block)
+
+    rescale = If(Cond.ANY_RESCALE, (Compute("rescale_o", me, reads=("O",), writes=("O",)),))
+    release_q = If(Cond.LAST_BLOCK, (Arrive("q_empty", "q", Scope.WARP),))
+    softmax = Compute("softmax", me, reads=("S",), writes=("S",))
+    pack = Compute("pack_p", me, reads=("S",), writes=("P",))
+    blocks = (
+        Wait("k_full", "k"), NamedSync("sched", me), qk(BlockRef.FIRST), NamedArrive("sched", nxt),
+        MmaWait(0), Arrive("k_empty", "k", Scope.WARP), Advance("k"), release_q,
+        softmax, pack,
+        Loop(LoopKind.KV_REST, (
+            Wait("k_full", "k"), Wait("v_full", "v"), NamedSync("sched", me),
+            qk(BlockRef.CUR), pv(BlockRef.PREV), NamedArrive("sched", nxt),
+            MmaWait(1),  # S(t) done; O += P V(t-1) may still run under this block's softmax
+            Arrive("k_empty", "k", Scope.WARP), Advance("k"), release_q,
+            softmax,
             MmaWait(0), Arrive("v_empty", "v", Scope.WARP), Advance("v"),
-        )
-        if cfg.kvcache:
-            # a consumer whose 64 rows are all past Sq (decode: Sq * G rows fit the first) keeps every
-            # barrier step of the blocks, in order, without the GEMMs and the softmax (its O stays 0)
-            idle = (
-                Wait("k_full", "k"), NamedSync("sched", i), NamedArrive("sched", nxt),
+            rescale,  # O *= acc(t) once the PV that wrote O completed, outside the tensor-core turn
+            pack,  # P registers are rewritten only after the PV MMA that read them completed
+        )),
+        Wait("v_full", "v"), NamedSync("sched", me), pv(BlockRef.LAST), NamedArrive("sched", nxt),
+        MmaWait(0), Arrive("v_empty", "v", Scope.WARP), Advance("v"),
+    )
+    if cfg.kvcache:
+        # a consumer whose 64 rows are all past Sq (decode: Sq * G rows fit the first) keeps every
+        # barrier step of the blocks, in order, without the GEMMs and the softmax (its O stays 0)
+        idle = (
+            Wait("k_full", "k"), NamedSync("sched", me), NamedArrive("sched", nxt),
+            Arrive("k_empty", "k", Scope.WARP), Advance("k"), release_q,
+            Loop(LoopKind.KV_REST, (
+                Wait("k_full", "k"), Wait("v_full", "v"), NamedSync("sched", me), NamedArrive("sched", nxt),
                 Arrive("k_empty", "k", Scope.WARP), Advance("k"), release_q,
-                Loop(LoopKind.KV_REST, (
-                    Wait("k_full", "k"), Wait("v_full", "v"), NamedSync("sched", i), NamedArrive("sched", nxt),
-                    Arrive("k_empty", "k", Scope.WARP), Advance("k"), release_q,
-                    Arrive("v_empty", "v", Scope.WARP), Advance("v"),
-                )),
-                Wait("v_full", "v"), NamedSync("sched", i), NamedArrive("sched", nxt),
                 Arrive("v_empty", "v", Scope.WARP), Advance("v"),
-            )
-            blocks = (If(Cond.ROWS_IN_SQ, blocks, idle),)
-        body = (
-            Wait("q_full", "q"),
-            *blocks,
-            Compute("normalize", i, reads=("O",), writes=("O",)),
-            If(Cond.HAS_LSE, (Compute("store_lse", i),)),
-            *(  # KV cache: each thread stores its rows of O (one split: the output; several: the fp32
-                # partials fa4_combine merges) straight from the registers, rows < Sq only
-                (Compute("store_o_rows", i, reads=("O",)),) if cfg.kvcache else
-                # varlen: the WG's threads copy the sequence's rows to o_ptr (templates/sm90/fa4_fwd.ptx.j2)
-                (NamedSync("epi", i),  # every thread of the WG has read the previous task's O_smem
-                 SmemSt("O_smem", i, "O"), NamedSync("epi", i), StoreRows("O_smem", i)) if cfg.varlen else
-                (TmaStoreWait(), NamedSync("epi", i),  # the previous task's store has read O_smem
-                 SmemSt("O_smem", i, "O"), FenceProxyAsync(), NamedSync("epi", i), TmaStore("O_smem", i))),
-            Advance("q"),
+            )),
+            Wait("v_full", "v"), NamedSync("sched", me), NamedArrive("sched", nxt),
+            Arrive("v_empty", "v", Scope.WARP), Advance("v"),
         )
-        prologue = (NamedArrive("sched", 0),) if i == nc - 1 else ()
-        epilogue = (NamedSync("sched", 0),) if i == 0 else ()
-        return Role(f"consumer{i}", tuple(range(4 + 4 * i, 8 + 4 * i)), consumer_regs,
+        blocks = (If(Cond.ROWS_IN_SQ, blocks, idle),)
+    body = (
+        Wait("q_full", "q"),
+        *blocks,
+        Compute("normalize", me, reads=("O",), writes=("O",)),
+        If(Cond.HAS_LSE, (Compute("store_lse", me),)),
+        *(  # KV cache: each thread stores its rows of O (one split: the output; several: the fp32
+            # partials fa4_combine merges) straight from the registers, rows < Sq only
+            (Compute("store_o_rows", me, reads=("O",)),) if cfg.kvcache else
+            # varlen: the WG's threads copy the sequence's rows to o_ptr
+            (NamedSync("epi", me),  # every thread of the WG has read the previous task's O_smem
+             SmemSt("O_smem", me, "O"), NamedSync("epi", me), StoreRows("O_smem", me)) if cfg.varlen else
+            (TmaStoreWait(), NamedSync("epi", me),  # the previous task's store has read O_smem
+             SmemSt("O_smem", me, "O"), FenceProxyAsync(), NamedSync("epi", me), TmaStore("O_smem", me))),
+        Advance("q"),
+    )
+    consumer = Role("consumer", (4, 5, 6, 7), consumer_regs,
                     (State("q", nq, 0), State("k", kv, 0), State("v", kv, 0)),
-                    (*prologue, Loop(LoopKind.TASKS, body), *epilogue, *(() if cfg.kvcache else (TmaStoreWait(),))))
+                    (If(Cond.LAST_INSTANCE, (NamedArrive("sched", 0),)),  # the last hands consumer 0 the first turn
+                     Loop(LoopKind.TASKS, body),
+                     If(Cond.FIRST_INSTANCE, (NamedSync("sched", 0),)),  # consumer 0 takes the last hand-off
+                     *(() if cfg.kvcache else (TmaStoreWait(),))),
+                    instances=nc)
 
-    roles = (producer, Role("producer_idle", (1, 2, 3), producer_regs, (), ()), *(consumer(i) for i in range(nc)))
+    roles = (producer, Role("producer_idle", (1, 2, 3), producer_regs, (), ()),
+             *(instantiate(consumer, i) for i in range(nc)))
     return Pipeline(cfg, "sm_90a", 4 * (1 + nc), regions, barriers, roles, 0, SM90_SMEM_LIMIT,
-                    notes=(f"{kv} K/V stages", "ping-pong consumers" if nc == 2 else f"ping-pong ring of {nc} consumers"))
+                    notes=(f"{kv} K/V stages", "ping-pong consumers" if nc == 2 else f"ping-pong ring of {nc} consumers"),
+                    replicated=(consumer,))
