@@ -17,7 +17,7 @@ from ..config import KernelConfig
 from ..plan import (SM90_CONSUMER_REGS, SM90_PRODUCER_REGS, SM90_REGS, SM90_SCHED_BAR_ID,
                     SM90_SMEM_LIMIT, q_tile_bytes, sm90_consumers, sm90_epi_bar_id, smem_plan, tile_bytes)
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync,
-                   If, InstSlot, Loop, LoopKind, Mma, MmaWait, NamedArrive, NamedSync, Pipeline, Region, Role, Scope,
+                   If, InstSlot, Loop, LoopKind, Mma, PageLookup, MmaWait, NamedArrive, NamedSync, Pipeline, Region, Role, Scope,
                    SmemSt, Space, State, StoreRows, TmaLoad, TmaStore, TmaStoreWait, Wait, instantiate)
 
 SCHED_BAR_ID = SM90_SCHED_BAR_ID
@@ -62,7 +62,10 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
 
     def load(tensor: str, bar: str, state: str, block: BlockRef, dst: str):
         nbytes = qtile if tensor == "q" else tile
-        return (Wait(f"{bar}_empty", state), ExpectTx(f"{bar}_full", state, nbytes),
+        # paged K/V: the block's page-table entries are read before the empty wait (their latency
+        # hides under it); K(t) and V(t-1) are different blocks, so each load looks its block up
+        lookup = (PageLookup(block),) if cfg.page_size and tensor != "q" else ()
+        return (*lookup, Wait(f"{bar}_empty", state), ExpectTx(f"{bar}_full", state, nbytes),
                 TmaLoad(tensor, dst, state, f"{bar}_full", state, nbytes, block=block), Advance(state))
 
     producer = Role("producer", (0,), producer_regs,
@@ -125,15 +128,16 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
         Wait("q_full", "q"),
         *blocks,
         Compute("normalize", me, reads=("O",), writes=("O",)),
-        If(Cond.HAS_LSE, (Compute("store_lse", me),)),
-        *(  # KV cache: each thread stores its rows of O (one split: the output; several: the fp32
-            # partials fa4_combine merges) straight from the registers, rows < Sq only
-            (Compute("store_o_rows", me, reads=("O",)),) if cfg.kvcache else
+        *(  # KV cache: each thread stores its rows of O straight from the registers, rows < Sq only:
+            # one split, the output (and LSE when asked); several, the fp32 partials fa4_combine merges
+            (If(Cond.SPLIT_KV, (Compute("store_lse_partial", me), Compute("store_o_partial", me, reads=("O",))),
+                (If(Cond.HAS_LSE, (Compute("store_lse", me),)), Compute("store_o_rows", me, reads=("O",)))),)
+            if cfg.kvcache else (If(Cond.HAS_LSE, (Compute("store_lse", me),)),) + (
             # varlen: the WG's threads copy the sequence's rows to o_ptr
             (NamedSync("epi", me),  # every thread of the WG has read the previous task's O_smem
              SmemSt("O_smem", me, "O"), NamedSync("epi", me), StoreRows("O_smem", me)) if cfg.varlen else
             (TmaStoreWait(), NamedSync("epi", me),  # the previous task's store has read O_smem
-             SmemSt("O_smem", me, "O"), FenceProxyAsync(), NamedSync("epi", me), TmaStore("O_smem", me))),
+             SmemSt("O_smem", me, "O"), FenceProxyAsync(), NamedSync("epi", me), TmaStore("O_smem", me)))),
         Advance("q"),
     )
     consumer = Role("consumer", (4, 5, 6, 7), consumer_regs,

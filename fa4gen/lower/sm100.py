@@ -34,7 +34,7 @@ from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, 
                        StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt, Wait,
                        WaitLd, WaitSt, walk_ops)
 from ..render import render
-from .walk import LoweringError, SmemLayout, WalkCtx, Walker, pairwise, smem_layout
+from .walk import LoweringError, SmemLayout, WalkCtx, Walker, dispatch, pairwise, smem_layout
 
 __all__ = ["ENTRY", "OP_PTX", "Ptx", "Sm100LoweringError", "SmemLayout", "build_sm100",
            "lower_sm100", "manifest_sm100", "smem_layout"]
@@ -752,32 +752,6 @@ def _desc_mn_major(panel_bytes: int) -> int:
     return SmemMatrixDesc.mn_major_sw128(DescArch.SM100A, 0, panel_stride=panel_bytes).encode()
 
 
-def _dispatch(pipe: Pipeline, roles: list[dict]) -> list[dict]:
-    """One if/else chain on the warpgroup index, grouped by setmaxnreg budget; inside each group a
-    branch on the warp index enters the role. ptxas needs setmaxnreg first on every path (else C7508)."""
-    wgs: dict[int, int] = {}
-    for r in pipe.roles:
-        for w in r.warps:
-            wg = w // 4
-            if wgs.setdefault(wg, r.regs) != r.regs:
-                raise Sm100LoweringError(f"warpgroup {wg}: roles ask different setmaxnreg budgets")
-    by_budget: dict[int, list[int]] = {}
-    for wg, regs in sorted(wgs.items()):
-        by_budget.setdefault(regs, []).append(wg)
-    entry = REGS_PER_SM_PARTITION // pipe.threads
-    blocks = []
-    # decreasing warpgroups first: their registers return to the pool the increasing ones wait for
-    for regs, group in sorted(by_budget.items(), key=lambda kv: kv[0]):
-        members = [r for r in roles if r["warps"][0] // 4 in group]
-        for r in members:
-            ws = r["warps"]
-            if ws != list(range(ws[0], ws[0] + len(ws))):
-                raise Sm100LoweringError(f"role {r['name']}: warps {ws} are not contiguous")
-        blocks.append({"label": f"$L_budget{regs}", "wgs": group, "lo": min(group), "hi": max(group),
-                       "kind": "inc" if regs > entry else "dec", "regs": regs, "roles": members})
-    return blocks
-
-
 def lower_sm100(pipe: Pipeline) -> dict:
     """Template context for templates/sm100/fa4_fwd.ptx.j2 from an sm_100a pipeline."""
     cfg = pipe.config
@@ -834,7 +808,7 @@ def lower_sm100(pipe: Pipeline) -> dict:
         "inits": inits,
         "decls": decls,
         "roles": roles,
-        "dispatch": _dispatch(pipe, roles),
+        "dispatch": dispatch(pipe, roles, Sm100LoweringError),
         "neg_inf": NEG_INF,
         "one": ONE,
         "zero": ZERO,

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Cond, ExpectTx, FenceProxyAsync, If, Loop,
                        LoopKind, NamedArrive, NamedSync, Pipeline, Role, Scope, Space, TmaStoreWait, Wait,
                        walk_ops)
-from ..plan import SMEM_ALIGN
+from ..plan import REGS_PER_SM, SMEM_ALIGN
 
-__all__ = ["LoweringError", "SmemLayout", "WalkCtx", "Walker", "pairwise", "smem_layout"]
+__all__ = ["LoweringError", "SmemLayout", "WalkCtx", "Walker", "dispatch", "pairwise", "smem_layout"]
 
 
 class LoweringError(ValueError):
@@ -97,6 +97,32 @@ def smem_layout(pipe: Pipeline, error: type[Exception] = LoweringError) -> SmemL
         raise error(f"SMEM: {off} bytes + {SMEM_ALIGN} alignment slack = {total} exceed the "
                     f"{pipe.smem_limit}-byte limit of {pipe.arch} (fewer kv_stages?)")
     return SmemLayout(regions, bars, tmem_slot, off, total)
+
+
+def dispatch(pipe: Pipeline, roles: list[dict], error: type[Exception] = LoweringError) -> list[dict]:
+    """One if/else chain on the warpgroup index, grouped by setmaxnreg budget; inside each group a
+    branch on the warp index enters the role. ptxas needs setmaxnreg first on every path (else C7508)."""
+    wgs: dict[int, int] = {}
+    for r in pipe.roles:
+        for w in r.warps:
+            wg = w // 4
+            if wgs.setdefault(wg, r.regs) != r.regs:
+                raise error(f"warpgroup {wg}: roles ask different setmaxnreg budgets")
+    by_budget: dict[int, list[int]] = {}
+    for wg, regs in sorted(wgs.items()):
+        by_budget.setdefault(regs, []).append(wg)
+    entry = REGS_PER_SM // pipe.threads
+    blocks = []
+    # decreasing warpgroups first: their registers return to the pool the increasing ones wait for
+    for regs, group in sorted(by_budget.items(), key=lambda kv: kv[0]):
+        members = [r for r in roles if r["warps"][0] // 4 in group]
+        for r in members:
+            ws = r["warps"]
+            if ws != list(range(ws[0], ws[0] + len(ws))):
+                raise error(f"role {r['name']}: warps {ws} are not contiguous")
+        blocks.append({"label": f"$L_budget{regs}", "wgs": group, "lo": min(group), "hi": max(group),
+                       "kind": "inc" if regs > entry else "dec", "regs": regs, "roles": members})
+    return blocks
 
 
 # ---------------------------------------------------------------------------------------------------
