@@ -364,6 +364,22 @@ def _options_tag(opt: Sm90Options) -> str:
 
 
 def build_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> tuple[str, dict]:
-    """(PTX text, manifest) of the sm_90a kernel for `cfg`."""
+    """(PTX text, manifest) of the sm_90a kernel for `cfg`: lowered from its pipeline IR by the walker
+    (WIP: the template path below is kept for comparison only)."""
+    opt = options or Sm90Options()
+    if opt.probe is not Probe.NONE or not opt.pingpong or (opt.producer_regs, opt.consumer_regs) != (None, None):
+        raise Sm90LoweringError("the IR-lowered sm_90a kernel has no probes, always ping-pongs and takes the "
+                                "plan's register budgets")
+    from ..ir.sm90 import build_sm90_pipeline
+    from .sm90_walk import render_sm90_ir
+    from .walk import smem_layout
+    pipe = build_sm90_pipeline(cfg)
+    man = manifest_sm90(cfg, options)
+    man["dynamic_smem_bytes"] = smem_layout(pipe).total
+    return render_sm90_ir(pipe), man
+
+
+def build_sm90_template(cfg: KernelConfig, options: Sm90Options | None = None) -> tuple[str, dict]:
+    """(PTX text, manifest) of the hand-ordered template kernel (the one main ships today)."""
     ctx = lower_sm90(cfg, options)
     return render("sm90/fa4_fwd.ptx.j2", ctx), manifest_sm90(cfg, options)
