@@ -75,6 +75,7 @@ class Sm90Walker(Walker):
     OP_PTX = OP_PTX
     Error = Sm90WalkError
     target = TARGET
+    CACHE_SLOTS = True
 
     def __init__(self, ctx: WalkCtx, role: Role, instances: int = 1):
         super().__init__(ctx, role)
@@ -155,14 +156,19 @@ class Sm90Walker(Walker):
     def op_MmaWait(self, op: MmaWait) -> None:
         self.emit("mma_wait", n=op.pending)
 
-    def slot_16(self, region: str, state: str, dst: str, base: str) -> list[tuple]:
-        """dst (u64) = base descriptor + (the state's slot * slot bytes) >> 4."""
+    def slot_desc(self, region: str, state: str, base: str) -> tuple[list[tuple], str]:
+        """(instructions, register): the wgmma descriptor of the state's slot of an SMEM region, base
+        descriptor + (slot * slot bytes) >> 4, kept until the state advances."""
         kind, v = self.slot(state)
         nbytes = self.ctx.layout.slot_bytes(region)
-        if kind == "const":
-            return [("add.s64", dst, base, str((v * nbytes) >> 4))]
-        return self.resolve(v, slot_dst="%qs") + [("mul.lo.u32", "%tmp5", "%qs", str(nbytes >> 4)),
-                                                  ("cvt.u64.u32", dst, "%tmp5"), ("add.s64", dst, dst, base)]
+
+        def compute(dst):
+            if kind == "const":
+                return [("add.s64", dst, base, str((v * nbytes) >> 4))]
+            pre, qs = self.slot_reg(v)
+            return pre + [("mul.lo.u32", "%tmp5", qs, str(nbytes >> 4)), ("cvt.u64.u32", dst, "%tmp5"),
+                          ("add.s64", dst, dst, base)]
+        return self.cached(f"desc{region}", state, compute)
 
     def op_Mma(self, op: Mma) -> None:
         cfg = self.cfg
@@ -171,22 +177,24 @@ class Sm90Walker(Walker):
         half = panel_bytes(cfg)
         if op.kind == "qk":
             self.s_block = op.block
-            pre = self.slot_16("Q", op.a_slot, "%dqt", "%dq") + self.slot_16("K", op.b_slot, "%dk", "%dk0")
+            pa, da = self.slot_desc("Q", op.a_slot, "%dq")
+            pb, db = self.slot_desc("K", op.b_slot, "%dk0")
+            pre = pa + pb
             steps = [{"a": (k // 4) * (q_half >> 4) + (k % 4) * 2, "b": (k // 4) * (half >> 4) + (k % 4) * 2,
                       "scale_d": "%p_false" if k == 0 else "%p_true"} for k in range(cfg.head_dim // 16)]
             self.what(f"S = Q[{self.slot_note(op.a_slot)}] x K[{self.slot_note(op.b_slot)}]^T (block "
                       f"{self.block_note(op.block)}): wgmma m64n128k16, {len(steps)} k-steps")
             self.emit("gemm_ss", pre=pre, inst=f"wgmma.mma_async.sync.aligned.m64n128k16.f32.{dt}.{dt}",
-                      d_regs=self.ctx.s_regs, a="%dqt", b="%dk", steps=steps)
+                      d_regs=self.ctx.s_regs, a=da, b=db, steps=steps)
             return
-        pre = self.slot_16("V", op.b_slot, "%dv", "%dv0")
+        pre, dv = self.slot_desc("V", op.b_slot, "%dv0")
         p = self.ctx.p_regs
         steps = [{"b": (16 * 128 * j) >> 4, "a": p[4 * j:4 * j + 4]} for j in range(ROWS // 16)]
         # O is zeroed at the task's start, so accumulating on the first PV equals not accumulating
         self.what(f"O += P x V[{self.slot_note(op.b_slot)}] (block {self.block_note(op.block)}): wgmma "
                   f"m64n{cfg.head_dim}k16, P from registers")
         self.emit("gemm_rs", pre=pre, inst=f"wgmma.mma_async.sync.aligned.m64n{cfg.head_dim}k16.f32.{dt}.{dt}",
-                  d_regs=self.ctx.o_regs, b="%dv", steps=steps)
+                  d_regs=self.ctx.o_regs, b=dv, steps=steps)
 
     def op_PageLookup(self, op: PageLookup) -> None:
         cfg = self.cfg

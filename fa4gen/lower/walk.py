@@ -168,6 +168,10 @@ class Walker:
     OP_PTX: dict = {}
     Error: type[Exception] = LoweringError
     target = "?"
+    # True: a ring state's decoded slot and parity (and values derived from its slot) are kept in
+    # registers of their own and reused until the state advances (see `cached`); False: decoded at
+    # every use into shared scratch registers (%qs, %qp)
+    CACHE_SLOTS = False
 
     def __init__(self, ctx: WalkCtx, role: Role):
         self.ctx = ctx
@@ -178,6 +182,7 @@ class Walker:
         self.items: list[dict] = []
         self.op_index = 0
         self.loop_kind: LoopKind | None = None
+        self.cache: dict[tuple[str, str], str] = {}  # (what, state) -> register holding it (CACHE_SLOTS)
 
     # ---- names -------------------------------------------------------------------------------
     def r(self, kind: str, name: str) -> str:
@@ -214,19 +219,57 @@ class Walker:
             ins += [("selp.u32", parity_dst, "1", "0", "%p_q")]
         return ins
 
+    # ---- values of a ring state kept until it advances (CACHE_SLOTS) --------------------------
+    # Valid along straight-line code until an Advance of the state; a Loop or If drops, after it,
+    # what its body computed (the body may not run) and, before and after it, what depends on a
+    # state its body advances.
+    def cached(self, what: str, state: str, compute) -> tuple[list[tuple], str]:
+        """(instructions, register) of `what` of a state: compute(dst) -> instructions the first time."""
+        key = (what, state)
+        if key in self.cache:
+            return [], self.cache[key]
+        dst = self.r("b64" if what.startswith("desc") else "b32", f"{what}_{self.p}_{state}")
+        ins = compute(dst)
+        self.cache[key] = dst
+        return ins, dst
+
+    def slot_reg(self, st) -> tuple[list[tuple], str]:
+        """(instructions, register) of a ring state's current slot index."""
+        if not self.CACHE_SLOTS:
+            return self.resolve(st, slot_dst="%qs"), "%qs"
+        return self._decoded(st)[0], self.cache[("slot", st.name)]
+
+    def _decoded(self, st) -> tuple[list[tuple], str]:
+        """CACHE_SLOTS: the state's slot and parity, decoded together once (one compare)."""
+        if ("slot", st.name) in self.cache:
+            return [], self.cache[("parity", st.name)]
+        slot = self.r("b32", f"slot_{self.p}_{st.name}")
+        par = self.r("b32", f"parity_{self.p}_{st.name}")
+        self.cache[("slot", st.name)], self.cache[("parity", st.name)] = slot, par
+        return self.resolve(st, slot_dst=slot, parity_dst=par), par
+
+    def _drop(self, states) -> None:
+        self.cache = {k: v for k, v in self.cache.items() if k[1] not in states}
+
+    def _advanced(self, stmts: tuple) -> set:
+        return {op.state for op in walk_ops(stmts) if isinstance(op, Advance)}
+
     def bar_addr(self, bname: str, s) -> tuple[list[tuple], str]:
         """(setup instructions, address expression) of barrier slot s."""
         base = self.ctx.layout.barriers[bname]
         kind, v = self.slot(s)
         if kind == "const":
             return [], f"%bar+{base + 8 * v}"
-        pre = self.resolve(v, slot_dst="%qs") + [("mad.lo.u32", "%qb", "%qs", "8", "%bar")]
+        pre, qs = self.slot_reg(v)
+        pre = pre + [("mad.lo.u32", "%qb", qs, "8", "%bar")]
         return pre, f"%qb+{base + 8 * v.slot_base}"
 
     def parity(self, name: str) -> tuple[list[tuple], str]:
         st = self.role.state(name)
         if st.depth == 1:
             return [], self.qreg(name)
+        if self.CACHE_SLOTS:
+            return self._decoded(st)
         return self.resolve(st, parity_dst="%qp"), "%qp"
 
     def smem_addr(self, region: str, s, dst: str) -> tuple[list[tuple], str, int]:
@@ -235,7 +278,8 @@ class Walker:
         kind, v = self.slot(s)
         if kind == "const":
             return [], "%smem", off + v * nbytes
-        pre = self.resolve(v, slot_dst="%qs") + [("mad.lo.u32", dst, "%qs", str(nbytes), "%smem")]
+        pre, qs = self.slot_reg(v)
+        pre = pre + [("mad.lo.u32", dst, qs, str(nbytes), "%smem")]
         return pre, dst, off + v.slot_base * nbytes
 
     # ---- comments: the IR's names for what each instruction touches ---------------------------
@@ -311,21 +355,27 @@ class Walker:
             if self.loop_kind is not None:
                 raise self.Error(f"{self.p}: a TASKS loop must be outermost")
             head, done = self.label("task"), self.label("tasks_done")
+            before, adv = dict(self.cache), self._advanced(lp.body)
+            self._drop(adv)
             self.task_begin(head, done)
             self.loop_kind = lp.kind
             self.stmts(lp.body)
             self.loop_kind = None
             self.emit("task_end", head=head, done=done)
+            self.cache = {k: v for k, v in before.items() if k[1] not in adv}
             return
         if self.loop_kind is not LoopKind.TASKS:
             raise self.Error(f"{self.p}: K/V loops must sit directly inside the TASKS loop")
         head, done = self.label("kv"), self.label("kv_done")
         first = 0 if lp.kind is LoopKind.KV else 1
+        before, adv = dict(self.cache), self._advanced(lp.body)
+        self._drop(adv)
         self.emit("kv_begin", head=head, done=done, first=first)
         self.loop_kind = lp.kind
         self.stmts(lp.body)
         self.loop_kind = LoopKind.TASKS
         self.emit("kv_end", head=head, done=done, first=first)
+        self.cache = {k: v for k, v in before.items() if k[1] not in adv}
 
     def task_begin(self, head: str, done: str) -> None:
         """Target hook: the task loop's head (decode the task, its block range) and per-task setup."""
@@ -337,13 +387,16 @@ class Walker:
             if self.loop_kind not in (LoopKind.KV, LoopKind.KV_REST):
                 raise self.Error(f"{self.p}: {st.cond.value} outside a K/V loop")
         self.emit("if_begin", cond=st.cond.value, other=other, **self.if_args(st))
+        before, adv = dict(self.cache), self._advanced(st.then) | self._advanced(st.orelse)
         self.stmts(st.then)
+        self.cache = dict(before)
         if st.orelse:
             self.emit("if_else", other=other, end=end)
             self.stmts(st.orelse)
             self.emit("if_end", label=end)
         else:
             self.emit("if_end", label=other)
+        self.cache = {k: v for k, v in before.items() if k[1] not in adv}
 
     def if_args(self, st: If) -> dict:
         """Target hook: the operands an If's condition reads (registers of the target)."""
@@ -447,6 +500,7 @@ class Walker:
         self.emit("named_sync", id=bid, count=count, fence_after=after)
 
     def op_Advance(self, op: Advance) -> None:
+        self._drop({op.state})
         st = self.role.state(op.state)
         self.emit("advance", q=self.qreg(op.state), add=st.stride % (2 * st.depth), wrap=2 * st.depth,
                   note=f"advance state {op.state}: q += {st.stride % (2 * st.depth)} mod {2 * st.depth}")
