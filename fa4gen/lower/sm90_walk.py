@@ -75,7 +75,7 @@ class Sm90Walker(Walker):
     OP_PTX = OP_PTX
     Error = Sm90WalkError
     target = TARGET
-    CACHE_SLOTS = True
+    SPLIT_STATES = True
 
     def __init__(self, ctx: WalkCtx, role: Role, instances: int = 1):
         super().__init__(ctx, role)

@@ -168,10 +168,12 @@ class Walker:
     OP_PTX: dict = {}
     Error: type[Exception] = LoweringError
     target = "?"
-    # True: a ring state's decoded slot and parity (and values derived from its slot) are kept in
-    # registers of their own and reused until the state advances (see `cached`); False: decoded at
-    # every use into shared scratch registers (%qs, %qp)
-    CACHE_SLOTS = False
+    # How a ring state lives in registers. False: one register q in [0, 2*depth), decoded into slot
+    # and parity at each use (sm_100a: one register per state). True: a slot register and a parity
+    # register, advanced together (fewer instructions per use: sm_90a's consumers wait and arrive
+    # several times per K/V block); values derived from the slot (wgmma descriptors) are then kept
+    # until the state advances (`cached`).
+    SPLIT_STATES = False
 
     def __init__(self, ctx: WalkCtx, role: Role):
         self.ctx = ctx
@@ -182,7 +184,7 @@ class Walker:
         self.items: list[dict] = []
         self.op_index = 0
         self.loop_kind: LoopKind | None = None
-        self.cache: dict[tuple[str, str], str] = {}  # (what, state) -> register holding it (CACHE_SLOTS)
+        self.cache: dict[tuple[str, str], str] = {}  # (what, state) -> register holding it (SPLIT_STATES)
 
     # ---- names -------------------------------------------------------------------------------
     def r(self, kind: str, name: str) -> str:
@@ -199,6 +201,12 @@ class Walker:
         (q = (start + stride*advances + depth*start_phase) mod 2*depth, see ir.core's convention)."""
         self.role.state(name)
         return self.r("b32", f"q_{self.p}_{name}")
+
+    def split_regs(self, name: str) -> tuple[str, str]:
+        """SPLIT_STATES: the State's slot register ((start + stride*advances) mod depth, slot_base not
+        included) and its parity register ((round + start_phase) mod 2), ir.core's convention."""
+        self.role.state(name)
+        return self.r("b32", f"st_{self.p}_{name}"), self.r("b32", f"ph_{self.p}_{name}")
 
     def slot(self, s) -> tuple[str, object]:
         """("const", slot) or ("state", State) of a slot operand."""
@@ -219,7 +227,7 @@ class Walker:
             ins += [("selp.u32", parity_dst, "1", "0", "%p_q")]
         return ins
 
-    # ---- values of a ring state kept until it advances (CACHE_SLOTS) --------------------------
+    # ---- values derived from a ring state's slot, kept until it advances (SPLIT_STATES) -------
     # Valid along straight-line code until an Advance of the state; a Loop or If drops, after it,
     # what its body computed (the body may not run) and, before and after it, what depends on a
     # state its body advances.
@@ -234,19 +242,10 @@ class Walker:
         return ins, dst
 
     def slot_reg(self, st) -> tuple[list[tuple], str]:
-        """(instructions, register) of a ring state's current slot index."""
-        if not self.CACHE_SLOTS:
-            return self.resolve(st, slot_dst="%qs"), "%qs"
-        return self._decoded(st)[0], self.cache[("slot", st.name)]
-
-    def _decoded(self, st) -> tuple[list[tuple], str]:
-        """CACHE_SLOTS: the state's slot and parity, decoded together once (one compare)."""
-        if ("slot", st.name) in self.cache:
-            return [], self.cache[("parity", st.name)]
-        slot = self.r("b32", f"slot_{self.p}_{st.name}")
-        par = self.r("b32", f"parity_{self.p}_{st.name}")
-        self.cache[("slot", st.name)], self.cache[("parity", st.name)] = slot, par
-        return self.resolve(st, slot_dst=slot, parity_dst=par), par
+        """(instructions, register) of a ring state's current slot index (slot_base not included)."""
+        if self.SPLIT_STATES:
+            return [], self.split_regs(st.name)[0]
+        return self.resolve(st, slot_dst="%qs"), "%qs"
 
     def _drop(self, states) -> None:
         self.cache = {k: v for k, v in self.cache.items() if k[1] not in states}
@@ -266,10 +265,10 @@ class Walker:
 
     def parity(self, name: str) -> tuple[list[tuple], str]:
         st = self.role.state(name)
+        if self.SPLIT_STATES:
+            return [], self.split_regs(name)[1]
         if st.depth == 1:
             return [], self.qreg(name)
-        if self.CACHE_SLOTS:
-            return self._decoded(st)
         return self.resolve(st, parity_dst="%qp"), "%qp"
 
     def smem_addr(self, region: str, s, dst: str) -> tuple[list[tuple], str, int]:
@@ -290,6 +289,9 @@ class Walker:
         kind, v = self.slot(s)
         if kind == "const":
             return str(v)
+        if self.SPLIT_STATES:
+            sreg = self.split_regs(v.name)[0]
+            return f"{v.slot_base} + {sreg}" if v.slot_base else sreg
         q = self.qreg(v.name)
         return f"{v.slot_base} + {q} mod {v.depth}" if v.slot_base else f"{q} mod {v.depth}"
 
@@ -300,8 +302,10 @@ class Walker:
         """The parity a Wait passes, as the State's register says it (ir.core's phase convention:
         try_wait.parity P passes once the barrier's phase of parity P has completed)."""
         st = self.role.state(name)
-        q = self.qreg(name)
         how = f"start phase {st.start_phase}" + (f", stride {st.stride}" if st.stride != 1 else "")
+        if self.SPLIT_STATES:
+            return f"phase parity {self.split_regs(name)[1]}: state {name}, {how}"
+        q = self.qreg(name)
         par = q if st.depth == 1 else f"({q} >= {st.depth})"
         return f"phase parity {par}: state {name}, {how}"
 
@@ -331,6 +335,14 @@ class Walker:
     # ---- program walk ------------------------------------------------------------------------
     def init_state(self, st) -> None:
         users = ", ".join(self.state_users(st.name))
+        if self.SPLIT_STATES:
+            sreg, preg = self.split_regs(st.name)
+            note = (f"state {st.name} ({users}): slot {f'{st.slot_base} + ' if st.slot_base else ''}{sreg} of "
+                    f"{st.depth}, phase parity {preg}, start {st.start}, start phase {st.start_phase}"
+                    + (f", stride {st.stride}" if st.stride != 1 else ""))
+            self.emit("state_init_split", slot=sreg, slot_value=st.start % st.depth, parity=preg,
+                      parity_value=(st.start // st.depth + st.start_phase) % 2, note=note)
+            return
         if st.depth == 1:
             shape = f"slot {st.slot_base}, phase parity = q"
         else:
@@ -502,5 +514,17 @@ class Walker:
     def op_Advance(self, op: Advance) -> None:
         self._drop({op.state})
         st = self.role.state(op.state)
+        if self.SPLIT_STATES:
+            if not 0 < st.stride < st.depth and st.depth > 1:
+                raise self.Error(f"{self.p}: state {st.name}: split registers advance by 0 < stride < depth")
+            sreg, preg = self.split_regs(op.state)
+            if st.depth == 1:
+                ins = [("xor.b32", preg, preg, "1")]
+            else:
+                ins = [("add.u32", sreg, sreg, str(st.stride)), ("setp.ge.u32", "%p_q", sreg, str(st.depth)),
+                       ("@%p_q sub.u32", sreg, sreg, str(st.depth)), ("@%p_q xor.b32", preg, preg, "1")]
+            self.emit("advance_split", list=ins,
+                      note=f"advance state {op.state}: slot += {st.stride} mod {st.depth}, parity flips on the wrap")
+            return
         self.emit("advance", q=self.qreg(op.state), add=st.stride % (2 * st.depth), wrap=2 * st.depth,
                   note=f"advance state {op.state}: q += {st.stride % (2 * st.depth)} mod {2 * st.depth}")
