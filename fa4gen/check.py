@@ -24,10 +24,9 @@ import re
 from dataclasses import dataclass, field
 
 from .config import KernelConfig
-from .plan import smem_plan
 from .ptxemu.parse import _split_top as _operands
 from .encodings import EncodingError, Major, TcgenInstrDesc
-from .ir.core import (Arrive, BarrierKind, BlockRef, Commit, ExpectTx, FenceProxyAsync, If, Loop, LoopKind, Mma,
+from .ir.core import (Arrive, BarrierKind, BlockRef, Commit, ExpectTx, FenceProxyAsync, If, InstSlot, Loop, Mma,
                       MmaWait, NamedArrive, NamedSync, Scope, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt,
                       Wait, WaitLd, WaitSt, walk_ops)
 
@@ -735,80 +734,163 @@ def _check_sm100(ptx: str, manifest: dict, cfg: KernelConfig, pipe, rep: CheckRe
 
 
 # ---- sm_90a ---------------------------------------------------------------------------------------
+# The sm_90a kernel is lowered from its IR by the shared walker (fa4gen/lower/sm90_walk.py): one
+# section per role ($L_role_<name> .. $L_<name>_end), the C consumer warpgroups sharing one (the
+# Pipeline's replicated program). A ring state lives in a slot register %st_<role>_<state> and a
+# parity register %ph_<role>_<state>; a barrier slot's address is `mad.lo.u32 %r, %st_.., 8, %bar`
+# then `[%r+OFF]` (OFF names the barrier family: the SMEM layout derived from the Pipeline), or
+# `[%bar+OFF]` for a constant slot. The reader knows these spellings, not the lowering's code.
 _SM90_TOKENS = [
-    (re.compile(r"mbarrier\.try_wait\S*\s+%\w+, \[(%\w+)\], (%\w+)"), "wait"),
-    (re.compile(r"mbarrier\.arrive\.expect_tx\S*\s+_, \[(%\w+)\], (\w+)"), "expect_tx"),
-    (re.compile(r"mbarrier\.arrive\S*\s+_, \[(%\w+)\]"), "arrive"),
-    (re.compile(r"\bbar\.sync\s+([%\w]+)(?:,\s*(\w+))?"), "bar.sync"),
-    (re.compile(r"\bbar\.arrive\s+([%\w]+),\s*(\w+)"), "bar.arrive"),
+    (re.compile(r"^\s*(@!?%\w+\s+)?mbarrier\.try_wait\S*\s+%\w+, \[(%\w+)(?:\+(\d+))?\], (%\w+)"), "wait"),
+    (re.compile(r"^\s*(@!?%\w+\s+)?mbarrier\.arrive\.expect_tx\S*\s+_, \[(%\w+)(?:\+(\d+))?\], (\w+)"), "expect_tx"),
+    (re.compile(r"^\s*(@!?%\w+\s+)?mbarrier\.arrive\S*\s+_, \[(%\w+)(?:\+(\d+))?\]"), "arrive"),
+    (re.compile(r"^\s*(@!?%\w+\s+)?bar\.sync\s+([%\w]+)(?:,\s*(\w+))?"), "bar.sync"),
+    (re.compile(r"^\s*(@!?%\w+\s+)?bar\.arrive\s+([%\w]+),\s*(\w+)"), "bar.arrive"),
     (re.compile(r"wgmma\.commit_group"), "mma"),
     (re.compile(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)"), "wait_group"),
-    (re.compile(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global\S*\s+\[[^\]]+\], \[(%\w+),[^\]]*\], \[(%\w+)\]"),
-     "tma_load"),
+    (re.compile(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global\S*\s+\[[^\]]+\], \[(%\w+),[^\]]*\], "
+                r"\[(%\w+)(?:\+(\d+))?\]"), "tma_load"),
     (re.compile(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared"), "tma_store"),
     (re.compile(r"cp\.async\.bulk\.wait_group\.read"), "tma_store_wait"),
     (re.compile(r"^\s*@%\w+ st\.global\.v4"), "store_rows"),  # varlen: the threads' row-predicated O copy
     (re.compile(r"fence\.proxy\.async"), "fence"),
 ]
 _SM90_TMAPS = {"%tmq": "q", "%tmk": "k", "%tmv": "v", "%tmo": "o"}
+# who executes an arrive: the predicate the walker spells for each IR scope
+_SM90_SCOPE_PRED = {None: "all", "@%p_lead": "warp"}
 
 
-def _sm90_tokens(lines, families: dict) -> list:
-    """Protocol tokens with barrier identity: address registers are followed through
-    `shl %t, %Xst, 3` / `mad.lo %r, %Xst, 8, %bar` / `add %r, %bar, %t` / `add %r, %r2, OFF` to
-    (ring state X, offset), the offset naming the barrier family (the SMEM plan's layout); the parity
-    operand is %Xph, or `xor %t, %Xph, 1` for a wait that starts on the opposite phase."""
-    out, addr, par = [], {}, {}
-    fam = {off: name for name, off in families.items()}
+def _sm90_layout(pipe):
+    from .lower.walk import smem_layout
+    return smem_layout(pipe)
 
-    def bar(reg):
-        st, off = addr.get(reg, (None, None))
-        return f"{fam.get(off, f'offset {off}')}[{st}]" if st else f"? ({reg})"
+
+def _sm90_tokens(lines, role_name: str, pipe, named_ids: dict) -> list:
+    """Protocol tokens of one role section, with barrier identity: `mad.lo.u32 %r, %st_<role>_<X>, 8,
+    %bar` makes %r the slot base of state X; `[%r+OFF]` / `[%bar+OFF]` name the barrier family at
+    OFF (and the constant slot); a wait's parity operand must be the same state's %ph_ register."""
+    out, addr = [], {}
+    bars = _sm90_layout(pipe).barriers
+    fam = sorted(((off, name) for name, off in bars.items()), reverse=True)
+    st_rx = re.compile(rf"^%st_{re.escape(role_name)}_(\w+)$")
+    ph_rx = re.compile(rf"^%ph_{re.escape(role_name)}_(\w+)$")
+
+    def bar(reg, off):
+        off = int(off or 0)
+        if reg == "%bar":
+            for base, name in fam:
+                if off >= base:
+                    return f"{name}[{(off - base) // 8}]"
+            return f"offset {off}"
+        st = addr.get(reg)
+        if st is None:
+            return f"? ({reg})"
+        name = next((n for b, n in fam if b == off), f"offset {off}")
+        return f"{name}[{st}]"
 
     for ln, line in lines:
         text = line.strip()
-        m = re.match(r"^(?:@!?%\w+\s+)?(shl\.b32|mad\.lo\.u32|add\.u32|xor\.b32)\s+(%\w+),\s*(%?\w+),\s*(%?\w+)(?:,\s*(%?\w+))?;$", text)
-        if m:
-            opc, dst, a1, a2, a3 = m.groups()
-            sm = re.match(r"%(\w)st$", a1)
-            pm = re.match(r"%(\w)ph$", a1)
-            if opc == "shl.b32" and sm and a2 == "3":
-                addr[dst] = ("slot8", sm.group(1))
-            elif opc == "mad.lo.u32" and sm and a2 == "8" and a3 == "%bar":
-                addr[dst] = (sm.group(1), 0)
-            elif opc == "add.u32" and a1 == "%bar" and addr.get(a2, ("",))[0] == "slot8":
-                addr[dst] = (addr[a2][1], 0)
-            elif opc == "add.u32" and a1 in addr and addr[a1][0] != "slot8" and re.match(r"\d+$", a2):
-                addr[dst] = (addr[a1][0], addr[a1][1] + int(a2))
-            elif opc == "xor.b32" and pm and a2 == "1":
-                par[dst] = f"{pm.group(1)}^1"
-            else:
-                addr.pop(dst, None)
-                par.pop(dst, None)
+        m = re.match(r"^mad\.lo\.u32\s+(%\w+),\s*(%\w+),\s*8,\s*%bar;$", text)
+        if m and st_rx.match(m.group(2)):
+            addr[m.group(1)] = st_rx.match(m.group(2)).group(1)
+        else:
+            m = re.match(r"^(?:@!?%\w+\s+)?[a-z][\w.:]*\s+(%\w+)\s*,", text)
+            if m and m.group(1) in addr and not text.startswith(("mbarrier", "@")):
+                addr.pop(m.group(1), None)
         for rx, kind in _SM90_TOKENS:
             m = rx.search(line)
             if not m:
                 continue
             g = m.groups()
             if kind == "wait":
-                pm = re.match(r"%(\w)ph$", g[1])
-                tok = f"wait {bar(g[0])} parity {pm.group(1) if pm else par.get(g[1], '?')}"
+                pm = ph_rx.match(g[3])
+                tok = f"wait {bar(g[1], g[2])} parity {pm.group(1) if pm else '? ' + g[3]}"
             elif kind == "expect_tx":
-                tok = f"expect_tx {bar(g[0])} {int(g[1], 0)}"
+                tok = f"expect_tx {bar(g[1], g[2])} {int(g[3], 0)}"
             elif kind == "arrive":
-                tok = f"arrive {bar(g[0])}"
+                pred = (g[0] or "").strip() or None
+                who = _SM90_SCOPE_PRED.get(pred, f"? {pred}")
+                tok = f"arrive {bar(g[1], g[2])} {who}"
             elif kind in ("bar.sync", "bar.arrive"):
-                tok = f"{kind} {g[1]}"
+                ident = g[1]
+                if ident.startswith("%"):
+                    ident = named_ids.get(ident, f"? {ident}")
+                else:
+                    ident = _sm90_literal_named(pipe, int(ident))
+                tok = f"{kind} {ident} {g[2]}"
             elif kind == "wait_group":
                 tok = f"wait_group {g[0]}"
             elif kind == "tma_load":
-                tok = f"tma_load {_SM90_TMAPS.get(g[0], g[0])} {bar(g[1])}"
+                tok = f"tma_load {_SM90_TMAPS.get(g[0], g[0])} {bar(g[1], g[2])}"
             else:
                 tok = kind
             if not (kind in ("tma_load", "tma_store", "store_rows") and out and out[-1][1] == tok):
                 out.append((ln, tok))
             break
     return out
+
+
+def _sm90_literal_named(pipe, ident: int) -> str:
+    for b in pipe.barriers:
+        if b.kind is BarrierKind.NAMED and b.named_id <= ident < b.named_id + b.slots:
+            return f"{b.name}[{ident - b.named_id}]"
+    return f"id {ident} (no named barrier of the IR)"
+
+
+def _sm90_named_ids(lines, pipe, role, first_wg: int) -> tuple[dict, list]:
+    """The named-barrier ids a replicated role holds in registers: %nb_<barrier>_<k> must be
+    named_id + (cw + k) mod instances, cw = %wg - the role's first warpgroup. -> ({reg: token}, diffs)."""
+    ids, diffs, text = {}, [], [(ln, t.strip()) for ln, t in lines]
+    n = role.instances
+    cw_ok = any(t == f"sub.u32 %cw, %wg, {first_wg};" for _, t in text)
+    if n > 1 and not cw_ok:
+        diffs.append(Difference(role.name, None, "no `sub.u32 %cw, %wg, ...` of the role's first warpgroup",
+                                f"%cw = %wg - {first_wg}: the instance index"))
+    for i, (ln, t) in enumerate(text):
+        m = re.match(r"^add\.u32 (%nb_(\w+?)_(\d+)), (%\w+), (\d+);$", t)
+        if not m:
+            continue
+        reg, bname, k, src, base = m.group(1), m.group(2), int(m.group(3)), m.group(4), int(m.group(5))
+        b = next((x for x in pipe.barriers if x.name == bname and x.kind is BarrierKind.NAMED), None)
+        if b is None:
+            diffs.append(Difference(role.name, ln, t, "a named barrier of the IR"))
+            continue
+        if k == 0:
+            good = src == "%cw"
+        else:  # add tmp, %cw, k ; setp.ge p, tmp, n ; @p sub tmp, tmp, n ; add reg, tmp, base
+            prev = [x for _, x in text[max(0, i - 3):i]]
+            good = prev == [f"add.u32 {src}, %cw, {k};", f"setp.ge.u32 %pp0, {src}, {n};",
+                            f"@%pp0 sub.u32 {src}, {src}, {n};"]
+        if not good or base != b.named_id:
+            diffs.append(Difference(role.name, ln, t, f"{reg} = {b.named_id} + (%cw + {k}) mod {n}"))
+        ids[reg] = f"{bname}+{k}"
+    return ids, diffs
+
+
+def _sm90_states(lines, role, pipe) -> list:
+    """Each ring state's registers start at the IR's slot and parity and advance by its stride and depth."""
+    diffs, text = [], [(ln, t.strip()) for ln, t in lines]
+    for st in role.states:
+        sreg, preg = f"%st_{role.name}_{st.name}", f"%ph_{role.name}_{st.name}"
+        want = {sreg: st.start % st.depth, preg: (st.start // st.depth + st.start_phase) % 2}
+        for reg, v in want.items():
+            inits = [(ln, t) for ln, t in text if re.match(rf"^mov\.u32 {re.escape(reg)}, (\d+);", t)]
+            if len(inits) != 1 or int(re.match(r"^mov\.u32 \S+, (\d+);", inits[0][1]).group(1)) != v:
+                diffs.append(Difference(role.name, inits[0][0] if inits else None,
+                                        "; ".join(t for _, t in inits) or f"no initial value of {reg}",
+                                        f"{reg} starts at {v} (state {st.name})"))
+        for i, (ln, t) in enumerate(text):
+            if t.startswith(f"add.u32 {sreg}, {sreg},"):
+                got = [x for _, x in text[i:i + 4]]
+                exp = [f"add.u32 {sreg}, {sreg}, {st.stride};", f"setp.ge.u32 %p_q, {sreg}, {st.depth};",
+                       f"@%p_q sub.u32 {sreg}, {sreg}, {st.depth};", f"@%p_q xor.b32 {preg}, {preg}, 1;"]
+                if got != exp:
+                    diffs.append(Difference(role.name, ln, " / ".join(got),
+                                            f"advance of state {st.name}: {' / '.join(exp)}"))
+            elif re.match(rf"^(@!?%\w+\s+)?\S+\s+{re.escape(preg)},", t) and not t.startswith(f"mov.u32 {preg},") \
+                    and t != f"@%p_q xor.b32 {preg}, {preg}, 1;":
+                diffs.append(Difference(role.name, ln, t, f"{preg} changes only where state {st.name} advances"))
+    return diffs
 
 
 def _sm90_ir_tokens(stmts, pipe, role) -> list:
@@ -825,16 +907,16 @@ def _sm90_ir_tokens(stmts, pipe, role) -> list:
         else:
             tok = None
             if isinstance(st, Wait):
-                phase = role.state(st.state).start_phase
-                tok = f"wait {st.barrier}[{st.state}] parity {st.state}{'^1' if phase else ''}"
+                tok = f"wait {st.barrier}[{st.state}] parity {st.state}"
             elif isinstance(st, ExpectTx):
                 tok = f"expect_tx {st.barrier}[{slot(st.slot)}] {st.bytes}"
             elif isinstance(st, Arrive):
-                tok = f"arrive {st.barrier}[{slot(st.slot)}]"
-            elif isinstance(st, NamedSync):
-                tok = f"bar.sync {pipe.barrier(st.barrier).count}"
-            elif isinstance(st, NamedArrive):
-                tok = f"bar.arrive {pipe.barrier(st.barrier).count}"
+                tok = f"arrive {st.barrier}[{slot(st.slot)}] {st.scope.value}"
+            elif isinstance(st, (NamedSync, NamedArrive)):
+                b = pipe.barrier(st.barrier)
+                ident = f"{b.name}+{st.slot.offset % role.instances}" if isinstance(st.slot, InstSlot) else \
+                    f"{b.name}[{st.slot}]"
+                tok = f"{'bar.sync' if isinstance(st, NamedSync) else 'bar.arrive'} {ident} {b.count}"
             elif isinstance(st, Mma):
                 tok = "mma"
             elif isinstance(st, MmaWait):
@@ -860,24 +942,41 @@ def _section_lines(numbered, start: str, end: str):
         return None
     a = labels[0]
     b = next((i for i in range(a + 1, len(numbered)) if numbered[i][1].strip() == f"{end}:"), None)
-    return numbered[a + 1:b] if b is not None else None
+    return numbered[a + 1:b + 1] if b is not None else None
 
 
 def _check_sm90(ptx: str, manifest: dict, cfg: KernelConfig, pipe, rep: CheckReport) -> CheckReport:
     numbered = _numbered(ptx)
-    task_body = lambda role: next(st for st in pipe.role(role).program  # noqa: E731
-                                  if isinstance(st, Loop) and st.kind is LoopKind.TASKS).body
-    for role, (a, b) in (("consumer0", ("$L_c_task", "$L_c_done")), ("producer", ("$L_p_task", "$L_exit"))):
-        lines = _section_lines(numbered, a, b)
+    replicated = {f"{t.name}{i}": t for t in pipe.replicated for i in range(t.instances)}
+    roles = []
+    for r in pipe.roles:  # each replicated program once: its instances share its section
+        r = replicated.get(r.name, r)
+        if r not in roles:
+            roles.append(r)
+    for role in roles:
+        lines = _section_lines(numbered, f"$L_role_{role.name}", f"$L_{role.name}_end")
         if lines is None:
-            rep.differences.append(Difference(role, None, f"no {a} .. {b} section", "the role's task loop"))
+            rep.differences.append(Difference(role.name, None, f"no $L_role_{role.name} .. $L_{role.name}_end section",
+                                              "the role's program"))
             continue
-        got = [(ln, (tok,)) for ln, tok in _sm90_tokens(lines, smem_plan(cfg).barriers)]
-        want = _sm90_ir_tokens(task_body(role), pipe, pipe.role(role))
-        rep.events[role] = len(want)
-        rep.differences += _align(role, got, [(i, op, ev) for i, (_, op, ev) in enumerate(want)])
-    # mbarrier init counts, through the kernel's SMEM plan (the manifest has no barrier layout yet)
-    offs = smem_plan(cfg).barriers
+        if lines and lines[-1][1].strip() == f"$L_{role.name}_end:":
+            after = next((t.strip() for _, t in numbered[numbered.index(lines[-1]) + 1:]
+                          if t.strip() and not t.strip().startswith("//")), "")
+            if after != "ret;":
+                rep.differences.append(Difference(role.name, lines[-1][0], after or "nothing",
+                                                  "ret: the role's program is all it runs"))
+        named, diffs = _sm90_named_ids(lines, pipe, role, role.warps[0] // 4)
+        if any(re.match(r"^\s*@%p_lead mbarrier\.arrive", t) for _, t in lines) and \
+                not any(t.strip() == "setp.eq.u32 %p_lead, %lane, 0;" for _, t in lines):
+            diffs.append(Difference(role.name, None, "per-warp arrives under %p_lead without `setp.eq.u32 %p_lead, "
+                                    "%lane, 0` in the role", "one lane per warp (the IR's Scope.WARP)"))
+        rep.differences += diffs + _sm90_states(lines, role, pipe)
+        got = [(ln, (tok,)) for ln, tok in _sm90_tokens(lines, role.name, pipe, named)]
+        want = _sm90_ir_tokens(role.program, pipe, role)
+        rep.events[role.name] = len(want)
+        rep.differences += _align(role.name, got, [(i, op, ev) for i, (_, op, ev) in enumerate(want)])
+    # mbarrier init counts, through the SMEM layout derived from the Pipeline
+    offs = _sm90_layout(pipe).barriers
 
     def locate(off):
         for b in pipe.barriers:
