@@ -734,7 +734,7 @@ def _check_sm100(ptx: str, manifest: dict, cfg: KernelConfig, pipe, rep: CheckRe
 
 
 # ---- sm_90a ---------------------------------------------------------------------------------------
-# The sm_90a kernel is lowered from its IR by the shared walker (fa4gen/lower/sm90_walk.py): one
+# The sm_90a kernel is lowered from its IR by the shared walker (fa4gen/lower/sm90.py): one
 # section per role ($L_role_<name> .. $L_<name>_end), the C consumer warpgroups sharing one (the
 # Pipeline's replicated program). A ring state lives in a slot register %st_<role>_<state> and a
 # parity register %ph_<role>_<state>; a barrier slot's address is `mad.lo.u32 %r, %st_.., 8, %bar`

@@ -195,7 +195,7 @@ def _lower(cfg: KernelConfig, pipe):
     if cfg.arch == "sm_90a":
         from .lower.sm90 import build_sm90
 
-        return build_sm90(cfg)
+        return build_sm90(pipe)
     raise BuildError(f"no lowering for arch {cfg.arch!r}")
 
 

@@ -16,8 +16,11 @@ import subprocess
 import pytest
 
 from fa4gen.config import KernelConfig
-from fa4gen.lower.sm90 import (SMEM_LIMIT, Probe, Sm90LoweringError, Sm90Options, build_sm90, entry_regs_of,
-                               hopper_emulated, lower_sm90, manifest_sm90, smem_plan)
+from fa4gen.exp2 import hopper_emulated
+from fa4gen.ir.sm90 import build_sm90_pipeline
+from fa4gen.lower.sm90 import Sm90LoweringError, Sm90Options, build_sm90, entry_regs_of, lower_sm90, manifest_sm90
+from fa4gen.lower.walk import smem_layout
+from fa4gen.plan import SM90_SMEM_LIMIT as SMEM_LIMIT, smem_plan
 
 PTXAS = shutil.which("ptxas")
 ABI_PARAMS = ["tmap_q", "tmap_k", "tmap_v", "tmap_o", "lse_ptr", "batch", "seqlen_q", "seqlen_k",
@@ -57,9 +60,7 @@ def test_assembles_clean(kw, tmp_path):
 
 
 @pytest.mark.skipif(PTXAS is None, reason="ptxas not on PATH")
-@pytest.mark.parametrize("opt", [Sm90Options(pingpong=False), Sm90Options(probe=Probe.QK),
-                                 Sm90Options(probe=Probe.PV), Sm90Options(producer_regs=32, consumer_regs=232)],
-                         ids=["nopp", "probe_qk", "probe_pv", "regs32_232"])
+@pytest.mark.parametrize("opt", [Sm90Options(producer_regs=32, consumer_regs=232)], ids=["regs32_232"])
 def test_options_assemble_clean(opt, tmp_path):
     ptx, man = build_sm90(cfg(), opt)
     log = ptxas(ptx, tmp_path)
@@ -85,9 +86,12 @@ def test_abi_signature_and_manifest():
 
 def test_smem_plan_caps_stages_to_fit():
     p = smem_plan(cfg())  # config asks for 3 K/V stages: only 2 fit next to 2 Q slots at D = 128
-    assert (p.q_stages, p.kv_stages) == (2, 2) and p.total <= SMEM_LIMIT
-    assert p.k == 2 * p.tile_bytes and p.o == p.v + 2 * p.tile_bytes
-    for off in (p.q, p.k, p.v, p.o):
+    assert (p.q_stages, p.kv_stages) == (2, 2)
+    lay = smem_layout(build_sm90_pipeline(cfg()))  # the kernel's layout: derived from the Pipeline
+    assert lay.total <= SMEM_LIMIT
+    k, v, o = (lay.regions[r][0] for r in ("K", "V", "O_smem"))
+    assert k == 2 * p.q_tile_bytes and v == k + 2 * p.tile_bytes and o == v + 2 * p.tile_bytes
+    for off, _, _ in lay.regions.values():
         assert off % 1024 == 0  # 128B-swizzle atoms start 1024-aligned (descriptor base_offset 0)
     assert smem_plan(cfg(head_dim=64, kv_stages=4)).kv_stages == 4
 
@@ -97,8 +101,8 @@ def test_register_budget_is_checked():
         Sm90Options(producer_regs=32, consumer_regs=240)  # 512 > 3 x 168: the inc would block forever
     with pytest.raises(Sm90LoweringError, match="multiple of 8"):
         Sm90Options(consumer_regs=236)
-    with pytest.raises(Sm90LoweringError, match="sm_90a"):
-        lower_sm90(KernelConfig(arch="sm_100a"))
+    with pytest.raises(ValueError, match="sm_90a"):
+        build_sm90(KernelConfig(arch="sm_100a"))
 
 
 def test_emulation_split_keeps_the_seed_fractions():
@@ -109,29 +113,42 @@ def test_emulation_split_keeps_the_seed_fractions():
         assert sum(k) / len(k) == frac_seed
         assert not any(k[24:])  # fragment 3 (columns 96..127) always on MUFU
     assert cfg().emu_pairs == 0  # sm_90a default: every exponential on MUFU (faster on the H200)
-    ctx = lower_sm90(cfg(emu_pairs=2))
-    n_emu = sum(e["emu"] for row in ctx["rows"] for e in row["elems"])
+    n_emu = sum(e["emu"] for row in _item(cfg(emu_pairs=2), "softmax")["rows"] for e in row["elems"])
     assert n_emu == 8  # the seed's split: 12.5% of the thread's 64 scores
 
 
+def _item(c: KernelConfig, m: str) -> dict:
+    """The consumers' first lowered item of macro `m` (fa4gen/lower/sm90.py)."""
+    ctx = lower_sm90(build_sm90_pipeline(c))
+    role = next(r for r in ctx["roles"] if r["name"] == "consumer")
+    return next(it for it in role["items"] if it["m"] == m)
+
+
 def test_p_fragment_is_the_accumulator_paired_in_order():
-    ctx = lower_sm90(cfg())
     # A-fragment register t of k-step j packs accumulator registers 8j+2t (low half) and 8j+2t+1
-    for idx, (p, hi, lo) in enumerate(ctx["p_pack"]):
+    for idx, (p, hi, lo) in enumerate(_item(cfg(), "pack_p")["p_pack"]):
         j, t = divmod(idx, 4)
         assert (p, hi, lo) == (f"%pk{4 * j + t}", f"%s{8 * j + 2 * t + 1}", f"%s{8 * j + 2 * t}")
-    assert [s["a"] for s in ctx["pv_steps"]] == [ctx["p_regs"][4 * j:4 * j + 4] for j in range(8)]
+    assert [s["a"] for s in _item(cfg(), "gemm_rs")["steps"]] == [[f"%pk{4 * j + t}" for t in range(4)] for j in range(8)]
 
 
 def test_descriptors():
-    ctx = lower_sm90(cfg())
-    k_major, v = int(ctx["desc_k_major"], 16), int(ctx["desc_v"], 16)
+    setup = _item(cfg(), "consumer_setup")
+    k_major, v = int(setup["desc_k_major"], 16), int(setup["desc_v"], 16)
     assert k_major >> 62 == v >> 62 == 1  # 128B swizzle
     assert (k_major >> 32) & 0x3FFF == 1024 >> 4 == (v >> 32) & 0x3FFF  # SBO: 8 rows x 128 B
     assert (v >> 16) & 0x3FFF == 16384 >> 4  # LBO of MN-major V: the next 64-column slab
     # k16 steps along K inside a 128-byte swizzle row advance 32 bytes; the 5th step starts slab 2
-    assert [s["a"] for s in ctx["qk_steps"]] == [0, 2, 4, 6, 1024, 1026, 1028, 1030]
-    assert [s["b"] for s in ctx["pv_steps"]] == [128 * j for j in range(8)]  # 16 keys x 128 B
+    assert [s["a"] for s in _item(cfg(), "gemm_ss")["steps"]] == [0, 2, 4, 6, 1024, 1026, 1028, 1030]
+    assert [s["b"] for s in _item(cfg(), "gemm_rs")["steps"]] == [128 * j for j in range(8)]  # 16 keys x 128 B
+
+
+def _kv_loop(ptx: str) -> tuple[str, str]:
+    """The consumers' steady-state K/V loop and what follows it up to the epilogue's normalize."""
+    role = ptx[ptx.index("$L_role_consumer:"):]
+    head = re.search(r"^(\$L_consumer_kv(\d+)):$", role, re.M)
+    done = f"$L_consumer_kv_done{int(head.group(2)) + 1}:"
+    return role[head.end():role.index(done)], role[role.index(done):role.index("normalize:")]
 
 
 def test_pipeline_order_in_the_ptx():
@@ -139,22 +156,19 @@ def test_pipeline_order_in_the_ptx():
     softmax, then waits for PV: the intra-warpgroup overlap. Ping-pong brackets the issues; the
     conditional O rescale runs after the PV wait, outside the tensor-core turn, before P is repacked."""
     ptx, _ = build_sm90(cfg())
-    loop = ptx[ptx.index("$L_c_loop:"):ptx.index("$L_c_tail:")]
-    marks = ["bar.sync %sched_own", "m64n128k16.f32.bf16.bf16 {%s0",
-             "m64n128k16.f32.bf16.bf16 {%o0", "bar.arrive %sched_other", "wgmma.wait_group.sync.aligned 1",
+    loop, tail = _kv_loop(ptx)
+    marks = ["bar.sync %nb_sched_0", "m64n128k16.f32.bf16.bf16 {%s0",
+             "m64n128k16.f32.bf16.bf16 {%o0", "bar.arrive %nb_sched_1", "wgmma.wait_group.sync.aligned 1",
              "ex2.approx.ftz.f32 %s0", "wgmma.wait_group.sync.aligned 0", "mul.f32 %o0, %o0, %acc0",
              "cvt.rn.bf16x2.f32 %pk0"]
     pos = [loop.find(m) for m in marks]
     assert -1 not in pos, dict(zip(marks, pos))
     assert pos == sorted(pos), dict(zip(marks, pos))
-    turn = loop[loop.index("bar.sync %sched_own"):loop.index("bar.arrive %sched_other")]
+    turn = loop[loop.index("bar.sync %nb_sched_0"):loop.index("bar.arrive %nb_sched_1")]
     assert "%acc0" not in turn  # nothing but the GEMM issues holds the tensor core
-    tail = ptx[ptx.index("$L_c_tail:"):ptx.index("$L_c_epilogue:")]
     assert "mul.f32 %o0, %o0, %acc0" not in tail  # the last block's rescale already ran in the loop
     assert ptx.count("setmaxnreg.inc.sync.aligned.u32 240") == 1
     assert ptx.count("setmaxnreg.dec.sync.aligned.u32 24") == 1
-    nopp, _ = build_sm90(cfg(), Sm90Options(pingpong=False))
-    assert "%sched_own" not in nopp.split("{", 2)[2]
 
 
 def test_causal_and_tail_masks_only_where_needed():
@@ -165,12 +179,12 @@ def test_causal_and_tail_masks_only_where_needed():
     assert "min.s32 %climit0, %climit0, %skv;" in c and "shr.s32 %nunm" in c
     # masked blocks keep every exponential on MUFU: no emulation between the masked label and done
     for ptx in (nc, c):
-        for m in re.finditer(r"^\$Lsm_masked(\d+):$", ptx, re.M):
-            masked = ptx[m.end():ptx.index(f"$Lsm_done{m.group(1)}:")]
+        for m in re.finditer(r"^\$L_consumer_masked(\d+):$", ptx, re.M):
+            masked = ptx[m.end():ptx.index(f"$L_consumer_sm_done{int(m.group(1)) + 1}:")]
             # sm_90a compares each column (plan.MASK_AS_WORDS: the word form measured no faster there)
             assert "add.rm.f32" not in masked and "setp.le.s32" in masked and "ex2.approx.ftz.f32 %s0" in masked
             assert "%mw" not in masked
-        loop = ptx[ptx.index("$L_c_loop:"):]
-        m = re.search(r"bra\.uni \$Lsm_masked(\d+);", loop)
-        unmasked = loop[m.end():loop.index(f"$Lsm_masked{m.group(1)}:")]
+        loop, _ = _kv_loop(ptx)
+        m = re.search(r"bra\.uni \$L_consumer_masked(\d+);", loop)
+        unmasked = loop[m.end():loop.index(f"$L_consumer_masked{m.group(1)}:")]
         assert "add.rm.f32" in unmasked

@@ -1,46 +1,75 @@
-"""sm_90a (Hopper) lowering: KernelConfig -> template context -> PTX + manifest.
+"""sm_90a (Hopper) lowering: the verified pipeline IR (fa4gen/ir/sm90.py) -> template context -> PTX + manifest.
 
 The kernel is the FA4 algorithm (conditional rescaling, exp2 split between MUFU and an FMA cubic,
 reverse K/V order, bottom-right causal mask, GQA row packing, LSE) on FlashAttention-3's Hopper
-structure:
+structure: CTA = 1 + C warpgroups; WG0 is the producer (one thread issues every TMA load;
+setmaxnreg.dec), WG1 .. WGC the consumers (setmaxnreg.inc), each owning 64 rows of the block_m-row Q
+tile; S = Q K^T and O += P V are wgmma (P from registers); mbarrier rings for Q, K and V; named
+barriers pass the tensor core around the consumers (ping-pong).
 
-* CTA = 1 + C warpgroups. WG0 is the producer (one thread issues every TMA load; setmaxnreg.dec),
-  WG1 .. WGC are consumers (setmaxnreg.inc), each owning 64 rows of the block_m-row Q tile
-  (C = block_m / 64: 2 for 128-row tiles, 3 for the 192-row tiles of D = 64, tiles.SM90_Q_ROWS).
-* S = Q K^T: wgmma m64n128k16, A and B from 128B-swizzled K-major SMEM.
-  O += P V: wgmma m64n{D}k16 with P from registers (RS form) and V MN-major (imm-trans-b = 1).
-* mbarrier rings: Q (q_stages slots: consecutive tasks' tiles), K and V (kv stages each, capped by
-  SMEM: fa4gen.plan.smem_plan), full = TMA expect_tx, empty = one arrival per consumer warp (4 C).
-* Ping-pong: named barriers hand the tensor core around the consumer WGs in a ring (0, 1, .., C-1),
-  so the others' softmax overlaps one WG's GEMMs; inside a WG the next block's QK^T is issued
-  before the previous block's PV and both run under this block's softmax.
-
-Everything the templates print is computed here: register names, SMEM offsets, descriptor
-constants, per-register mask columns and exp-path choices. The templates only spell PTX.
+The roles' programs are walked statement by statement by the walker both targets share
+(fa4gen/lower/walk.py): the producer, the idle warps 1-3 of its warpgroup, and ONE program for the C
+consumer warpgroups (Pipeline.replicated; the verifier proves its instances). Where the instances
+differ (their 64 rows, O staging slot, epilogue barrier, the ping-pong turn they wait for and the one
+they pass on) the program says InstSlot, lowered to registers computed once from the warpgroup
+index; FIRST_/LAST_INSTANCE branches test it. Every protocol instruction (waits, arrives, parities,
+ring steps, barrier ids, thread counts) is computed here; templates/sm90/ops.ptx.j2 spells.
 """
 
 from __future__ import annotations
 
-import enum
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from ..assemble import PTX_VERSION_FOR_ARCH
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import (KVCACHE_ORDER, abi_params, combine_context, kv_box_rows, kvcache_manifest, VARLEN_ORDER, varlen_manifest, HALF_COLS, gqa_manifest, qo_map_dims, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS,
-                    SM90_REGS, SM90_SCHED_BAR_ID,
-                    SM90_SMEM_LIMIT as SMEM_LIMIT, mask_words, panel_bytes, q_panel_bytes, q_tile_bytes,
-                    sm90_consumers, sm90_epi_bar_id, smem_plan, tile_bytes)
+from ..exp2 import EXP2_POLY, hopper_emulated
+from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync, If, InstSlot,
+                       Mma, MmaWait, NamedArrive, NamedSync, PageLookup, Pipeline, Role, Scope, SmemSt, StoreRows,
+                       TmaLoad, TmaStore, TmaStoreWait, Wait, instantiate, walk_ops)
+from ..ir.sm90 import build_sm90_pipeline
+from ..plan import (HALF_COLS, KVCACHE_ORDER, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS, SM90_REGS,
+                    VARLEN_ORDER, abi_params, combine_context, gqa_manifest, kv_box_rows, kvcache_manifest,
+                    mask_words, panel_bytes, q_panel_bytes, qo_map_dims, sm90_consumers, smem_plan, varlen_manifest)
 from ..render import render
+from .walk import LoweringError, WalkCtx, Walker, dispatch, pairwise, smem_layout
 
-from ..exp2 import EXP2_POLY as _EXP2_POLY  # fitted coefficients, shared with the reference and sm_100a
-from ..exp2 import hopper_emulated
+__all__ = ["OP_PTX", "Sm90LoweringError", "Sm90Options", "build_sm90", "entry_regs_of", "lower_sm90",
+           "manifest_sm90", "threads_of"]
 
-__all__ = ["Sm90Options", "Probe", "build_sm90", "lower_sm90", "manifest_sm90",
-           "smem_plan", "Sm90LoweringError", "SMEM_LIMIT"]
-
+TARGET = "sm_90a"
 ENTRY = "fa4_fwd"
 WG_ROWS = 64  # rows per consumer warpgroup (wgmma M)
+NEG_INF = "0fFF800000"
+LN2 = math.log(2.0)
+SWIZZLE_128B = 1
+
+
+class Sm90LoweringError(LoweringError):
+    """A config or pipeline the sm_90a lowering cannot emit (names what and why)."""
+
+
+# IR op -> the protocol instructions it lowers to on sm_90a, in order (`*` = repeated per unit:
+# 64-column TMA box, k16 wgmma step). `fa4gen check` inverts this table.
+OP_PTX: dict[type, tuple[str, ...]] = {
+    Wait: ("mbarrier.try_wait.parity",),
+    Arrive: ("mbarrier.arrive",),
+    ExpectTx: ("mbarrier.arrive.expect_tx",),
+    TmaLoad: ("cp.async.bulk.tensor.g2s*",),
+    TmaStore: ("cp.async.bulk.tensor.s2g*", "cp.async.bulk.commit_group"),
+    TmaStoreWait: ("cp.async.bulk.wait_group.read",),
+    Mma: ("wgmma.fence", "wgmma.mma_async*", "wgmma.commit_group"),
+    MmaWait: ("wgmma.wait_group",),
+    NamedArrive: ("bar.arrive",),
+    NamedSync: ("bar.sync",),
+    FenceProxyAsync: ("fence.proxy.async.shared::cta",),
+    StoreRows: (),
+    PageLookup: (),
+    SmemSt: (),
+    Advance: (),
+    Compute: (),
+}
 
 
 def threads_of(cfg: KernelConfig) -> int:
@@ -54,50 +83,19 @@ def entry_regs_of(cfg: KernelConfig) -> int:
     return (REGS_PER_SM // threads_of(cfg)) // 8 * 8
 
 
-NEG_INF = "0fFF800000"
-LN2 = math.log(2.0)
-
-# wgmma SMEM matrix-descriptor layout (PTX ISA 9.7.15.5.1, "Matrix Descriptor Format"):
-# start>>4 in [0,14), leading-dim byte offset>>4 in [16,30), stride-dim byte offset>>4 in [32,46),
-# base offset in [49,52), swizzle mode in [62,64) with 1 = 128B.
-SWIZZLE_128B = 1
-
-
-class Sm90LoweringError(ValueError):
-    """A config the sm_90a kernel cannot take (names what and why)."""
-
-
-class Probe(enum.Enum):
-    """Diagnostic variants of the same kernel (same ABI), for the device harness.
-
-    QK: O <- cast(Q K^T) of the first visited K block (needs D == 128 so a 128-key row fits a
-        128-column O row): checks TMA loads, the SS descriptors, the accumulator layout and the
-        epilogue store without softmax.
-    PV: O <- cast(cast(Q K^T) V) of that block: adds the RS wgmma with transposed V.
-    """
-
-    NONE = "none"
-    QK = "qk"
-    PV = "pv"
-
-
 @dataclass(frozen=True)
 class Sm90Options:
     """Lowering knobs that are not part of the algorithm's config (tuning and diagnostics)."""
 
-    pingpong: bool = True
     persistent: bool = True  # False: one CTA per task (the same kernel runs a single round)
     producer_regs: int | None = None  # None: plan.SM90_REGS for the config's consumer count
     consumer_regs: int | None = None
-    probe: Probe = Probe.NONE
 
     def __post_init__(self):
         for name in ("producer_regs", "consumer_regs"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v % 8 or not 24 <= v <= 256):
                 raise Sm90LoweringError(f"{name}={v!r}: setmaxnreg takes a multiple of 8 in [24, 256]")
-        if not isinstance(self.probe, Probe):
-            raise Sm90LoweringError(f"probe={self.probe!r}: a Probe")
         # 128-row tiles (2 consumers), the common case: refuse an impossible budget at once
         if self.producer_regs is not None and self.consumer_regs is not None:
             _check_budget(2, self.producer_regs, self.consumer_regs, must_fit_some=True)
@@ -128,189 +126,389 @@ def _check_budget(nc: int, producer: int, consumer: int, must_fit_some: bool = F
                             f"({1 + n} warpgroups x the entry cap {cap}), got {producer} + {n} x {consumer}")
 
 
+def _f32(x: float) -> str:
+    import struct
+
+    return "0f" + struct.pack(">f", x).hex().upper()
+
+
 def _desc_const(lbo: int, sbo: int) -> int:
-    """Descriptor bits independent of the start address (added at run time, >>4, in [0, 14))."""
+    """wgmma SMEM descriptor bits independent of the start address (PTX ISA 9.7.15.5.1)."""
     return ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (SWIZZLE_128B << 62)
 
 
-def _tree(op: str, srcs: list[str], tmp: str) -> tuple[list[tuple[str, str, str]], str]:
-    """Pairwise reduction as (dst, a, b) ops over fresh temporaries `tmp0, tmp1, ...`: depth log2(n)."""
-    ops, level, n = [], list(srcs), 0
-    while len(level) > 1:
-        nxt = []
-        for i in range(0, len(level) - 1, 2):
-            dst = f"{tmp}{n}"
-            n += 1
-            ops.append((dst, level[i], level[i + 1]))
-            nxt.append(dst)
-        if len(level) % 2:
-            nxt.append(level[-1])
-        level = nxt
-    return ops, level[0]
+class Sm90Walker(Walker):
+    OP_PTX = OP_PTX
+    Error = Sm90LoweringError
+    target = TARGET
+    SPLIT_STATES = True
+
+    def __init__(self, ctx: WalkCtx, role: Role, instances: int = 1):
+        super().__init__(ctx, role)
+        self.instances = instances
+        self.s_block: BlockRef | None = None  # the block whose S the registers hold (last QK)
+        self.page_block: BlockRef | None = None
+
+    # ---- structure ---------------------------------------------------------------------------
+    def run(self) -> dict:
+        role = self.role
+        ops = list(walk_ops(role.program))
+        consumer = any(isinstance(op, Mma) for op in ops)
+        single = any(isinstance(op, (ExpectTx, TmaLoad)) for op in ops)
+        warps = list(role.warps) if self.instances == 1 else [
+            w + i * len(role.warps) for i in range(self.instances) for w in role.warps]
+        label, end = f"$L_role_{role.name}", f"$L_{role.name}_end"
+        self.emit("role_begin", name=role.name, label=label, single=single, end=end)
+        if consumer:
+            self.consumer_setup(ops)
+        for st in role.states:
+            self.init_state(st)
+        self.stmts(role.program)
+        self.emit("role_end", name=role.name, label=end)
+        return {"name": role.name, "warps": warps, "regs": role.regs, "items": self.items, "label": label}
+
+    def consumer_setup(self, ops) -> None:
+        cfg, lay = self.cfg, self.ctx.layout
+        first_wg = self.role.warps[0] // 4
+        ids = []
+        for op in ops:
+            if isinstance(op, (NamedSync, NamedArrive)) and isinstance(op.slot, InstSlot):
+                reg, base, count = self.named_reg(op)
+                if reg not in [i["dst"] for i in ids]:
+                    ids.append({"dst": reg, "base": base, "offset": op.slot.offset % self.instances,
+                                "n": self.instances})
+        o = lay.regions.get("O_smem")
+        self.emit("consumer_setup", first_wg=first_wg, ids=ids, wg_bytes=WG_ROWS * 128,
+                  q_off=lay.region_offset("Q"), k_off=lay.region_offset("K"), v_off=lay.region_offset("V"),
+                  o_off=o[0] if o else None,
+                  desc_k_major=hex(_desc_const(lbo=16, sbo=1024)),
+                  desc_v=hex(_desc_const(lbo=panel_bytes(cfg), sbo=1024)))
+
+    def task_begin(self, head: str, done: str) -> None:
+        cfg = self.cfg
+        consumer = any(isinstance(op, Mma) for op in walk_ops(self.role.program))
+        self.emit("task_begin", head=head, done=done, uid=self.p[0], consumer=consumer,
+                  sqt=cfg.seq_q_per_tile, log2_sqt=cfg.seq_q_per_tile.bit_length() - 1,
+                  log2_p=cfg.gqa_pack.bit_length() - 1, p=cfg.gqa_pack, causal=cfg.causal,
+                  o_regs=self.ctx.o_regs if consumer else [], neg_inf=NEG_INF)
+
+    def if_args(self, st: If) -> dict:
+        if st.cond is Cond.LAST_BLOCK:
+            if self.loop_kind is None or self.loop_kind.value == "tasks":
+                return {"pre": [("setp.ne.u32", "%p_c", "%n", "1")]}
+            return {"pre": [("add.u32", "%tmp7", "%t", "1"), ("setp.ne.u32", "%p_c", "%tmp7", "%n")]}
+        if st.cond in (Cond.FIRST_INSTANCE, Cond.LAST_INSTANCE):
+            k = 0 if st.cond is Cond.FIRST_INSTANCE else self.instances - 1
+            return {"pre": [("setp.ne.u32", "%p_c", "%cw", str(k))]}
+        return {"pre": []}
+
+    # ---- ops ---------------------------------------------------------------------------------
+    def arrivals(self, scope: Scope) -> int:
+        if scope is Scope.WARP:
+            return len(self.role.warps)
+        return super().arrivals(scope)
+
+    def named_reg(self, op) -> tuple[str, int, int]:
+        b = self.pipe.barrier(op.barrier)
+        off = op.slot.offset % self.instances
+        return self.r("b32", f"nb_{op.barrier}_{off}"), b.named_id, b.count
+
+    def named(self, op) -> tuple[str, int, bool]:
+        if isinstance(op.slot, InstSlot):
+            reg, _, count = self.named_reg(op)
+            return reg, count, False
+        return super().named(op)
+
+    def op_MmaWait(self, op: MmaWait) -> None:
+        self.emit("mma_wait", n=op.pending)
+
+    def slot_desc(self, region: str, state: str, base: str) -> tuple[list[tuple], str]:
+        """(instructions, register): the wgmma descriptor of the state's slot of an SMEM region, base
+        descriptor + (slot * slot bytes) >> 4, kept until the state advances."""
+        kind, v = self.slot(state)
+        nbytes = self.ctx.layout.slot_bytes(region)
+
+        def compute(dst):
+            if kind == "const":
+                return [("add.s64", dst, base, str((v * nbytes) >> 4))]
+            pre, qs = self.slot_reg(v)
+            return pre + [("mul.lo.u32", "%tmp5", qs, str(nbytes >> 4)), ("cvt.u64.u32", dst, "%tmp5"),
+                          ("add.s64", dst, dst, base)]
+        return self.cached(f"desc{region}", state, compute)
+
+    def op_Mma(self, op: Mma) -> None:
+        cfg = self.cfg
+        dt = {"bf16": "bf16", "fp16": "f16"}[cfg.dtype]
+        q_half = q_panel_bytes(cfg)
+        half = panel_bytes(cfg)
+        if op.kind == "qk":
+            self.s_block = op.block
+            pa, da = self.slot_desc("Q", op.a_slot, "%dq")
+            pb, db = self.slot_desc("K", op.b_slot, "%dk0")
+            pre = pa + pb
+            steps = [{"a": (k // 4) * (q_half >> 4) + (k % 4) * 2, "b": (k // 4) * (half >> 4) + (k % 4) * 2,
+                      "scale_d": "%p_false" if k == 0 else "%p_true"} for k in range(cfg.head_dim // 16)]
+            self.what(f"S = Q[{self.slot_note(op.a_slot)}] x K[{self.slot_note(op.b_slot)}]^T (block "
+                      f"{self.block_note(op.block)}): wgmma m64n128k16, {len(steps)} k-steps")
+            self.emit("gemm_ss", pre=pre, inst=f"wgmma.mma_async.sync.aligned.m64n128k16.f32.{dt}.{dt}",
+                      d_regs=self.ctx.s_regs, a=da, b=db, steps=steps)
+            return
+        pre, dv = self.slot_desc("V", op.b_slot, "%dv0")
+        p = self.ctx.p_regs
+        steps = [{"b": (16 * 128 * j) >> 4, "a": p[4 * j:4 * j + 4]} for j in range(ROWS // 16)]
+        # O is zeroed at the task's start, so accumulating on the first PV equals not accumulating
+        self.what(f"O += P x V[{self.slot_note(op.b_slot)}] (block {self.block_note(op.block)}): wgmma "
+                  f"m64n{cfg.head_dim}k16, P from registers")
+        self.emit("gemm_rs", pre=pre, inst=f"wgmma.mma_async.sync.aligned.m64n{cfg.head_dim}k16.f32.{dt}.{dt}",
+                  d_regs=self.ctx.o_regs, b=dv, steps=steps)
+
+    def op_PageLookup(self, op: PageLookup) -> None:
+        cfg = self.cfg
+        rows = kv_box_rows(cfg)
+        self.page_block = op.block
+        self.what(f"page-table entries of K/V block {self.block_note(op.block)}")
+        self.emit("page_entries", pre=self.block_reg(op.block, "%tmp4"), boxes=[i * rows for i in range(ROWS // rows)],
+                  log2_page=cfg.page_size.bit_length() - 1)
+
+    def op_TmaLoad(self, op: TmaLoad) -> None:
+        cfg = self.cfg
+        pre, base, off = self.smem_addr(op.dst, op.dst_slot, "%dst")
+        if base == "%smem":
+            pre = pre + [("mov.u32", "%dst", "%smem")]
+        bpre, mbar = self.bar_addr(op.barrier, op.bar_slot)
+        if op.tensor == "q":
+            q_half = q_panel_bytes(cfg)
+            self.emit("tma_load_q", pre=pre + bpre, mbar=mbar, sqt=cfg.seq_q_per_tile, varlen=cfg.varlen,
+                      boxes=[{"c0": h * HALF_COLS, "off": off + h * q_half} for h in range(cfg.head_dim // HALF_COLS)])
+            return
+        half = panel_bytes(cfg)
+        pre = pre + self.block_reg(op.block, "%tmp4")
+        if cfg.page_size:
+            if self.page_block is not op.block:
+                raise self.Error(f"{self.p}: paged TmaLoad of block {op.block.value} without its PageLookup")
+            rows = kv_box_rows(cfg)
+            boxes = [{"c0": h * HALF_COLS, "off": off + h * half + i * rows * 128, "pg": f"%pg{i}"}
+                     for i in range(ROWS // rows) for h in range(cfg.head_dim // HALF_COLS)]
+        else:
+            boxes = [{"c0": h * HALF_COLS, "off": off + h * half} for h in range(cfg.head_dim // HALF_COLS)]
+        self.emit("tma_load_kv", pre=pre + bpre, mbar=mbar, tmap=f"%tm{op.tensor}", boxes=boxes,
+                  varlen=cfg.varlen, paged=bool(cfg.page_size), page_size=cfg.page_size)
+
+    def op_SmemSt(self, op: SmemSt) -> None:
+        if op.region != "O_smem" or not isinstance(op.slot, InstSlot) or op.slot.offset:
+            raise self.Error(f"{self.p}: SmemSt of {op.region}: the consumer's own O staging slot only")
+        self.emit("smem_st_o", o_store=self.ctx.o_store)
+
+    def op_TmaStore(self, op: TmaStore) -> None:
+        cfg = self.cfg
+        q_half = q_panel_bytes(cfg)
+        P = cfg.gqa_pack
+        self.emit("tma_store_o", boxes=[{"c0": h * HALF_COLS, "off": self.ctx.layout.region_offset("O_smem") + h * q_half}
+                                        for h in range(cfg.head_dim // HALF_COLS)],
+                  g_step=WG_ROWS if P > WG_ROWS else 0, s_step=WG_ROWS // P if P <= WG_ROWS else 0,
+                  sqt=cfg.seq_q_per_tile, wg_bytes=WG_ROWS * 128, skip=self.label("noel"))
+
+    def op_StoreRows(self, op: StoreRows) -> None:
+        cfg = self.cfg
+        D = cfg.head_dim
+        self.emit("store_rows_o", vl={"cpr": D // 8, "cpr_shift": (D // 8).bit_length() - 1,
+                                      "row_step": 128 // (D // 8), "iters": WG_ROWS // (128 // (D // 8)),
+                                      "row_shift": (2 * D).bit_length() - 1},
+                  q_half_bytes=q_panel_bytes(cfg), o_off=self.ctx.layout.region_offset("O_smem"),
+                  sqt=cfg.seq_q_per_tile, log2_p=cfg.gqa_pack.bit_length() - 1, p=cfg.gqa_pack, g=cfg.gqa_ratio)
+
+    def op_Compute(self, op: Compute) -> None:
+        fn = getattr(self, "compute_" + op.fn, None)
+        if fn is None:
+            raise self.Error(f"{self.p}: Compute fn {op.fn!r} has no sm_90a lowering")
+        fn(op)
+
+    def compute_softmax(self, op: Compute) -> None:
+        if self.s_block is None:
+            raise self.Error(f"{self.p}: softmax before any QK MMA")
+        self.what(f"softmax of S (block {self.block_note(self.s_block)}): mask on blocks >= %nunm, row max, "
+                  f"conditional rescale (threshold {self.cfg.rescale_threshold:g}), exp2, row sums; "
+                  "%p_rescale = some row of the warp moved its reference")
+        self.emit("softmax", pre=self.block_reg(self.s_block, "%nb"), rows=self.ctx.rows,
+                  masked=self.label("masked"), done=self.label("sm_done"),
+                  threshold=_f32(-self.cfg.rescale_threshold), poly=[_f32(c) for c in EXP2_POLY])
+
+    def compute_pack_p(self, op: Compute) -> None:
+        self.emit("pack_p", p_pack=self.ctx.p_pack)
+
+    def compute_rescale_o(self, op: Compute) -> None:
+        self.emit("rescale_o", o_rescale=self.ctx.o_rescale)
+
+    def compute_normalize(self, op: Compute) -> None:
+        self.what("normalize: O *= 1 / row_sum (0 for a row that saw no key); LSE = (ref * scale_log2 + "
+                  "log2(row_sum)) * ln 2 (-inf then)")
+        self.emit("normalize", o_scale=[(reg, f"%inv{(i >> 1) & 1}") for i, reg in enumerate(self.ctx.o_regs)],
+                  ln2=_f32(LN2), neg_inf=NEG_INF)
+
+    def compute_store_lse(self, op: Compute) -> None:
+        self.emit("store_lse", varlen=self.cfg.varlen, g=self.cfg.gqa_ratio)
+
+    def compute_store_lse_partial(self, op: Compute) -> None:
+        self.emit("store_lse_partial", g=self.cfg.gqa_ratio)
+
+    def compute_store_o_rows(self, op: Compute) -> None:
+        D = self.cfg.head_dim
+        o = self.ctx.o_regs
+        self.emit("store_o_rows", g=self.cfg.gqa_ratio, row_bytes=2 * D,
+                  stores=[{"r": r, "lo": o[4 * c + 2 * r], "hi": o[4 * c + 2 * r + 1], "off": 16 * c}
+                          for r in range(2) for c in range(D // 8)])
+
+    def compute_store_o_partial(self, op: Compute) -> None:
+        D = self.cfg.head_dim
+        o = self.ctx.o_regs
+        self.emit("store_o_partial", g=self.cfg.gqa_ratio, row_bytes=4 * D,
+                  stores=[{"r": r, "lo": o[4 * c + 2 * r], "hi": o[4 * c + 2 * r + 1], "off": 32 * c}
+                          for r in range(2) for c in range(D // 8)])
 
 
-def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
-    """Template context for templates/sm90/fa4_fwd.ptx.j2."""
-    opt = options or Sm90Options()
-    if cfg.arch != "sm_90a":
-        raise Sm90LoweringError(f"arch {cfg.arch!r}: this lowering emits sm_90a only")
-    if opt.probe is not Probe.NONE and cfg.head_dim != 128:
-        raise Sm90LoweringError("probes write a 128-key S row into O: head_dim must be 128")
-    D = cfg.head_dim
-    G = cfg.gqa_ratio
-    P = cfg.gqa_pack  # heads per tile (tiles.gqa_pack): G when G divides 128, else 1
-    sqt = cfg.seq_q_per_tile
-    plan = smem_plan(cfg)
-    halves = D // HALF_COLS
-    half_bytes = panel_bytes(cfg)  # 16 KiB: one 128-row x 128-byte swizzled slab (K, V)
-    q_half_bytes = q_panel_bytes(cfg)  # one block_m-row slab of a Q slot or the O staging
-    nc = sm90_consumers(cfg.block_m)
-    producer_regs, consumer_regs = opt.regs(cfg)
-    dt = {"bf16": "bf16", "fp16": "f16"}[cfg.dtype]
+class Sm90Ctx(WalkCtx):
+    """The walk context plus the consumer's register tiles (wgmma fragments) every role shares."""
 
-    s_regs = [f"%s{i}" for i in range(ROWS // 2)]  # m64n128 f32 accumulator: 64 per thread
-    o_regs = [f"%o{i}" for i in range(D // 2)]
-    p_regs = [f"%pk{i}" for i in range(ROWS // 4)]  # 8 k16-steps x 4 .b32 A-fragment registers
-
-    # wgmma accumulator fragment (PTX ISA 9.7.15.5.1, "Register Fragments", m64nNk16 .f32 D):
-    # register i of a thread holds row lane/4 + 8*((i>>1)&1) of its warp's 16 rows and column
-    # 8*(i>>2) + 2*(lane%4) + (i&1). The A fragment of a k16 step j is (rows r, r+8) x (cols
-    # 16j + 2*(lane%4) + {0,1}, +8): exactly accumulator registers 8j..8j+7 paired in order, so P
-    # is S converted pairwise with no data movement (cvt packs its first source in the upper half).
-    p_pack = [(p_regs[4 * j + t], s_regs[8 * j + 2 * t + 1], s_regs[8 * j + 2 * t]) for j in range(8) for t in range(4)]
-
-    rows = []
-    for r in range(2):
-        elems = []
-        for i, reg in enumerate(s_regs):
-            if (i >> 1) & 1 != r:
-                continue
-            c, e = i >> 2, i & 1
-            elems.append({"reg": reg, "col": 8 * c + e, "emu": hopper_emulated(cfg, c, e), "i": i})
-        words, where = mask_words([x["col"] for x in elems]) if MASK_AS_WORDS[cfg.arch] else ([], [])
-        for x, (w, bit) in zip(elems, where):
-            x["mword"], x["mbit"] = f"%mw{w}", bit
-        max_ops, max_res = _tree("max", [x["reg"] for x in elems], f"%mx{r}_")
-        sum_ops, sum_res = _tree("add", [x["reg"] for x in elems], f"%sm{r}_")
-        rows.append({"elems": elems, "max_ops": max_ops, "max_res": max_res, "sum_ops": sum_ops,
-                     "sum_res": sum_res, "ref": f"%ref{r}", "nrs": f"%nrs{r}", "sum": f"%sum{r}",
-                     "acc": f"%acc{r}", "lim": f"%lim{r}", "bmax": f"%bmax{r}", "idx": r,
-                     "mask_words": [{"reg": f"%mw{w}", "base": w * MASK_WORD_BITS} for w in words],
-                     "mtmp": "%mt", "word_ids": words})
-    n_tmp = max(len(r["max_ops"]) for r in rows)
-    n_words = 1 + max((w for r in rows for w in r.pop("word_ids")), default=-1)
-
-    o_rescale = [(reg, f"%acc{(i >> 1) & 1}") for i, reg in enumerate(o_regs)]
-    # O staging in 128B-swizzled SMEM (the TMA store's layout): 16-byte chunk c of row R sits at
-    # chunk c ^ (R % 8) (CU_TENSOR_MAP_SWIZZLE_128B). A thread's rows are lane/4 and lane/4 + 8, so
-    # R % 8 == lane/4 for both and the XOR term is one per-thread register (%xsw).
-    o_store = []
-    for cfull in range(D // 8):
-        h, c8 = divmod(cfull, 8)
+    def __init__(self, pipe: Pipeline, layout):
+        super().__init__(pipe, layout, tmem_warp=-1)
+        cfg = pipe.config
+        D = cfg.head_dim
+        self.s_regs = [f"%s{i}" for i in range(ROWS // 2)]  # m64n128 f32 accumulator: 64 per thread
+        self.o_regs = [f"%o{i}" for i in range(D // 2)]
+        self.p_regs = [f"%pk{i}" for i in range(ROWS // 4)]  # 8 k16 steps x 4 .b32 A fragments
+        # wgmma accumulator fragment (PTX ISA 9.7.15.5.1): register i holds row lane/4 + 8*((i>>1)&1)
+        # of the warp's 16 and column 8*(i>>2) + 2*(lane%4) + (i&1); the A fragment of k16 step j is
+        # accumulator registers 8j..8j+7 paired in order (cvt packs its first source in the upper half).
+        s, p = self.s_regs, self.p_regs
+        self.p_pack = [(p[4 * j + t], s[8 * j + 2 * t + 1], s[8 * j + 2 * t]) for j in range(8) for t in range(4)]
+        self.o_rescale = [(reg, f"%acc{(i >> 1) & 1}") for i, reg in enumerate(self.o_regs)]
+        rows = []
         for r in range(2):
-            i0 = 4 * cfull + 2 * r
-            o_store.append({"c16": c8 * 16, "off": h * q_half_bytes + r * 8 * 128,
-                            "lo": o_regs[i0], "hi": o_regs[i0 + 1], "inv": f"%inv{r}"})
+            elems = []
+            for i, reg in enumerate(s):
+                if (i >> 1) & 1 != r:
+                    continue
+                c, e = i >> 2, i & 1
+                elems.append({"reg": reg, "col": 8 * c + e, "emu": hopper_emulated(cfg, c, e), "i": i})
+            words, where = mask_words([x["col"] for x in elems]) if MASK_AS_WORDS[cfg.arch] else ([], [])
+            for x, (w, bit) in zip(elems, where):
+                x["mword"], x["mbit"] = f"%mw{w}", bit
+            max_ops, max_res = pairwise([x["reg"] for x in elems], f"%mx{r}_")
+            sum_ops, sum_res = pairwise([x["reg"] for x in elems], f"%sm{r}_")
+            rows.append({"elems": elems, "max_ops": max_ops, "max_res": max_res, "sum_ops": sum_ops,
+                         "sum_res": sum_res, "ref": f"%ref{r}", "nrs": f"%nrs{r}", "sum": f"%sum{r}",
+                         "acc": f"%acc{r}", "lim": f"%lim{r}", "bmax": f"%bmax{r}", "idx": r,
+                         "mask_words": [{"reg": f"%mw{w}", "base": w * MASK_WORD_BITS} for w in words],
+                         "mtmp": "%mt"})
+        self.rows = rows
+        self.n_tmp = max(len(r["max_ops"]) for r in rows)
+        q_half = q_panel_bytes(cfg)
+        self.o_store = []
+        for cfull in range(D // 8):
+            h, c8 = divmod(cfull, 8)
+            for r in range(2):
+                i0 = 4 * cfull + 2 * r
+                self.o_store.append({"c16": c8 * 16, "off": h * q_half + r * 8 * 128,
+                                     "lo": self.o_regs[i0], "hi": self.o_regs[i0 + 1]})
 
-    ksteps_qk = D // 16
-    qk_steps = [{"a": (k // 4) * (q_half_bytes >> 4) + (k % 4) * 2, "b": (k // 4) * (half_bytes >> 4) + (k % 4) * 2,
-                 "scale_d": "%p_false" if k == 0 else "%p_true"} for k in range(ksteps_qk)]
-    # V is [keys, D] with D contiguous: MN-major for the B operand of O += P V. One k16 step reads
-    # 16 keys = 2 x 8-row groups 1024 B apart (SBO) of every 64-column slab; slabs are LBO apart.
-    pv_steps = [{"b": (16 * 128 * j) >> 4, "a": p_regs[4 * j:4 * j + 4]} for j in range(ROWS // 16)]
 
-    bars = plan.barriers
-    ctx = {
+def _check_instances(pipe: Pipeline) -> None:
+    """The PTX is emitted from each replicated program once: its instances must be the verified roles."""
+    for tmpl in pipe.replicated:
+        for i in range(tmpl.instances):
+            if pipe.role(f"{tmpl.name}{i}") != instantiate(tmpl, i):
+                raise Sm90LoweringError(f"role {tmpl.name}{i} is not instance {i} of the replicated {tmpl.name}: "
+                                    "the verified program would not be the emitted one")
+
+
+def lower_sm90(pipe: Pipeline) -> dict:
+    """Template context of templates/sm90/fa4_fwd.ptx.j2 from a (verified) sm_90a pipeline."""
+    cfg = pipe.config
+    if pipe.arch != TARGET or cfg.arch != TARGET:
+        raise Sm90LoweringError(f"arch {cfg.arch!r}: this lowering emits {TARGET} only")
+    _check_instances(pipe)
+    layout = smem_layout(pipe, Sm90LoweringError)
+    ctx = Sm90Ctx(pipe, layout)
+    first_of = {f"{t.name}0": t for t in pipe.replicated}
+    later = {f"{t.name}{i}" for t in pipe.replicated for i in range(1, t.instances)}
+    roles = [Sm90Walker(ctx, first_of[r.name], first_of[r.name].instances).run() if r.name in first_of
+             else Sm90Walker(ctx, r).run() for r in pipe.roles if r.name not in later]
+    inits = []
+    for b in pipe.barriers:
+        if b.kind is BarrierKind.NAMED:
+            continue
+        for s in range(b.slots):
+            inits.append({"addr": f"%bar+{layout.barriers[b.name] + 8 * s}", "count": b.count,
+                          "what": f"init {b.name}[{s}]: {b.kind.value}, {b.count} arrival{'s' if b.count != 1 else ''} per phase"})
+    P = cfg.gqa_pack
+    return {
         "generator_version": GENERATOR_VERSION,
         "name": cfg.name,
-        "ptx_version": PTX_VERSION_FOR_ARCH["sm_90a"],
-        "target": "sm_90a",
+        "ptx_version": PTX_VERSION_FOR_ARCH[TARGET],
+        "target": TARGET,
         "entry": ENTRY,
         "param_decls": [decl for _, decl in abi_params(cfg)],
-        "threads": threads_of(cfg),
-        "consumers": nc,
+        "threads": pipe.threads,
         "block_m": cfg.block_m,
-        "producer_regs": producer_regs,
-        "consumer_regs": consumer_regs,
-        "pingpong": opt.pingpong,
-        "probe": opt.probe.value,
-        "causal": cfg.causal,
-        "varlen": cfg.varlen,
-        "kvcache": cfg.kvcache,
-        "page_size": cfg.page_size,
-        "log2_page": cfg.page_size.bit_length() - 1,
-        "box_rows": kv_box_rows(cfg),
-        "kv_boxes": ROWS // kv_box_rows(cfg),
-        # split-KV partial O from the accumulator: column pair 8 c + 2 (lane % 4) of row half r
-        "o_part_store": [{"r": r, "lo": o_regs[4 * c + 2 * r], "hi": o_regs[4 * c + 2 * r + 1], "off": 32 * c}
-                         for r in range(2) for c in range(D // 8)],
-        "o_direct_store": [{"r": r, "lo": o_regs[4 * c + 2 * r], "hi": o_regs[4 * c + 2 * r + 1], "off": 16 * c}
-                           for r in range(2) for c in range(D // 8)],
-        "cmb": combine_context(cfg),
-        "log2e": f"0f{_f32_hex(1.0 / LN2)}",
-        "log2_sqt": sqt.bit_length() - 1,
-        # varlen O store by the threads (templates/sm90/fa4_fwd.ptx.j2): 16-byte chunks per row,
-        # rows one pass of the WG's 128 threads covers, passes over the WG's 64 rows
-        "vl": {"cpr": D // 8, "cpr_shift": (D // 8).bit_length() - 1, "row_step": 128 // (D // 8),
-               "iters": WG_ROWS // (128 // (D // 8)), "row_shift": (2 * D).bit_length() - 1},
-        "G": G,
-        "P": P,
-        "NG": cfg.head_groups,
-        "log2_P": P.bit_length() - 1,
-        "sqt": sqt,
-        "head_dim": D,
-        "halves": halves,
-        "half_cols": HALF_COLS,
-        "half_bytes": half_bytes,
-        "q_half_bytes": q_half_bytes,
-        "o_wg_bytes": WG_ROWS * 128,
-        "kv_stages": plan.kv_stages,
-        "q_stages": plan.q_stages,
-        "smem": plan,
-        "bars": bars,
-        "empty_arrivals": 4 * nc,
-        "q_tx": q_tile_bytes(cfg),
-        "kv_tx": tile_bytes(cfg),
-        # named barrier ids: ping-pong turns 1 .. C, then the C epilogue ids (plan.sm90_epi_bar_id)
-        "nb": {"sched_wg1": SM90_SCHED_BAR_ID, "sched_wg2": SM90_SCHED_BAR_ID + 1, "epi_wg1": sm90_epi_bar_id(nc)},
-        "wgmma_qk": f"wgmma.mma_async.sync.aligned.m64n128k16.f32.{dt}.{dt}",
-        "wgmma_pv": f"wgmma.mma_async.sync.aligned.m64n{D}k16.f32.{dt}.{dt}",
-        "cvt_pack": f"cvt.rn.{dt}x2.f32",
-        "desc_k_major": hex(_desc_const(lbo=16, sbo=1024)),
-        "desc_v": hex(_desc_const(lbo=half_bytes, sbo=1024)),
-        "qk_steps": qk_steps,
-        "pv_steps": pv_steps,
-        "s_regs": s_regs,
-        "o_regs": o_regs,
-        "p_regs": p_regs,
-        "p_pack": p_pack,
-        "rows": rows,
-        "n_tmp": n_tmp,
-        "mask_words": n_words,
-        "o_rescale": o_rescale,
-        "o_store": o_store,
+        "consumers": pipe.replicated[0].instances,
+        "causal": cfg.causal, "varlen": cfg.varlen, "kvcache": cfg.kvcache, "page_size": cfg.page_size,
+        "head_dim": cfg.head_dim, "G": cfg.gqa_ratio, "P": P, "NG": cfg.head_groups,
+        "sqt": cfg.seq_q_per_tile, "log2_P": P.bit_length() - 1, "log2_sqt": cfg.seq_q_per_tile.bit_length() - 1,
+        "kv_stages": pipe.barrier("k_full").slots,
+        "box_rows": kv_box_rows(cfg), "log2_page": cfg.page_size.bit_length() - 1,
+        "inits": inits,
+        "decls": ctx.decls(),
+        "roles": roles,
+        "dispatch": dispatch(pipe, roles, Sm90LoweringError),
+        "s_n": len(ctx.s_regs), "o_n": len(ctx.o_regs), "p_n": len(ctx.p_regs), "n_tmp": ctx.n_tmp,
+        "mask_words": 1 + max((int(w["reg"][3:]) for r in ctx.rows for w in r["mask_words"]), default=-1),
         "neg_inf": NEG_INF,
-        "threshold": f"0f{_f32_hex(-cfg.rescale_threshold)}",
-        "ln2": f"0f{_f32_hex(LN2)}",
-        "poly": [f"0f{_f32_hex(c)}" for c in _EXP2_POLY],
-        # O store box: 64 rows = one consumer WG (see manifest): P <= 64 -> (P, 64/P) else (64, 1).
-        "o_box_g": min(P, WG_ROWS),
-        "o_box_s": max(WG_ROWS // P, 1),
-        "o_wg_g_step": WG_ROWS if P > WG_ROWS else 0,
-        "o_wg_s_step": WG_ROWS // P if P <= WG_ROWS else 0,
+        "cvt_pack": {"bf16": "cvt.rn.bf16x2.f32", "fp16": "cvt.rn.f16x2.f32"}[cfg.dtype],
+        "ln2": _f32(LN2), "log2e": _f32(1.0 / LN2),
+        "cmb": combine_context(cfg),
+        "regs_per_sm": REGS_PER_SM,
     }
-    return ctx
 
 
-def _f32_hex(x: float) -> str:
-    import struct
+def _with_regs(pipe: Pipeline, producer: int, consumer: int) -> Pipeline:
+    """The pipeline with Sm90Options' setmaxnreg budgets (the producer warpgroup's and the consumers')."""
+    def fix(r):
+        return dataclasses.replace(r, regs=consumer if r.warps[0] >= 4 else producer)
+    return dataclasses.replace(pipe, roles=tuple(fix(r) for r in pipe.roles),
+                               replicated=tuple(fix(r) for r in pipe.replicated))
 
-    return struct.pack(">f", x).hex().upper()
+
+def build_sm90(cfg_or_pipe, options: Sm90Options | None = None) -> tuple[str, dict]:
+    """(PTX text, manifest) of the sm_90a kernel, lowered from its pipeline IR. Takes a KernelConfig
+    (builds its pipeline, unverified: fa4gen.codegen.build is the verified chain) or a Pipeline."""
+    if isinstance(cfg_or_pipe, KernelConfig):
+        cfg, pipe = cfg_or_pipe, build_sm90_pipeline(cfg_or_pipe)
+    else:
+        cfg, pipe = cfg_or_pipe.config, cfg_or_pipe
+    opt = options or Sm90Options()
+    if cfg.arch != TARGET:
+        raise Sm90LoweringError(f"arch {cfg.arch!r}: this lowering emits sm_90a only")
+    p, c = opt.regs(cfg)
+    if (p, c) != (pipe.roles[0].regs, pipe.replicated[0].regs):
+        pipe = _with_regs(pipe, p, c)
+    return _tidy(render("sm90/fa4_fwd.ptx.j2", lower_sm90(pipe))), manifest_sm90(cfg, options)
+
+
+def _tidy(ptx: str) -> str:
+    out = []
+    for line in ptx.splitlines():
+        if not line.strip():
+            continue
+        if line.startswith(("// role ", "// ====")):
+            out.append("")
+        out.append(line)
+    return "\n".join(out) + "\n"
 
 
 def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
     opt = options or Sm90Options()
     plan = smem_plan(cfg)
+    pipe = build_sm90_pipeline(cfg)
     P = cfg.gqa_pack
     dtype = cfg.dtype
     qo_dims = qo_map_dims(cfg)
@@ -324,7 +522,7 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
         "arch": "sm_90a",
         "entry": ENTRY,
         "threads_per_cta": threads_of(cfg),
-        "dynamic_smem_bytes": plan.total,
+        "dynamic_smem_bytes": smem_layout(pipe, Sm90LoweringError).total,
         # Persistent for both: causal tasks come heaviest first inside L2 sections (the kernel's
         # task decode, fa4gen/schedule.py), dealt round-robin to the resident CTAs, odd rounds reversed.
         "grid": {"policy": "persistent" if opt.persistent else "one_per_task",
@@ -344,7 +542,7 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
         **({"varlen": varlen_manifest(cfg)} if cfg.varlen else {}),
         **({"kvcache": kvcache_manifest(cfg)} if cfg.kvcache else {}),
         "params": [n for n, _ in abi_params(cfg)],
-        "sm90": {"kv_stages": plan.kv_stages, "q_stages": plan.q_stages, "pingpong": opt.pingpong, "probe": opt.probe.value,
+        "sm90": {"kv_stages": plan.kv_stages, "q_stages": plan.q_stages,
                  "consumers": sm90_consumers(cfg.block_m), "producer_regs": opt.regs(cfg)[0],
                  "consumer_regs": opt.regs(cfg)[1]},
     }
@@ -352,34 +550,8 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
 
 def _options_tag(opt: Sm90Options) -> str:
     parts = []
-    if not opt.pingpong:
-        parts.append("nopp")
     if not opt.persistent:
         parts.append("onepertask")
-    if opt.probe is not Probe.NONE:
-        parts.append(f"probe{opt.probe.value}")
     if (opt.producer_regs, opt.consumer_regs) != (None, None):
         parts.append(f"r{opt.producer_regs}-{opt.consumer_regs}")
     return "_".join(parts) or "opt"
-
-
-def build_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> tuple[str, dict]:
-    """(PTX text, manifest) of the sm_90a kernel for `cfg`: lowered from its pipeline IR by the walker
-    (WIP: the template path below is kept for comparison only)."""
-    opt = options or Sm90Options()
-    if opt.probe is not Probe.NONE or not opt.pingpong or (opt.producer_regs, opt.consumer_regs) != (None, None):
-        raise Sm90LoweringError("the IR-lowered sm_90a kernel has no probes, always ping-pongs and takes the "
-                                "plan's register budgets")
-    from ..ir.sm90 import build_sm90_pipeline
-    from .sm90_walk import render_sm90_ir
-    from .walk import smem_layout
-    pipe = build_sm90_pipeline(cfg)
-    man = manifest_sm90(cfg, options)
-    man["dynamic_smem_bytes"] = smem_layout(pipe).total
-    return render_sm90_ir(pipe), man
-
-
-def build_sm90_template(cfg: KernelConfig, options: Sm90Options | None = None) -> tuple[str, dict]:
-    """(PTX text, manifest) of the hand-ordered template kernel (the one main ships today)."""
-    ctx = lower_sm90(cfg, options)
-    return render("sm90/fa4_fwd.ptx.j2", ctx), manifest_sm90(cfg, options)
