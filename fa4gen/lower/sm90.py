@@ -29,7 +29,7 @@ from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Compute, Cond, Ex
                        Mma, MmaWait, NamedArrive, NamedSync, PageLookup, Pipeline, Role, Scope, SmemSt, StoreRows,
                        TmaLoad, TmaStore, TmaStoreWait, Wait, instantiate, walk_ops)
 from ..ir.sm90 import build_sm90_pipeline
-from ..plan import (HALF_COLS, KVCACHE_ORDER, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS, SM90_REGS,
+from ..plan import (HALF_COLS, KVCACHE_ORDER, block_info_ptx, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS, SM90_REGS,
                     VARLEN_ORDER, abi_params, combine_context, gqa_manifest, kv_box_rows, kvcache_manifest,
                     mask_words, panel_bytes, q_panel_bytes, qo_map_dims, sm90_consumers, smem_plan, varlen_manifest)
 from ..render import render
@@ -187,7 +187,12 @@ class Sm90Walker(Walker):
     def task_begin(self, head: str, done: str) -> None:
         cfg = self.cfg
         consumer = any(isinstance(op, Mma) for op in walk_ops(self.role.program))
-        self.emit("task_begin", head=head, done=done, uid=self.p[0], consumer=consumer,
+        # the task's K/V blocks (plan.BlockInfo over the Q tile): %nunm, %n >= 1 (KV cache: the split's,
+        # from %nlo); printed by the scheduler macros after the task decode
+        blocks = block_info_ptx(causal=cfg.causal, rows=cfg.seq_q_per_tile, m="%mb", sq="%sq", skv="%skv",
+                                tmp="%tmp0", n="%n", n_unmasked="%nunm",
+                                split=("%split", "%nsplit", "%nlo", "%tmp0") if cfg.kvcache else None)
+        self.emit("task_begin", head=head, done=done, uid=self.p[0], consumer=consumer, blocks=blocks,
                   sqt=cfg.seq_q_per_tile, log2_sqt=cfg.seq_q_per_tile.bit_length() - 1,
                   log2_p=cfg.gqa_pack.bit_length() - 1, p=cfg.gqa_pack, causal=cfg.causal,
                   o_regs=self.ctx.o_regs if consumer else [], neg_inf=NEG_INF)
