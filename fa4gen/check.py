@@ -757,7 +757,8 @@ _SM90_TOKENS = [
 ]
 _SM90_TMAPS = {"%tmq": "q", "%tmk": "k", "%tmv": "v", "%tmo": "o"}
 # who executes an arrive: the predicate the walker spells for each IR scope
-_SM90_SCOPE_PRED = {None: "all", "@%p_lead": "warp"}
+# (%p_al = the last K/V block and %p_lead: the consumers' Q-slot release, predicated, not branched)
+_SM90_SCOPE_PRED = {None: "all", "@%p_lead": "warp", "@%p_al": "warp"}
 
 
 def _sm90_layout(pipe):
@@ -966,10 +967,13 @@ def _check_sm90(ptx: str, manifest: dict, cfg: KernelConfig, pipe, rep: CheckRep
                 rep.differences.append(Difference(role.name, lines[-1][0], after or "nothing",
                                                   "ret: the role's program is all it runs"))
         named, diffs = _sm90_named_ids(lines, pipe, role, role.warps[0] // 4)
-        if any(re.match(r"^\s*@%p_lead mbarrier\.arrive", t) for _, t in lines) and \
+        if any(re.match(r"^\s*@%p_(lead|al) mbarrier\.arrive", t) for _, t in lines) and \
                 not any(t.strip() == "setp.eq.u32 %p_lead, %lane, 0;" for _, t in lines):
             diffs.append(Difference(role.name, None, "per-warp arrives under %p_lead without `setp.eq.u32 %p_lead, "
                                     "%lane, 0` in the role", "one lane per warp (the IR's Scope.WARP)"))
+        for ln, t in lines:  # %p_al must be some block test AND %p_lead, each time it is set
+            if re.match(r"^\s*\S+\s+%p_al,", t) and t.strip() != "and.pred %p_al, %p_c, %p_lead;":
+                diffs.append(Difference(role.name, ln, t.strip(), "and.pred %p_al, %p_c, %p_lead: one lane per warp"))
         rep.differences += diffs + _sm90_states(lines, role, pipe)
         got = [(ln, (tok,)) for ln, tok in _sm90_tokens(lines, role.name, pipe, named)]
         want = _sm90_ir_tokens(role.program, pipe, role)

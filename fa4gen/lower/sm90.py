@@ -147,6 +147,7 @@ class Sm90Walker(Walker):
         super().__init__(ctx, role)
         self.instances = instances
         self.s_block: BlockRef | None = None  # the block whose S the registers hold (last QK)
+        self.arrive_pred = "%p_lead"  # the predicate of a per-warp arrive (one lane per warp)
         self.page_block: BlockRef | None = None
 
     # ---- structure ---------------------------------------------------------------------------
@@ -207,7 +208,26 @@ class Sm90Walker(Walker):
             return {"pre": [("setp.ne.u32", "%p_c", "%cw", str(k))]}
         return {"pre": []}
 
+    def if_(self, st: If) -> None:
+        """An If(LAST_BLOCK) of per-warp arrives only (the consumers' Q-slot release) is predicated,
+        not branched around: a branch in the middle of the K/V loop would cut its one basic block in
+        two, and ptxas schedules no instruction across it (measured about 2% on D = 64 on the H200)."""
+        if (st.cond is Cond.LAST_BLOCK and not st.orelse and st.then
+                and all(isinstance(o, Arrive) and o.scope is Scope.WARP for o in st.then)):
+            pre = [("setp.eq.u32", *i[1:]) if i[0] == "setp.ne.u32" else i for i in self.if_args(st)["pre"]]
+            self.emit("predicate", list=pre + [("and.pred", "%p_al", "%p_c", "%p_lead")],
+                      note="the last K/V block of the task: one lane per warp arrives")
+            self.arrive_pred = "%p_al"
+            self.stmts(st.then)
+            self.arrive_pred = "%p_lead"
+            return
+        super().if_(st)
+
     # ---- ops ---------------------------------------------------------------------------------
+    def op_Arrive(self, op: Arrive) -> None:
+        super().op_Arrive(op)
+        self.items[-1]["pred"] = self.arrive_pred if op.scope is Scope.WARP else None
+
     def arrivals(self, scope: Scope) -> int:
         if scope is Scope.WARP:
             return len(self.role.warps)
