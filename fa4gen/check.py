@@ -883,8 +883,10 @@ def _sm90_states(lines, role, pipe) -> list:
         for i, (ln, t) in enumerate(text):
             if t.startswith(f"add.u32 {sreg}, {sreg},"):
                 got = [x for _, x in text[i:i + 4]]
-                exp = [f"add.u32 {sreg}, {sreg}, {st.stride};", f"setp.ge.u32 %p_q, {sreg}, {st.depth};",
-                       f"@%p_q sub.u32 {sreg}, {sreg}, {st.depth};", f"@%p_q xor.b32 {preg}, {preg}, 1;"]
+                exp = ([f"add.u32 {sreg}, {sreg}, 1;", f"setp.eq.u32 %p_q, {sreg}, {st.depth};",
+                        f"@%p_q mov.u32 {sreg}, 0;", f"@%p_q xor.b32 {preg}, {preg}, 1;"] if st.stride == 1 else
+                       [f"add.u32 {sreg}, {sreg}, {st.stride};", f"setp.ge.u32 %p_q, {sreg}, {st.depth};",
+                        f"@%p_q sub.u32 {sreg}, {sreg}, {st.depth};", f"@%p_q xor.b32 {preg}, {preg}, 1;"])
                 if got != exp:
                     diffs.append(Difference(role.name, ln, " / ".join(got),
                                             f"advance of state {st.name}: {' / '.join(exp)}"))

@@ -520,6 +520,9 @@ class Walker:
             sreg, preg = self.split_regs(op.state)
             if st.depth == 1:
                 ins = [("xor.b32", preg, preg, "1")]
+            elif st.stride == 1:  # the wrap is slot == depth: a select, no subtract (one instruction fewer)
+                ins = [("add.u32", sreg, sreg, "1"), ("setp.eq.u32", "%p_q", sreg, str(st.depth)),
+                       ("@%p_q mov.u32", sreg, "0"), ("@%p_q xor.b32", preg, preg, "1")]
             else:
                 ins = [("add.u32", sreg, sreg, str(st.stride)), ("setp.ge.u32", "%p_q", sreg, str(st.depth)),
                        ("@%p_q sub.u32", sreg, sreg, str(st.depth)), ("@%p_q xor.b32", preg, preg, "1")]
