@@ -119,11 +119,11 @@ def test_mutated_template_fails_the_read_back(monkeypatch, name):
         extra = [("{% else %}\n{{ mb.arrive(it.addr, it.note) }}\n{% endif %}",
                   "{% else %}\n{{ mb.arrive(it.addr, it.note) }}\n{% if it.fence_before %}\n{{ tc.wait_st() }}\n{% endif %}"
                   "\n{% endif %}")]
-    _mutated_env(monkeypatch, old, new, extra)
     cfg = KernelConfig(causal=True, gqa_ratio=4)
+    good = emitted(cfg)[1]  # before the mutation: emitted() caches what it renders for every later test
+    _mutated_env(monkeypatch, old, new, extra)
     pipe = build_pipeline(cfg)
     ptx, manifest = build_sm100(pipe)
-    good = emitted(cfg)[1]
     assert ptx != good
     problems = check(ptx, pipe, manifest)
     assert problems, f"mutation {name!r} went unnoticed"
