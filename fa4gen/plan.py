@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
+
 from .config import K_SPLIT_DEFAULT, ConfigError, KernelConfig
 from .tiles import ROWS, PlanError, gqa_pack
 
@@ -87,14 +89,15 @@ def abi_params(cfg: KernelConfig) -> tuple[tuple[str, str], ...]:
     return ABI_PARAMS + (VARLEN_ABI_PARAMS if cfg.varlen else ()) + (KVCACHE_ABI_PARAMS if cfg.kvcache else ())
 
 
-# KV-cache rules (one definition; fa4gen/schedule.py kvcache_task / kvcache_split / kvcache_key_page
-# implement them in Python, templates/common/scheduler.ptx.j2 decode_kvcache and the targets' K/V
-# loads in PTX):
+# KV-cache rules (one definition; fa4gen/schedule.py kvcache_task / kvcache_key_page and BlockInfo
+# below implement them in Python, templates/common/scheduler.ptx.j2 decode_kvcache, block_info_ptx
+# and the targets' K/V loads in PTX):
 # - keys of sequence b: k_len = min(max(cache_seqlens[b], 0), seqlen_k) (seqlen_k = the capacity);
 #   causal aligns the Sq queries to the end: query i sees keys j <= i + k_len - Sq.
 # - task t -> split s = t % S, then (m block, pair) as the dense non-causal order: m = (t / S) % M,
 #   bh = t / (S M). A tile's nblk visible K/V blocks (the dense block range with k_len) are cut
-#   into S ranges of bps = ceil(nblk / S): split s takes blocks [min(s bps, nblk), min((s+1) bps, nblk)).
+#   into S ranges of bps = ceil(nblk / S): split s takes blocks [min(s bps, nblk), min((s+1) bps, nblk)),
+#   one fully masked block at its start when that is empty (BlockInfo below).
 # - paged key j of sequence b: page = page_table[b * stride + min(j / page_size, max_pages - 1)],
 #   then min(page as unsigned, num_pages - 1) (a negative or too large entry reads the last page, never
 #   outside the cache); row j % page_size of that page. A K/V block of 128 keys is 128 / min(page_size,
@@ -318,3 +321,135 @@ def refuse_ignored(cfg: KernelConfig) -> KernelConfig:
         raise ConfigError("kv_stages", cfg.kv_stages, f"at most {fit} K/V stages fit in sm_90a SMEM beside "
                                                        f"{smem_plan(cfg).q_stages} Q slots at head_dim {cfg.head_dim}")
     return cfg
+
+
+# ---- K/V block ranges: the one definition (both targets' PTX, the reference, schedule, simulator) ----
+BLOCK_N = ROWS  # keys per K/V block (both targets)
+_BLOCK_SHIFT = BLOCK_N.bit_length() - 1
+
+
+def _lo_hi(x, lo, hi):
+    """min(max(x, lo), hi) on ints (an int back) or NumPy arrays."""
+    if isinstance(x, (int, np.integer)):
+        return int(min(max(x, lo), hi))
+    return np.minimum(np.maximum(x, lo), hi)
+
+
+def key_end(q, seqlen_q: int, seqlen_k: int, causal: bool):
+    """Exclusive end of the keys query position q sees: Skv, or causally (bottom-right aligned:
+    query i sees keys j <= i + Skv - Sq) min(Skv, q + 1 + Skv - Sq), which is <= 0 when q sees no
+    key. The mask's per-row column limit and the block ranges below. Ints or NumPy arrays of q.
+    (Keys start at 0: a sliding window (left, right) would add key_begin = max(0, q + Skv - Sq - left)
+    and take min(.., q + 1 + Skv - Sq + right) here.)"""
+    if not causal:
+        return int(seqlen_k) if isinstance(q, (int, np.integer)) else np.full(np.shape(q), int(seqlen_k), np.int64)
+    end = q + 1 + int(seqlen_k) - int(seqlen_q)
+    return int(min(end, seqlen_k)) if isinstance(q, (int, np.integer)) else np.minimum(end, int(seqlen_k))
+
+
+def split_blocks(nblk: int, split: int, num_splits: int) -> tuple[int, int]:
+    """[lo, hi) of split `split` of `num_splits` over nblk blocks: ranges of ceil(nblk / S), so
+    split s takes [min(s bps, nblk), min(s bps + bps, nblk)); a split past the end gets [nblk, nblk)."""
+    bps = -(-int(nblk) // int(num_splits))
+    lo = min(int(split) * bps, int(nblk))
+    return lo, min(lo + bps, int(nblk))
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """The K/V blocks of one task: query positions [m * rows, (m + 1) * rows) (an m unit: sm_90a one
+    Q tile of seq_q_per_tile positions, sm_100a a pair of them; the GQA packing is folded into
+    seq_q_per_tile), seqlen_q, the visible keys seqlen_k (varlen: the sequence's; KV cache: k_len),
+    causal, and a KV-cache split s of S. Blocks are BLOCK_N keys; the kernels visit
+    [lo, lo + n) in reverse order.
+
+    - visible blocks [first, end): those holding a key some row of the unit sees (first = 0; the
+      unit's last row sees the most keys, key_end of it clipped to [0, Skv], rounded up);
+    - blocks < n_unmasked are whole for every row (key_end of the unit's FIRST row, rounded down):
+      no mask; blocks >= n_unmasked need it (the diagonal, the Skv tail);
+    - split s: [lo, lo + n) = split_blocks(end, s, S); unsplit: [0, end).
+
+    A unit or split that sees no key (causal Sq > Skv above the diagonal, Skv = 0, a split past the
+    last visible block) still runs ONE block, at lo, whose keys every row's mask hides (it is
+    >= n_unmasked, and its keys >= end * BLOCK_N lie past every row's key_end): row_max stays -inf,
+    row_sum 0, so O = 0 and LSE = -inf come out of the ordinary epilogue. Why not n = 0 and skip:
+    the verified pipeline IR of both targets runs its tasks with >= 1 block (passes.engine Scenario:
+    the sm_100a roles' K/V loops are do-while loops with a peeled first block, and the S/P/O
+    hand-offs between roles count blocks), so a skip would be a path outside the verified protocol
+    that every role must take alike; sm_90a's old skip was such a template-only path. The cost is
+    one K/V load and one masked block per empty unit or split: rare (the first (Sq - Skv) / rows
+    units of a causal Sq > Skv launch, splits beyond a short sequence's blocks).
+
+    A sliding window (left, right) would set first = key_begin(first row) // BLOCK_N and a masked
+    range at the low end too; it is not implemented (`window` must be None).
+    """
+
+    first: int  # first visible block (0 without a window)
+    end: int  # visible blocks [first, end); end == first: no row sees a key
+    n_unmasked: int  # blocks [0, n_unmasked) need no mask
+    lo: int  # first block the task runs
+    n: int  # blocks the task runs, [lo, lo + n), >= 1
+
+    @classmethod
+    def of(cls, m: int, rows: int, seqlen_q: int, seqlen_k: int, causal: bool, split: int = 0,
+           num_splits: int = 1, window=None) -> "BlockInfo":
+        if window is not None:
+            raise NotImplementedError("sliding windows: key_begin and the low masked range are not implemented")
+        m, rows, split, num_splits = int(m), int(rows), int(split), int(num_splits)
+        if rows <= 0 or m < 0 or num_splits < 1 or not 0 <= split < num_splits or seqlen_k < 0 or seqlen_q < 0:
+            raise ValueError(f"BlockInfo.of(m={m}, rows={rows}, Sq={seqlen_q}, Skv={seqlen_k}, split {split} of {num_splits})")
+        last = _lo_hi(key_end((m + 1) * rows - 1, seqlen_q, seqlen_k, causal), 0, seqlen_k)
+        full = _lo_hi(key_end(m * rows, seqlen_q, seqlen_k, causal), 0, seqlen_k)
+        end = -(-last // BLOCK_N)
+        lo, hi = split_blocks(end, split, num_splits)
+        return cls(first=0, end=end, n_unmasked=full // BLOCK_N, lo=lo, n=max(hi - lo, 1))
+
+    @property
+    def empty(self) -> bool:
+        """No row sees a key in [lo, lo + n) (the one block run is fully masked)."""
+        return self.lo >= self.end
+
+    def needs_mask(self, block: int) -> bool:
+        return block >= self.n_unmasked
+
+    def blocks(self) -> range:
+        """The blocks in the kernels' order: lo + n - 1 down to lo."""
+        return range(self.lo + self.n - 1, self.lo - 1, -1)
+
+
+def block_info_ptx(*, causal: bool, rows: int, m: str, sq: str, skv: str, tmp: str, n: str | None = None,
+                   n_unmasked: str | None = None, split: tuple[str, str, str, str] | None = None) -> list[tuple]:
+    """BlockInfo.of in PTX: the instructions, as (opcode, dst, src...) tuples the templates print,
+    that compute from registers m (the m unit), sq, skv (both <= 2^31 - 2 BLOCK_N: the causal limits
+    are signed 32-bit) what is asked for:
+    n_unmasked; n (unsplit: the blocks [0, n) run; split: the split's count, with split =
+    (split reg, num_splits reg (>= 1), lo dst, tmp2) writing lo as well). `rows` is the unit's
+    query positions (a constant). Only `tmp` (and tmp2) are clobbered; tmp may be m when only one
+    of n / n_unmasked is asked for. Causal limits are signed (Sq > Skv makes them negative)."""
+    if tmp == m and n and n_unmasked:
+        raise ValueError("tmp may be m only when one of n / n_unmasked is computed")
+    rnd, sh = str(BLOCK_N - 1), str(_BLOCK_SHIFT)
+    ins: list[tuple] = []
+    if n:  # key_end of the unit's last row clipped to [0, Skv] (unsplit: [1, Skv], n >= 1), rounded up
+        floor = "0" if split else "1"
+        if causal:
+            ins += [("add.u32", tmp, m, "1"), ("mul.lo.u32", tmp, tmp, str(rows)), ("add.s32", tmp, tmp, skv),
+                    ("sub.s32", tmp, tmp, sq), ("min.s32", tmp, tmp, skv), ("max.s32", tmp, tmp, floor),
+                    ("add.s32", tmp, tmp, rnd), ("shr.s32", n, tmp, sh)]
+        elif split:
+            ins += [("add.u32", tmp, skv, rnd), ("shr.u32", n, tmp, sh)]
+        else:
+            ins += [("max.u32", tmp, skv, "1"), ("add.u32", tmp, tmp, rnd), ("shr.u32", n, tmp, sh)]
+        if split:  # n holds the visible blocks: split_blocks, then at least one block
+            s, ns, lo, t2 = split
+            ins += [("add.u32", t2, n, ns), ("sub.u32", t2, t2, "1"), ("div.u32", t2, t2, ns),
+                    ("mul.lo.u32", lo, s, t2), ("min.u32", lo, lo, n), ("add.u32", t2, t2, lo),
+                    ("min.u32", t2, t2, n), ("sub.u32", n, t2, lo), ("max.u32", n, n, "1")]
+    if n_unmasked:  # key_end of the unit's first row, clipped to [0, Skv], rounded down
+        if causal:
+            ins += [("mul.lo.u32", tmp, m, str(rows)), ("add.s32", tmp, tmp, skv), ("sub.s32", tmp, tmp, sq),
+                    ("add.s32", tmp, tmp, "1"), ("min.s32", tmp, tmp, skv), ("max.s32", tmp, tmp, "0"),
+                    ("shr.s32", n_unmasked, tmp, sh)]
+        else:
+            ins += [("shr.u32", n_unmasked, skv, sh)]
+    return ins

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import DTYPES, KernelConfig
+from .plan import BlockInfo, key_end
 from .exp2 import emulated_columns, exp2_emulated, exp2_hardware, fma_f32
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "online_softmax_step",
     "round_to_dtype",
     "scale_log2_f32",
+    "tile_block_info",
 ]
 
 LOG2E = math.log2(math.e)
@@ -49,7 +51,8 @@ LN2 = math.log(2.0)
 # Counters fa4_forward adds into its optional ``stats`` dict (created as 0 when missing):
 STATS_KEYS = (
     "tiles",                    # (batch, kv_head, m_block) Q tiles
-    "tiles_without_blocks",     # tiles with n_block_max == 0 (causal, Sq > Skv): O = 0, LSE = -inf
+    "tiles_without_blocks",     # tiles whose rows see no key (causal Sq > Skv, Skv = 0): their one block
+                                # (plan.BlockInfo) is fully masked, O = 0, LSE = -inf
     "blocks",                   # (tile, K/V block) pairs processed
     "masked_blocks",            # of which took the mask path (diagonal or Skv tail)
     "row_block_updates",        # (valid row, block) softmax updates
@@ -185,31 +188,27 @@ def attention_exact(q, k, v, causal: bool, softmax_scale=None):
 
 # ---- tile geometry (shared with the simulator and the lowering) ---------------------------------
 
+def tile_block_info(cfg: KernelConfig, m_block: int, seqlen_q: int, seqlen_k: int) -> BlockInfo:
+    """The K/V blocks of Q tile m_block (plan.BlockInfo over its seq_q_per_tile positions)."""
+    return BlockInfo.of(m_block, cfg.seq_q_per_tile, seqlen_q, seqlen_k, cfg.causal)
+
+
 def n_block_max(cfg: KernelConfig, m_block: int, seqlen_q: int, seqlen_k: int) -> int:
-    """Exclusive upper bound of the K/V blocks a Q tile visits. Causal: the tile's last sequence
-    position (m_block + 1) * seq_q_per_tile - 1 sees keys < (m_block + 1) * seq_q_per_tile + Skv - Sq;
-    0 when that is <= 0 (every row of the tile has no valid key)."""
-    if not cfg.causal:
-        return -(-seqlen_k // cfg.block_n)
-    hi = min(seqlen_k, (m_block + 1) * cfg.seq_q_per_tile + seqlen_k - seqlen_q)
-    return max(0, -(-hi // cfg.block_n))
+    """Exclusive end of the K/V blocks holding a key some row of the Q tile sees (BlockInfo.end;
+    0 when no row does: the tile then runs one fully masked block)."""
+    return tile_block_info(cfg, m_block, seqlen_q, seqlen_k).end
 
 
 def block_needs_mask(cfg: KernelConfig, m_block: int, n_block: int, seqlen_q: int, seqlen_k: int) -> bool:
-    """True when some element of the block must be masked: it runs past Skv (TMA zero-fills K, so
-    the scores there are 0, not -inf), or (causal) its last key is beyond the tile's FIRST row's
-    limit m_block * seq_q_per_tile + Skv - Sq."""
-    end = (n_block + 1) * cfg.block_n
-    if end > seqlen_k:
-        return True
-    return cfg.causal and end > m_block * cfg.seq_q_per_tile + seqlen_k - seqlen_q + 1
+    """True when some element of the block must be masked (BlockInfo.needs_mask): it runs past Skv
+    (TMA zero-fills K, so the scores there are 0, not -inf), or (causal) it crosses the tile's first
+    row's diagonal."""
+    return tile_block_info(cfg, m_block, seqlen_q, seqlen_k).needs_mask(n_block)
 
 
 def col_limits(cfg: KernelConfig, seq: np.ndarray, seqlen_q: int, seqlen_k: int) -> np.ndarray:
     """Per row, the exclusive key limit: Skv, or causally min(Skv, seq + Skv - Sq + 1) (may be <= 0)."""
-    if not cfg.causal:
-        return np.full(seq.shape, seqlen_k, dtype=np.int64)
-    return np.minimum(seqlen_k, seq.astype(np.int64) + seqlen_k - seqlen_q + 1)
+    return key_end(np.asarray(seq).astype(np.int64), seqlen_q, seqlen_k, cfg.causal)
 
 
 # ---- one softmax step -----------------------------------------------------------------------------
@@ -350,7 +349,8 @@ def fa4_forward(q, k, v, cfg: KernelConfig, softmax_scale=None, stats: dict | No
     Per (batch, kv_head, head group j, m_block) Q tile of block_m rows (fa4gen.tiles.gqa_pack: P
     heads per tile, G / P head groups per kv head): row r holds sequence position
     m_block * seq_q_per_tile + r // P of head kv_head * G + j * P + r % P (rows past Sq are padding
-    the kernel computes and never stores; skipped here). K/V blocks n_block_max - 1 down to 0; masked blocks
+    the kernel computes and never stores; skipped here). K/V blocks plan.BlockInfo.blocks() (end - 1 down to
+    0; one fully masked block when no row sees a key); masked blocks
     all use hardware ex2, others split per ``emulated_columns``. O = O * (1 / row_sum) in fp32
     (0 where row_sum is 0), then rounded to cfg.dtype.
     """
@@ -382,23 +382,23 @@ def fa4_forward(q, k, v, cfg: KernelConfig, softmax_scale=None, stats: dict | No
                 valid = seq < sq
                 seq_v, head_v, warp_v = seq[valid], (kvh * g + j * pk + rows % pk)[valid], (rows // 32)[valid]
                 _bump(stats, "tiles", 1)
-                nmax = n_block_max(cfg, m, sq, skv)
-                if nmax == 0:
-                    _bump(stats, "tiles_without_blocks", 1)
-                    continue  # O stays 0, LSE -inf: the kernel's epilogue must store exactly that
+                info = tile_block_info(cfg, m, sq, skv)
+                # a tile whose rows see no key runs one block its mask hides whole: O = 0, LSE = -inf
+                _bump(stats, "tiles_without_blocks", info.empty)
                 r = seq_v.size
                 s_all = (q64[bi, seq_v, head_v, :] @ k_bh.T).astype(np.float32)  # fp32 accumulate, one rounding
                 limits = col_limits(cfg, seq_v, sq, skv)
                 state = RowState.initial(r, d)
-                for n in range(nmax - 1, -1, -1):
+                for i, n in enumerate(info.blocks()):
                     c0 = n * bn
                     s = np.full((r, bn), -np.inf, np.float32)
                     s[:, :max(0, min(bn, skv - c0))] = s_all[:, c0:c0 + bn]
-                    masked = block_needs_mask(cfg, m, n, sq, skv)
+                    masked = info.needs_mask(n)
                     if masked:
                         s[c0 + np.arange(bn)[None, :] >= limits[:, None]] = -np.inf
-                    first = n == nmax - 1
-                    upd = block_update(state, s, v_pad[c0:c0 + bn], sl2, cfg.rescale_threshold,
+                    first = i == 0
+                    v_blk = v_pad[c0:c0 + bn] if c0 < v_pad.shape[0] else np.zeros((bn, d))  # TMA zero fill
+                    upd = block_update(state, s, v_blk, sl2, cfg.rescale_threshold,
                                        first=first, emulated=None if masked else emu_cols,
                                        p_dtype=cfg.dtype)
                     state = upd.state

@@ -305,14 +305,14 @@ class Kernel:
     def kvcache_num_splits(self, batch: int, num_heads_kv: int, seqlen_q: int, kv_len: int) -> int:
         """num_splits = 0's choice (fa4gen.schedule.choose_num_splits) for this device's SM count:
         kv_len is the longest sequence's keys when the caller knows it, else the cache capacity."""
-        from .plan import KVCACHE_MAX_SPLITS
+        from .plan import BLOCK_N, KVCACHE_MAX_SPLITS
         from .schedule import choose_num_splits
 
         key = ("splits", batch, num_heads_kv, seqlen_q, kv_len)
         hit = self._l2_cache.get(key)
         if hit is None:
             geo = launch_geometry(self.manifest, batch, num_heads_kv, seqlen_q)
-            hit = choose_num_splits(geo.num_tasks, -(-int(kv_len) // 128), self.sm_count, KVCACHE_MAX_SPLITS)
+            hit = choose_num_splits(geo.num_tasks, -(-int(kv_len) // BLOCK_N), self.sm_count, KVCACHE_MAX_SPLITS)
             if len(self._l2_cache) > 256:
                 self._l2_cache.clear()
             self._l2_cache[key] = hit

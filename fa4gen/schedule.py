@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .plan import BlockInfo, split_blocks
+
 __all__ = ["BALANCE_TOLERANCE", "BALANCE_TOLERANCE_UNSHARED", "L2_BUDGET_FRACTION", "L2Choice", "choose_l2_group",
            "clamp_l2_group", "cta_work", "l2_group_budget", "persistent_task", "task_coords", "task_tile",
            "tile_blocks"]
@@ -50,7 +52,6 @@ L2_BUDGET_FRACTION = 0.5
 # (bench/sm90_dev_notes.md; bench/results/*_l2_sweep.json).
 BALANCE_TOLERANCE = 0.01
 BALANCE_TOLERANCE_UNSHARED = 0.05
-BLOCK_N = 128  # keys per K/V block, both targets
 
 
 def clamp_l2_group(l2_group, num_bh):
@@ -105,11 +106,13 @@ def persistent_task(rnd, cta, nctas: int, causal: bool):
 
 
 def tile_blocks(m_tile, seqlen_q: int, seqlen_k: int, seq_q_per_tile: int, causal: bool):
-    """K/V blocks a Q tile visits (the kernels' %nblk; bottom-right causal alignment)."""
-    if not causal:
-        return np.broadcast_to(-(-seqlen_k // BLOCK_N), np.shape(m_tile))
-    hi = np.clip((np.asarray(m_tile) + 1) * seq_q_per_tile + seqlen_k - seqlen_q, 0, seqlen_k)
-    return -(-hi // BLOCK_N)
+    """K/V blocks a Q tile visits (plan.BlockInfo.n: the kernels' %nblk, >= 1). Ints or NumPy
+    arrays of m_tile (an array back)."""
+    if isinstance(m_tile, (int, np.integer)):
+        return BlockInfo.of(m_tile, seq_q_per_tile, seqlen_q, seqlen_k, causal).n
+    m = np.asarray(m_tile, dtype=np.int64)
+    per = {v: BlockInfo.of(v, seq_q_per_tile, seqlen_q, seqlen_k, causal).n for v in np.unique(m).tolist()}
+    return np.vectorize(per.__getitem__, otypes=[np.int64])(m) if m.size else np.zeros(m.shape, np.int64)
 
 
 def l2_group_budget(l2_bytes: int, seqlen_k: int, head_dim: int, elem_bytes: int, num_bh: int) -> int:
@@ -264,10 +267,9 @@ def kvcache_task(t: int, num_splits: int, num_m_blocks: int, groups_per_batch: i
 
 
 def kvcache_split(nblk: int, split: int, num_splits: int) -> tuple[int, int]:
-    """[lo, hi) K/V blocks of `split`: nblk visible blocks cut into ranges of ceil(nblk / S)."""
-    bps = -(-int(nblk) // int(num_splits))
-    lo = min(split * bps, nblk)
-    return lo, min(lo + bps, nblk)
+    """[lo, hi) of the visible K/V blocks of `split` (plan.split_blocks; the split runs
+    max(hi - lo, 1) blocks from lo: plan.BlockInfo)."""
+    return split_blocks(nblk, split, num_splits)
 
 
 def kvcache_page(page_table_row, key: int, page_size: int, max_pages: int, num_pages: int) -> tuple[int, int]:

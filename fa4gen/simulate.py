@@ -20,10 +20,11 @@ from .config import KernelConfig
 from .ir import build_pipeline
 from .ir.core import Cond, Pipeline, Role
 from .passes.engine import DataModel, Engine, Finding, Scenario
-from .reference import (LN2, RowState, _as_compute, _check_shapes, _default_scale, block_needs_mask,
-                        block_update, col_limits, n_block_max, round_to_dtype, scale_log2_f32)
+from .plan import BlockInfo
+from .reference import (LN2, RowState, _as_compute, _check_shapes, _default_scale, block_update, col_limits,
+                        round_to_dtype, scale_log2_f32)
 from .exp2 import emulated_columns
-from .schedule import kvcache_k_len, kvcache_page, kvcache_split, kvcache_task, task_tile, varlen_tasks
+from .schedule import kvcache_k_len, kvcache_page, kvcache_task, task_tile, varlen_tasks
 
 
 def _to_bits(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -76,8 +77,7 @@ def schedule_tasks(cfg: KernelConfig, batch: int, hkv: int, sq: int, skv: int,
     tasks = []
     for t in range(num_bh * m_blocks):
         m, b, kvh, hgrp = (int(x) for x in task_tile(t, batch, hkv, ng, m_blocks, g, cfg.causal))
-        n = max(max(n_block_max(cfg, tpt * m + j, sq, skv) for j in range(tpt)), 1)
-        tasks.append(Task(b, kvh, m, n, hgrp))
+        tasks.append(Task(b, kvh, m, BlockInfo.of(m, tpt * cfg.seq_q_per_tile, sq, skv, cfg.causal).n, hgrp))
     return tasks
 
 
@@ -201,7 +201,8 @@ class NumpyData(DataModel):
         seq = self.tile_rows(task, qtile)[0][rows]
         s = np.array(scores[:, :128], np.float32)
         sq, skv = self.task_sq(task), self.task_skv(task)
-        masked = block_needs_mask(cfg, tiles_per_task(cfg) * task.m_block + qtile, nb, sq, skv)
+        masked = BlockInfo.of(tiles_per_task(cfg) * task.m_block + qtile, cfg.seq_q_per_tile, sq, skv,
+                              cfg.causal).needs_mask(nb)
         if masked:
             limits = col_limits(cfg, seq, sq, skv)
             s[nb * 128 + np.arange(128)[None, :] >= limits[:, None]] = -np.inf
@@ -369,8 +370,7 @@ def simulate_varlen(pipe_or_cfg, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=
     tasks = []
     for b, hg, m, q0, ql, k0, kl in varlen_tasks(cu_seqlens_q, cu_seqlens_k, total_q, total_k, hkv * ng,
                                                  tpt * cfg.seq_q_per_tile, cfg.causal, seqused_k, l2_rows):
-        # the kernels' block count: the pair's (or tile's) furthest visible key, at least one block
-        n = max(max(n_block_max(cfg, tpt * m + j, ql, kl) for j in range(tpt)), 1)
+        n = BlockInfo.of(m, tpt * cfg.seq_q_per_tile, ql, kl, cfg.causal).n  # the pair's (or tile's) blocks
         tasks.append(Task(0, hg // ng, m, n, hg % ng, q0, ql, k0, kl))
     data = (NumpyData if pipe.arch == "sm_100a" else NumpyDataSm90)(pipe, q64, k64, v64, scale, tasks)
     findings = _run_ctas(pipe, data, tasks, num_ctas, seed, priority)
@@ -406,8 +406,8 @@ def simulate_kvcache(pipe_or_cfg, q, k_cache, v_cache, cache_seqlens, page_table
     """Run a KV-cache pipeline's programs (fa4gen/plan.py "KV-cache rules") over q (B, Sq, Hq, D)
     and a cache: contiguous k_cache, v_cache (B, Smax, Hkv, D), or paged (num_pages, page_size,
     Hkv, D) through page_table (B, max_pages). Tasks in the kernels' order (schedule.kvcache_task
-    over m units of the pipeline's tiles per task), each split's blocks from schedule.kvcache_split
-    (an empty split runs one block whose keys every row's mask hides, as the kernel does), lengths
+    over m units of the pipeline's tiles per task), each split's blocks from plan.BlockInfo
+    (an empty split runs one block whose keys every row's mask hides, as the kernels do), lengths
     and page entries clamped as on the device (kvcache_k_len, kvcache_page). A TMA K/V tile reads
     the keys of its pages (zero past the capacity). num_splits > 1 runs the split-KV epilogue
     (Cond.SPLIT_KV: StorePartial / store_lse_partial) and merges the partials as fa4_combine does."""
@@ -441,9 +441,8 @@ def simulate_kvcache(pipe_or_cfg, q, k_cache, v_cache, cache_seqlens, page_table
     for t in range(B * hkv * ng * units * S):
         split, m, b, hg = kvcache_task(t, S, units, hkv * ng)
         kl = kvcache_k_len(int(np.asarray(cache_seqlens)[b]), capacity)
-        nblk = max(n_block_max(cfg, tpt * m + j, sq, kl) for j in range(tpt))
-        lo, hi = kvcache_split(nblk, split, S)
-        tasks.append(Task(b, hg // ng, m, max(hi - lo, 1), hg % ng, k_len=kl, split=split, block_lo=lo))
+        info = BlockInfo.of(m, tpt * cfg.seq_q_per_tile, sq, kl, cfg.causal, split, S)
+        tasks.append(Task(b, hg // ng, m, info.n, hg % ng, k_len=kl, split=split, block_lo=info.lo))
     data = (NumpyData if pipe.arch == "sm_100a" else NumpyDataSm90)(pipe, q64, k64, v64, scale, tasks)
     R = B * sq * hq
     data.o_partial = np.full((S, R, d), np.nan, np.float32)

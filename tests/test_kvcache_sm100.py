@@ -6,7 +6,7 @@
   verifier explores both paths (a hazard on the split path is found).
 - `fa4gen check` reads the fa4_fwd entry back against the IR (paged K/V boxes, StorePartial rows).
 - The PTX task decode (scheduler.ptx.j2 decode_kvcache_units) equals fa4gen.schedule.kvcache_task /
-  kvcache_split / kvcache_k_len over m units of two Q tiles.
+  plan.BlockInfo / kvcache_k_len over m units of two Q tiles.
 - The IR simulator (simulate_kvcache) matches the exact attention per sequence, contiguous and
   paged, with empty splits, lengths past the capacity and negative ones.
 - ptxas accepts the variants without spills; the dense and varlen PTX are the golden files'.
@@ -33,9 +33,9 @@ from fa4gen.ir import build_pipeline
 from fa4gen.ir.core import Cond, If, Loop, PageLookup, StorePartial, TmaStore, Wait, WaitLd, walk_ops
 from fa4gen.lower.sm100 import build_sm100
 from fa4gen.passes.verify import verify
-from fa4gen.plan import COMBINE_ENTRY
+from fa4gen.plan import COMBINE_ENTRY, BlockInfo
 from fa4gen.reference import attention_exact, round_to_dtype
-from fa4gen.schedule import kvcache_k_len, kvcache_split, kvcache_task, tile_blocks
+from fa4gen.schedule import kvcache_k_len, kvcache_task
 from fa4gen.simulate import simulate_kvcache
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -216,12 +216,11 @@ def test_decode_equals_kvcache_task_and_split(causal, gqa):
         for t in range(min(batch * hkv * ng * npairs * S, 400)):
             split, m, b, hg = kvcache_task(t, S, npairs, hkv * ng)
             kl = kvcache_k_len(lens[b], cap)
-            nblk = int(tile_blocks(2 * m + 1, sq, kl, sqt, causal))
-            lo, hi = kvcache_split(nblk, split, S)
+            info = BlockInfo.of(m, 2 * sqt, sq, kl, causal, split, S)
             out = seg.run({"%task": t, "%nsplit": S, "%batch": batch, "%hkv_n": hkv, "%sq": sq, "%cap": cap,
                            "%slen_b": lens[b] & 0xFFFFFFFF, "%tmp0": 0, "%tmp1": 0, "%npairs": npairs})
             got = (out["%split"], out["%mpair"], out["%b"], out["%hkv"], out["%skv"], out["%nlo"], out["%n"])
-            assert got == (split, m, b, hg, kl, lo, max(hi - lo, 1)), (batch, hkv, sq, cap, S, lens, t)
+            assert got == (split, m, b, hg, kl, info.lo, info.n), (batch, hkv, sq, cap, S, lens, t)
             n += 1
     assert n > 1000
 

@@ -1,5 +1,5 @@
 """KV-cache kernels through the CPU tools: the emitted PTX's decode_kvcache executed in the emulator
-against fa4gen.schedule (kvcache_task, kvcache_k_len, kvcache_split), modules of two entries in the
+against fa4gen.schedule (kvcache_task, kvcache_k_len; plan.BlockInfo), modules of two entries in the
 parser and in `fa4gen check`, the KV-cache emulation end to end (paged with a shuffled page table
 and contiguous, split-KV + fa4_combine, and a single split), its default batches and the CLI.
 The KV-cache PTX mutations are in fa4gen/ptxemu/mutations.py and run with the corpus
@@ -19,8 +19,8 @@ from fa4gen.ptxemu import harness, kvcache
 from fa4gen.ptxemu.harness import run_raw
 from fa4gen.ptxemu.mutations import PTX_MUTATIONS
 from fa4gen.ptxemu.parse import PtxSyntaxError, parse, parse_for_manifest
-from fa4gen.reference import block_needs_mask, n_block_max
-from fa4gen.schedule import kvcache_k_len, kvcache_split, kvcache_task
+from fa4gen.plan import BlockInfo
+from fa4gen.schedule import kvcache_k_len, kvcache_task
 
 FIELDS = 8  # per task: split, m block, batch, head group, k_len, first block, blocks, unmasked blocks
 
@@ -110,10 +110,8 @@ def _expected(cfg: KernelConfig, seqlens, cap, sq, hkv, splits):
     for t in range(len(seqlens) * groups * nmb * splits):
         s, m, b, hg = kvcache_task(t, splits, nmb, groups)
         k_len = kvcache_k_len(seqlens[b] & 0xFFFFFFFF, cap)
-        nblk = n_block_max(cfg, m, sq, k_len)
-        lo, hi = kvcache_split(nblk, s, splits)
-        unmasked = sum(not block_needs_mask(cfg, m, n, sq, k_len) for n in range(nblk))
-        out.append((s, m, b, hg, k_len, lo, hi - lo, unmasked))
+        info = BlockInfo.of(m, cfg.seq_q_per_tile, sq, k_len, cfg.causal, s, splits)
+        out.append((s, m, b, hg, k_len, info.lo, info.n, info.n_unmasked))
     return out
 
 

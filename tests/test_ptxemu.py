@@ -152,6 +152,32 @@ def test_default_shapes_exercise_tails_masking_and_the_persistent_loop():
             assert any(s.sq > s.skv for s in default_shapes(man))  # rows that see no key
 
 
+def test_default_shapes_run_tasks_that_see_no_key():
+    """plan.BlockInfo's empty units and splits (one fully masked block, O = 0, LSE = -inf) are in the
+    default launches test_generated_ptx_emulates runs: causal dense kernels get a first m unit (the
+    task's tiles) above the diagonal, KV-cache kernels a split past a sequence's blocks and a
+    sequence with no key."""
+    from fa4gen.plan import BlockInfo
+    from fa4gen.runtime import manifest_gqa, manifest_tile_rows
+    from fa4gen.schedule import kvcache_k_len
+    for name in GOLDEN:
+        man = json.loads((GEN / f"{name}.json").read_text())
+        cfg = man["config"]
+        unit = manifest_tile_rows(man) // manifest_gqa(man)[1] * int(man["grid"]["tiles_per_task"])
+        if cfg.get("kvcache"):
+            found = set()
+            for s in default_shapes(man):
+                units = -(-s.sq // unit)
+                for kl in (kvcache_k_len(x, s.capacity) for x in s.seqlens):
+                    infos = [BlockInfo.of(m, unit, s.sq, kl, cfg["causal"], sp, s.num_splits)
+                             for m in range(units) for sp in range(s.num_splits)]
+                    found |= {"empty split" for i in infos if i.empty and i.end > 0}
+                    found |= {"no key" for i in infos if i.end == 0}
+            assert found == {"empty split", "no key"}, name
+        elif cfg["causal"] and not cfg.get("varlen"):
+            assert any(BlockInfo.of(0, unit, s.sq, s.skv, True).empty for s in default_shapes(man)), name
+
+
 def test_default_shapes_end_with_the_apis_default_launch_without_lse():
     """fa4gen.attention without return_lse passes lse_ptr = 0: the first default launch of dense and varlen
     kernels does too (a store through it faults: GMEM_OOB), every other one asks for LSE; KV-cache kernels

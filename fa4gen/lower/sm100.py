@@ -25,7 +25,7 @@ import struct
 
 from ..assemble import PTX_VERSION_FOR_ARCH
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import (KVCACHE_ORDER, combine_context, kv_box_rows, kvcache_manifest, VARLEN_ORDER, abi_params, HALF_COLS, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS,
+from ..plan import (KVCACHE_ORDER, block_info_ptx, combine_context, kv_box_rows, kvcache_manifest, VARLEN_ORDER, abi_params, HALF_COLS, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS,
                     SMEM_ALIGN, gqa_manifest, mask_words, panel_bytes, qo_map_dims, varlen_manifest)
 from ..encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, check_tmem_alloc
 from ..exp2 import EXP2_POLY, FRAG_COLS, ROUND_MAGIC, emulated_mask
@@ -216,9 +216,13 @@ class _RoleEmitter(Walker):
             for n in ("nsplit", "split", "nlo"):
                 self.r("b32", n)
         unit = 2 * cfg.seq_q_per_tile  # varlen m unit: the task's pair of Q tiles (plan "Varlen task order")
+        # the task's K/V blocks (plan.BlockInfo over the pair of Q tiles): %n >= 1 (KV cache:
+        # the split's, from %nlo)
+        blocks = block_info_ptx(causal=cfg.causal, rows=unit, m="%mpair", sq="%sq", skv="%skv", tmp="%tmp0",
+                                n="%n", split=("%split", "%nsplit", "%nlo", "%tmp1") if cfg.kvcache else None)
         self.emit("task_begin", head=head, done=done, causal=cfg.causal, sqt=cfg.seq_q_per_tile,
                   varlen=cfg.varlen, unit_rows=unit, unit_shift=unit.bit_length() - 1, uid=self.p,
-                  **({"kvcache": True} if cfg.kvcache else {}))
+                  blocks=blocks, **({"kvcache": True} if cfg.kvcache else {}))
         self.task_prologue()
 
     def if_args(self, st) -> dict:
@@ -232,7 +236,10 @@ class _RoleEmitter(Walker):
         computes = [op for op in walk_ops(role.program) if isinstance(op, Compute)]
         if any(c.fn == "softmax_max" for c in computes):
             lse = any(c.fn == "store_lse" for c in computes)
-            self.emit("softmax_task_setup", tile=role.qtile, causal=cfg.causal, sqt=cfg.seq_q_per_tile,
+            # %nunm of this role's Q tile (plan.BlockInfo over the tile; %tmp1 holds its index)
+            nunm = block_info_ptx(causal=cfg.causal, rows=cfg.seq_q_per_tile, m="%tmp1", sq="%sq", skv="%skv",
+                                  tmp="%tmp1", n_unmasked="%nunm")
+            self.emit("softmax_task_setup", tile=role.qtile, causal=cfg.causal, sqt=cfg.seq_q_per_tile, nunm=nunm,
                       log2_p=cfg.gqa_pack.bit_length() - 1, p=cfg.gqa_pack, neg_inf=NEG_INF, zero=ZERO,
                       varlen=cfg.varlen, lrow=self.r("b32", "lrow") if cfg.varlen and lse else None)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from ..assemble import PTX_VERSION_FOR_ARCH
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import (KVCACHE_ORDER, abi_params, combine_context, kv_box_rows, kvcache_manifest, VARLEN_ORDER, varlen_manifest, HALF_COLS, gqa_manifest, qo_map_dims, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS,
+from ..plan import (KVCACHE_ORDER, abi_params, block_info_ptx, combine_context, kv_box_rows, kvcache_manifest, VARLEN_ORDER, varlen_manifest, HALF_COLS, gqa_manifest, qo_map_dims, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS,
                     SM90_REGS, SM90_SCHED_BAR_ID,
                     SM90_SMEM_LIMIT as SMEM_LIMIT, mask_words, panel_bytes, q_panel_bytes, q_tile_bytes,
                     sm90_consumers, sm90_epi_bar_id, smem_plan, tile_bytes)
@@ -258,6 +258,11 @@ def lower_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
         "NG": cfg.head_groups,
         "log2_P": P.bit_length() - 1,
         "sqt": sqt,
+        # the task's K/V blocks (plan.BlockInfo over the Q tile): %nunm, %nblk (>= 1; KV cache: the
+        # split's, from %nlo); printed by the scheduler macros after the task decode
+        "block_info": block_info_ptx(causal=cfg.causal, rows=sqt, m="%mb", sq="%sq", skv="%skv", tmp="%tmp0",
+                                     n="%nblk", n_unmasked="%nunm",
+                                     split=("%split", "%nsplit", "%nlo", "%tmp0") if cfg.kvcache else None),
         "head_dim": D,
         "halves": halves,
         "half_cols": HALF_COLS,

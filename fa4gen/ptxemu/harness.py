@@ -117,7 +117,9 @@ def load_manifest(ptx_path: Path, manifest_path: Path | None) -> dict:
 
 
 def default_shapes(man: dict) -> list:
-    """Small shapes with tails on both lengths, GQA packing, and (causal) Sq != Skv both ways.
+    """Small shapes with tails on both lengths, GQA packing, and (causal) Sq != Skv both ways, the
+    Sq > Skv one with a first task (m unit) whose rows see no key (plan.BlockInfo: it runs one fully
+    masked block) before tiles that cross the diagonal.
     Varlen kernels: ragged batches with a zero-length sequence, one with no keys, q_len != k_len
     both ways, a sequence of more than one task, and seqused_k. First, for both: a small launch
     without LSE (the API's default: lse_ptr = 0)."""
@@ -139,7 +141,7 @@ def default_shapes(man: dict) -> list:
     sq = rows * per_task + rows // 2 + 3  # a second task whose tiles are partly / wholly past Sq
     no_lse = Shape(1, 3, 70, g * hkv, hkv, with_lse=False)
     if cfg["causal"]:
-        return [no_lse, Shape(1, sq, sq + 70, g * hkv, hkv), Shape(1, 150, 97, g, 1)]
+        return [no_lse, Shape(1, sq, sq + 70, g * hkv, hkv), Shape(1, rows * per_task + 150, 97, g, 1)]
     return [no_lse, Shape(1, sq, 203, g * hkv, hkv)]
 
 

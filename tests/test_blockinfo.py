@@ -1,0 +1,267 @@
+"""One BlockInfo (fa4gen/plan.py): the K/V block range of a task, defined once.
+
+- plan.BlockInfo equals a brute-force count from the mask itself (which blocks hold a visible
+  (query, key) pair of the unit's rows, which hold only visible ones, how splits cut them) over
+  many (Sq, Skv, causal, rows, m, splits), including Sq > Skv (units that see no key), Skv = 0
+  and Skv a multiple of 128 and +-1.
+- plan.block_info_ptx, the same definition as PTX instructions, interpreted with PTX's 32-bit
+  semantics on those values, gives the same numbers.
+- No template computes a block range itself: the rendered kernels of both targets hold the
+  block_info_ptx lists wherever a block count is derived, and the templates hold none of it.
+- The reference, schedule and simulator follow it: a unit or split that sees no key runs one
+  fully masked block (O = 0, LSE = -inf).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fa4gen.config import KernelConfig
+from fa4gen.lower.sm90 import build_sm90
+from fa4gen.lower.sm100 import build_sm100
+from fa4gen.plan import BLOCK_N, BlockInfo, block_info_ptx
+from fa4gen.reference import attention_exact, fa4_forward, round_to_dtype
+from fa4gen.schedule import tile_blocks
+from fa4gen.simulate import schedule_tasks, simulate_kvcache
+
+ROOT = Path(__file__).resolve().parent.parent
+MASK = 0xFFFFFFFF
+
+SQ = (1, 17, 127, 128, 129, 255, 256, 257, 300, 520)
+SK = (0, 1, 17, 127, 128, 129, 255, 256, 257, 383, 384, 385, 1000)
+ROWS = (32, 64, 128, 192, 256)  # units: P-packed tiles, 192-row sm_90a tiles, sm_100a pairs of 128
+SPLITS = (1, 2, 3, 5, 8)
+
+
+# ---- brute force from the mask --------------------------------------------------------------------------
+def brute_unit(m: int, rows: int, sq: int, sk: int, causal: bool):
+    """(visible blocks, blocks every row sees whole, visibility) of the unit's rows, from the mask."""
+    i = np.arange(m * rows, (m + 1) * rows)[:, None]
+    nb = -(-sk // BLOCK_N) + 2  # blocks past the keys too: they must come out invisible
+    j = np.arange(nb * BLOCK_N)[None, :]
+    vis = (j < sk) & ((j <= i + sk - sq) if causal else np.ones_like(i, bool))
+    per_block = vis.reshape(rows, nb, BLOCK_N)
+    visible = np.flatnonzero(per_block.any(axis=(0, 2))).tolist()
+    whole = np.flatnonzero(per_block.all(axis=(0, 2))).tolist()
+    return visible, whole, vis
+
+
+def brute_split(visible: list, split: int, nsplit: int):
+    """(lo, n) of split s of S: the visible blocks dealt in runs of ceil(len / S); a split with none
+    runs one block past them."""
+    bps = -(-len(visible) // nsplit)
+    mine = [b for k, b in enumerate(visible) if k // bps == split] if bps else []
+    return (mine[0], len(mine)) if mine else (len(visible), 1)
+
+
+# ---- a tiny interpreter of the instruction tuples --------------------------------------------------------
+def _s32(x: int) -> int:
+    x &= MASK
+    return x - (1 << 32) if x & 0x80000000 else x
+
+
+def run_ptx(ins, regs: dict) -> dict:
+    r = dict(regs)
+    for op, dst, *src in ins:
+        name, *mods = op.split(".")
+        typ = mods[-1]
+        assert typ in ("u32", "s32"), op
+        signed = typ == "s32"
+        v = [(_s32 if signed else (lambda x: x & MASK))(int(a) if re.fullmatch(r"-?\d+", a) else r[a]) for a in src]
+        if name == "mul":
+            assert mods[0] == "lo", op
+            out = v[0] * v[1]
+        elif name == "div":
+            assert v[1] != 0
+            out = abs(v[0]) // abs(v[1]) * (1 if (v[0] < 0) == (v[1] < 0) else -1)
+        else:
+            out = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "min": min, "max": max,
+                   "shr": lambda a, b: a >> (b & 31)}[name](*v)
+        r[dst] = out & MASK
+    return r
+
+
+REGS = dict(m="%m", sq="%sq", skv="%skv", tmp="%t")
+
+
+def ptx_values(causal, rows, m, sq, sk, split, nsplit):
+    """(n_unmasked, lo, n) from the instruction lists, as the kernels use them."""
+    base = {"%m": m, "%sq": sq, "%skv": sk, "%t": 0xDEADBEEF, "%t2": 0xDEADBEEF, "%s": split, "%S": nsplit}
+    if nsplit == 1:  # unsplit: [0, n) (sm_90a dense / varlen, sm_100a dense / varlen)
+        out = run_ptx(block_info_ptx(causal=causal, rows=rows, n="%n", n_unmasked="%nu", **REGS), base)
+        lo = 0
+    else:  # split: sm_90a reuses %tmp0 for both temporaries, sm_100a has two
+        t2 = "%t" if split % 2 else "%t2"
+        out = run_ptx(block_info_ptx(causal=causal, rows=rows, n="%n", n_unmasked="%nu",
+                                     split=("%s", "%S", "%lo", t2), **REGS), base)
+        lo = out["%lo"]
+    # n_unmasked alone with tmp = m (sm_100a's softmax roles, %tmp1 holding the tile index)
+    alone = run_ptx(block_info_ptx(causal=causal, rows=rows, m="%m", sq="%sq", skv="%skv", tmp="%m",
+                                   n_unmasked="%nu"), base)
+    assert alone["%nu"] == out["%nu"]
+    return out["%nu"], lo, out["%n"]
+
+
+def cases():
+    for sq, sk, causal, rows in itertools.product(SQ, SK, (False, True), ROWS):
+        for m in range(-(-sq // rows)):
+            yield sq, sk, causal, rows, m
+
+
+def test_blockinfo_equals_the_mask_and_its_ptx():
+    checked = empty_units = empty_splits = 0
+    for sq, sk, causal, rows, m in cases():
+        visible, whole, vis = brute_unit(m, rows, sq, sk, causal)
+        end = len(visible)
+        assert visible == list(range(end)) and whole == list(range(len(whole)))  # prefixes (no window)
+        for nsplit in SPLITS:
+            covered = []
+            for split in range(nsplit):
+                lo, n = brute_split(visible, split, nsplit)
+                info = BlockInfo.of(m, rows, sq, sk, causal, split, nsplit)
+                key = (sq, sk, causal, rows, m, split, nsplit)
+                assert (info.first, info.end, info.n_unmasked, info.lo, info.n) == (0, end, len(whole), lo, n), key
+                if info.empty:  # the one block run: every row's mask hides it, and it takes the mask path
+                    assert info.n == 1 and info.needs_mask(info.lo), key
+                    assert not vis[:, info.lo * BLOCK_N:(info.lo + 1) * BLOCK_N].any(), key
+                    empty_splits += nsplit > 1 and end > 0
+                    empty_units += end == 0 and split == 0
+                else:
+                    covered += list(range(info.lo, info.lo + info.n))
+                if split in (0, 1, nsplit - 1) or info.empty:  # the PTX: every kind of split, fewer repeats
+                    assert ptx_values(causal, rows, m, sq, sk, split, nsplit) == (info.n_unmasked, info.lo, info.n), key
+                checked += 1
+            assert covered == visible  # the splits cut the visible blocks, each once
+    assert checked > 30000 and empty_units > 100 and empty_splits > 1000, (checked, empty_units, empty_splits)
+
+
+BIG = 2**31 - 2 * BLOCK_N  # block_info_ptx's limit on Sq and Skv (its causal limits are signed 32-bit)
+
+
+def test_large_lengths_keep_32_bit_arithmetic_exact():
+    for sq, sk, causal, rows, m, split, nsplit in [(2**20, BIG, True, 128, 5, 0, 1),
+                                                   (BIG, BIG, True, 256, BIG // 256 - 1, 3, 7),
+                                                   (BIG, BIG - 1, True, 128, BIG // 128 - 1, 0, 1),
+                                                   (5, BIG, False, 64, 0, 6, 7),
+                                                   (2**30, 3, True, 128, 2**22, 0, 2)]:
+        info = BlockInfo.of(m, rows, sq, sk, causal, split, nsplit)
+        assert ptx_values(causal, rows, m, sq, sk, split, nsplit) == (info.n_unmasked, info.lo, info.n)
+
+
+def test_bad_arguments_are_refused():
+    for kw in (dict(rows=0), dict(split=2, num_splits=2), dict(num_splits=0), dict(m=-1)):
+        args = dict(m=0, rows=128, seqlen_q=5, seqlen_k=5, causal=True) | kw
+        with pytest.raises(ValueError):
+            BlockInfo.of(**args)
+    with pytest.raises(NotImplementedError):
+        BlockInfo.of(0, 128, 5, 5, True, window=(4, 0))
+    with pytest.raises(ValueError):
+        block_info_ptx(causal=True, rows=128, m="%t", sq="%sq", skv="%skv", tmp="%t", n="%n", n_unmasked="%nu")
+
+
+# ---- the templates print the list, and only it ------------------------------------------------------------
+# Block-range arithmetic: rounding keys up to a block (+ 127), keys to blocks (>> 7; the thread
+# index's >> 7 is the warpgroup), the split cut (blocks + num_splits), the at-least-one-block clamp.
+BLOCK_ARITH = [re.compile(p) for p in (r"\badd\.[usb]32\s+[^;]*,\s*127\s*;",
+                                        r"\bshr\.[usb]32\s+[^;,]*,\s*(?!\s|%tidx\b)[^;,]*,\s*7\s*;",
+                                        r"\badd\.u32\s+[^;]*,\s*%nsplit\s*;",
+                                        r"\bmax\.[us]32\s+%(n|nblk|tmp0)\s*,\s*%(n|nblk|tmp0)\s*,\s*1\s*;")]
+
+
+def test_no_template_computes_a_block_range():
+    found = []
+    for path in sorted((ROOT / "templates").rglob("*.j2")):
+        for k, line in enumerate(path.read_text().splitlines(), 1):
+            if any(p.search(line) for p in BLOCK_ARITH):
+                found.append(f"{path.relative_to(ROOT)}:{k}: {line.strip()}")
+    assert not found, "\n".join(found)
+
+
+def _text(ins) -> str:
+    return "\n".join(f"    {i[0]} {', '.join(i[1:])};" for i in ins) + "\n"
+
+
+def _kernels():
+    for causal in (False, True):
+        for var in ({}, {"varlen": True}, {"kvcache": True, "page_size": 64}):
+            gqa = 1 if not var else 4
+            for arch in ("sm_90a", "sm_100a"):
+                cfg = KernelConfig(arch=arch, causal=causal, gqa_ratio=gqa, **var)
+                yield cfg, (build_sm90 if arch == "sm_90a" else build_sm100)(cfg)[0]
+
+
+@pytest.mark.parametrize("cfg,ptx", list(_kernels()), ids=lambda x: x.name if isinstance(x, KernelConfig) else "")
+def test_rendered_kernels_derive_blocks_only_through_block_info_ptx(cfg, ptx):
+    """Every block-range instruction of the kernel sits inside one of the lists block_info_ptx
+    returns for it (the task's count, and sm_100a's per-tile %nunm), and those lists are there."""
+    sqt = cfg.seq_q_per_tile
+    split = cfg.kvcache
+    if cfg.arch == "sm_90a":
+        lists = {"task": (block_info_ptx(causal=cfg.causal, rows=sqt, m="%mb", sq="%sq", skv="%skv", tmp="%tmp0",
+                                         n="%nblk", n_unmasked="%nunm",
+                                         split=("%split", "%nsplit", "%nlo", "%tmp0") if split else None), 2)}
+    else:
+        roles = len(re.findall(r"^\$L_\w+_task\d+:$", ptx, re.M))  # the roles with a task loop
+        assert roles >= 5
+        lists = {"task": (block_info_ptx(causal=cfg.causal, rows=2 * sqt, m="%mpair", sq="%sq", skv="%skv",
+                                         tmp="%tmp0", n="%n",
+                                         split=("%split", "%nsplit", "%nlo", "%tmp1") if split else None), roles),
+                 "tile": (block_info_ptx(causal=cfg.causal, rows=sqt, m="%tmp1", sq="%sq", skv="%skv", tmp="%tmp1",
+                                         n_unmasked="%nunm"), 2)}
+    rest = ptx
+    for what, (ins, count) in lists.items():
+        assert rest.count(_text(ins)) == count, (what, count)
+        rest = rest.replace(_text(ins), "")
+    left = [ln for ln in rest.splitlines() if any(p.search(ln) for p in BLOCK_ARITH)]
+    assert not left, left
+
+
+# ---- the reference, the schedule and the simulator follow it ------------------------------------------------
+def test_schedule_and_simulator_counts_are_blockinfo():
+    for sq, sk in ((300, 17), (129, 0), (1000, 1000), (520, 128)):
+        for causal in (False, True):
+            for arch, rows in (("sm_90a", 128), ("sm_100a", 256)):
+                cfg = KernelConfig(arch=arch, causal=causal)
+                for t in schedule_tasks(cfg, 1, 1, sq, sk):
+                    assert t.n_blocks == BlockInfo.of(t.m_block, rows, sq, sk, causal).n
+            for m in range(-(-sq // 128)):
+                assert tile_blocks(m, sq, sk, 128, causal) == BlockInfo.of(m, 128, sq, sk, causal).n
+            ms = np.arange(-(-sq // 128))
+            assert list(tile_blocks(ms, sq, sk, 128, causal)) == [BlockInfo.of(m, 128, sq, sk, causal).n for m in ms]
+
+
+def test_reference_runs_one_masked_block_for_a_tile_that_sees_no_key():
+    rng = np.random.default_rng(11)
+    sq, sk, d = 300, 40, 64
+    q, k, v = (round_to_dtype(rng.standard_normal(s), "bf16") for s in ((1, sq, 1, d), (1, sk, 1, d), (1, sk, 1, d)))
+    cfg = KernelConfig(head_dim=d, causal=True)
+    stats = {}
+    o, lse = fa4_forward(q, k, v, cfg, stats=stats)
+    # tiles 0 and 1 (queries 0..255 see keys <= i - 260) see no key: one block each, masked
+    assert stats["tiles_without_blocks"] == 2 and stats["blocks"] == 3 and stats["masked_blocks"] == 3
+    assert np.all(o[0, :260] == 0) and np.all(lse[0, 0, :260] == -np.inf)
+    o_ref, lse_ref = attention_exact(q, k, v, causal=True)
+    assert np.allclose(o[0, 260:], o_ref[0, 260:], atol=2e-2) and np.allclose(lse[0, 0, 260:], lse_ref[0, 0, 260:], atol=1e-3)
+
+
+def test_simulator_empty_splits_run_one_masked_block():
+    """(simulate_kvcache runs the sm_100a KV-cache pipeline; the sm_90a one is emulated only.)"""
+    cfg = KernelConfig(arch="sm_100a", kvcache=True, causal=True, gqa_ratio=4, head_dim=64)
+    rng = np.random.default_rng(3)
+    B, sq, hkv, cap, S = 3, 3, 1, 300, 4
+    q = round_to_dtype(rng.standard_normal((B, sq, 4 * hkv, 64)), "bf16")
+    kc, vc = (round_to_dtype(rng.standard_normal((B, cap, hkv, 64)), "bf16") for _ in range(2))
+    lens = np.array([129, 0, 2], np.int32)  # splits of 1, 1, 0, 0 blocks; all empty; rows 0 with no key
+    res = simulate_kvcache(cfg, q, kc, vc, lens, num_splits=S)
+    assert not res.findings
+    for b, n in enumerate(lens):
+        o_ref, lse_ref = attention_exact(q[b:b + 1], kc[b:b + 1, :n], vc[b:b + 1, :n], causal=True)
+        assert np.allclose(np.nan_to_num(res.o[b]), np.nan_to_num(o_ref[0]), atol=2e-2)
+        seen = np.isfinite(lse_ref[0])
+        assert np.array_equal(np.isfinite(res.lse[b]), seen) and np.allclose(res.lse[b][seen], lse_ref[0][seen], atol=1e-3)
+    assert np.all(res.lse_partial[2:, :] == -np.inf)  # splits 2 and 3 see no key in any sequence
