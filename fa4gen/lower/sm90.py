@@ -27,11 +27,13 @@ from dataclasses import dataclass
 
 from ..assemble import PTX_VERSION_FOR_ARCH
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import (KVCACHE_ORDER, abi_params, block_info_ptx, combine_context, kv_box_rows, kvcache_manifest, VARLEN_ORDER, varlen_manifest, HALF_COLS, gqa_manifest, qo_map_dims, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS,
+from ..plan import (abi_params, block_info_ptx, combine_context, kv_box_rows, HALF_COLS, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS,
                     SM90_REGS, SM90_SCHED_BAR_ID,
                     SM90_SMEM_LIMIT as SMEM_LIMIT, mask_words, panel_bytes, q_panel_bytes, q_tile_bytes,
                     sm90_consumers, sm90_epi_bar_id, smem_plan, tile_bytes)
+from ..ir.sm90 import build_sm90_pipeline
 from ..render import render
+from .manifest import ENTRY, GridFacts, manifest
 
 from ..exp2 import EXP2_POLY as _EXP2_POLY  # fitted coefficients, shared with the reference and sm_100a
 from ..exp2 import hopper_emulated
@@ -39,7 +41,6 @@ from ..exp2 import hopper_emulated
 __all__ = ["Sm90Options", "Probe", "build_sm90", "lower_sm90", "manifest_sm90",
            "smem_plan", "Sm90LoweringError", "SMEM_LIMIT"]
 
-ENTRY = "fa4_fwd"
 WG_ROWS = 64  # rows per consumer warpgroup (wgmma M)
 
 
@@ -314,45 +315,21 @@ def _f32_hex(x: float) -> str:
 
 
 def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
+    """The ABI manifest (fa4gen.lower.manifest) with the sm_90a facts: the SMEM of smem_plan (the
+    offsets this kernel uses), O boxes of one consumer warpgroup's 64 rows, one Q tile per task
+    (persistent: causal tasks heaviest first inside L2 sections, fa4gen/schedule.py, dealt to the
+    resident CTAs with odd rounds reversed), and the `sm90` record of the plan and the options."""
     opt = options or Sm90Options()
     plan = smem_plan(cfg)
-    P = cfg.gqa_pack
-    dtype = cfg.dtype
-    qo_dims = qo_map_dims(cfg)
-    kv_dims = ["D", "Hkv", "Page", "Pages"] if cfg.page_size else ["D", "Hkv", "Skv", "B"]
-    kv_box = [HALF_COLS, 1, kv_box_rows(cfg), 1]
-    return {
-        "name": cfg.name if opt == Sm90Options() else f"{cfg.name}_{_options_tag(opt)}",
-        "config": cfg.to_dict(),
-        "content_hash": cfg.content_hash,
-        "generator_version": GENERATOR_VERSION,
-        "arch": "sm_90a",
-        "entry": ENTRY,
-        "threads_per_cta": threads_of(cfg),
-        "dynamic_smem_bytes": plan.total,
-        # Persistent for both: causal tasks come heaviest first inside L2 sections (the kernel's
-        # task decode, fa4gen/schedule.py), dealt round-robin to the resident CTAs, odd rounds reversed.
-        "grid": {"policy": "persistent" if opt.persistent else "one_per_task",
-                 "task_unit": (f"one {cfg.block_m}-row Q tile: (batch, kv_head, m_block)" if cfg.head_groups == 1 else
-                               f"one {cfg.block_m}-row Q tile: (batch, kv_head, head group, m_block)"), "tiles_per_task": 1,
-                 "order": (KVCACHE_ORDER if cfg.kvcache else VARLEN_ORDER[cfg.causal] if cfg.varlen else "LPT in sections of l2_group (batch, kv_head) pairs: m_block heaviest first, "
-                           "the section's pairs fastest; snake deal" if cfg.causal
-                           else "linear: m_block fastest")},
-        "tensor_maps": {
-            "q": {"dims": qo_dims, "box": [HALF_COLS, P, 1, cfg.seq_q_per_tile, 1], "swizzle": "128B", "dtype": dtype},
-            "k": {"dims": kv_dims, "box": kv_box, "swizzle": "128B", "dtype": dtype},
-            "v": {"dims": kv_dims, "box": kv_box, "swizzle": "128B", "dtype": dtype},
-            "o": {"dims": qo_dims, "box": [HALF_COLS, min(P, WG_ROWS), 1, max(WG_ROWS // P, 1), 1],
-                  "swizzle": "128B", "dtype": dtype},
-        },
-        "gqa": gqa_manifest(cfg.gqa_ratio, cfg.block_m),
-        **({"varlen": varlen_manifest(cfg)} if cfg.varlen else {}),
-        **({"kvcache": kvcache_manifest(cfg)} if cfg.kvcache else {}),
-        "params": [n for n, _ in abi_params(cfg)],
-        "sm90": {"kv_stages": plan.kv_stages, "q_stages": plan.q_stages, "pingpong": opt.pingpong, "probe": opt.probe.value,
-                 "consumers": sm90_consumers(cfg.block_m), "producer_regs": opt.regs(cfg)[0],
-                 "consumer_regs": opt.regs(cfg)[1]},
-    }
+    producer_regs, consumer_regs = opt.regs(cfg)
+    grid = GridFacts(policy="persistent" if opt.persistent else "one_per_task", tiles_per_task=1, deal="",
+                     lpt_deal="; snake deal", varlen_lpt=True, mode_keys=False, launch=False)
+    return manifest(build_sm90_pipeline(cfg), smem_bytes=plan.total, o_rows=WG_ROWS, grid=grid,
+                    variant="" if opt == Sm90Options() else _options_tag(opt),
+                    sections={"sm90": {"kv_stages": plan.kv_stages, "q_stages": plan.q_stages,
+                                       "pingpong": opt.pingpong, "probe": opt.probe.value,
+                                       "consumers": sm90_consumers(cfg.block_m), "producer_regs": producer_regs,
+                                       "consumer_regs": consumer_regs}})
 
 
 def _options_tag(opt: Sm90Options) -> str:
