@@ -25,8 +25,8 @@ import struct
 
 from ..assemble import PTX_VERSION_FOR_ARCH
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import (KVCACHE_ORDER, block_info_ptx, combine_context, kv_box_rows, kvcache_manifest, VARLEN_ORDER, abi_params, HALF_COLS, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS,
-                    SMEM_ALIGN, gqa_manifest, mask_words, panel_bytes, qo_map_dims, varlen_manifest)
+from ..plan import (block_info_ptx, combine_context, kv_box_rows, abi_params, HALF_COLS, MASK_AS_WORDS, MASK_WORD_BITS,
+                    REGS_PER_SM, ROWS, mask_words, panel_bytes)
 from ..encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, check_tmem_alloc
 from ..exp2 import EXP2_POLY, FRAG_COLS, ROUND_MAGIC, emulated_mask
 from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, ExpectTx, FenceProxyAsync,
@@ -34,12 +34,12 @@ from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, 
                        StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt, Wait,
                        WaitLd, WaitSt, walk_ops)
 from ..render import render
+from .manifest import ENTRY, GridFacts, manifest, smem_layout_section
 from .walk import LoweringError, SmemLayout, WalkCtx, Walker, dispatch, pairwise, smem_layout
 
 __all__ = ["ENTRY", "OP_PTX", "Ptx", "Sm100LoweringError", "SmemLayout", "build_sm100",
            "lower_sm100", "manifest_sm100", "smem_layout"]
 
-ENTRY = "fa4_fwd"
 TARGET = "sm_100a"
 THREADS_PER_WARP = 32
 REGS_PER_SM_PARTITION = REGS_PER_SM
@@ -832,81 +832,15 @@ def lower_sm100(pipe: Pipeline) -> dict:
 # Manifest
 
 
-def tensor_maps(cfg: KernelConfig) -> dict:
-    qo_dims = qo_map_dims(cfg)
-    # a paged KV cache: (num_pages, page_size, Hkv, D), one box per page (or per 128-key block)
-    kv_dims = ["D", "Hkv", "Page", "Pages"] if cfg.page_size else ["D", "Hkv", "Skv", "B"]
-    qo_box = [HALF_COLS, cfg.gqa_pack, 1, cfg.seq_q_per_tile, 1]  # one 128-row tile, 64 columns
-    kv_box = [HALF_COLS, 1, kv_box_rows(cfg), 1]
-    return {
-        "q": {"dims": qo_dims, "box": qo_box, "swizzle": "128B", "dtype": cfg.dtype},
-        "k": {"dims": kv_dims, "box": kv_box, "swizzle": "128B", "dtype": cfg.dtype},
-        "v": {"dims": kv_dims, "box": kv_box, "swizzle": "128B", "dtype": cfg.dtype},
-        "o": {"dims": qo_dims, "box": qo_box, "swizzle": "128B", "dtype": cfg.dtype},
-    }
-
-
 def manifest_sm100(pipe: Pipeline) -> dict:
-    """The ABI part of the manifest (docs/ABI.md); codegen adds the pipeline summary and reports."""
+    """The ABI manifest (fa4gen.lower.manifest) with the sm_100a facts: the SMEM layout derived from
+    the pipeline, whole 128-row O boxes, two Q tiles per task (one CTA per task when causal, except
+    KV-cache kernels), and the layout's own section."""
     cfg = pipe.config
     layout = smem_layout(pipe, Sm100LoweringError)
-    hg, hgu = (f" * {cfg.head_groups}", "head group, ") if cfg.head_groups > 1 else ("", "")
-    if cfg.kvcache:
-        grid = {
-            "policy": "persistent",
-            "task_unit": f"two 128-row Q tiles in flight: (split, batch, kv_head, {hgu}pair of m_blocks)",
-            "num_tasks": f"batch * num_heads_kv{hg} * ceil(num_m_blocks / 2) * max(num_splits, 1)",
-            "tiles_per_task": 2,
-            "order": KVCACHE_ORDER + "; m unit = a pair of m_blocks, task += gridDim.x",
-            "grid_x": "min(num_tasks, SM count read from the device)",
-            "note": f"the kernel clamps num_tasks to batch * num_heads_kv{hg} * ceil(num_m_blocks / 2) * "
-                    "max(num_splits, 1)",
-        }
-    elif cfg.varlen:
-        grid = {
-            "policy": "one_per_task" if cfg.causal else "persistent",
-            "task_unit": f"two 128-row Q tiles in flight: (sequence, kv_head, {hgu}pair of m_blocks of the sequence)",
-            "num_tasks": f"fa4gen.plan.varlen_task_bound(batch, total_q, num_heads_kv{hg}, {2 * cfg.seq_q_per_tile})",
-            "tiles_per_task": 2,
-            "order": VARLEN_ORDER[False] + (" and heaviest first" if cfg.causal else "") + ", task += gridDim.x",
-            "grid_x": ("num_tasks" if cfg.causal else "min(num_tasks, SM count read from the device)"),
-            "note": "the kernel stops at the last sequence's tasks: num_tasks is only a bound",
-        }
-    else:
-        grid = {
-            "policy": "one_per_task" if cfg.causal else "persistent",
-            "task_unit": f"two 128-row Q tiles in flight: (batch, kv_head, {hgu}pair of m_blocks)",
-            "num_tasks": f"batch * num_heads_kv{hg} * ceil(num_m_blocks / 2)",
-            "tiles_per_task": 2,
-            "order": ("LPT in sections of l2_group (batch, kv_head) pairs: m_block pairs heaviest first, "
-                      "the section's pairs fastest" if cfg.causal
-                      else "linear: m_block pair fastest, task += gridDim.x"),
-            "grid_x": ("num_tasks" if cfg.causal else "min(num_tasks, SM count read from the device)"),
-            "note": f"the kernel clamps num_tasks to batch * num_heads_kv{hg} * ceil(num_m_blocks / 2): "
-                    "a grid sized in single Q tiles only adds idle CTAs",
-        }
-    return {
-        "name": cfg.name,
-        "config": cfg.to_dict(),
-        "content_hash": cfg.content_hash,
-        "generator_version": GENERATOR_VERSION,
-        "arch": TARGET,
-        "entry": ENTRY,
-        "threads_per_cta": pipe.threads,
-        "dynamic_smem_bytes": layout.total,
-        "grid": grid,
-        "tensor_maps": tensor_maps(cfg),
-        "gqa": gqa_manifest(cfg.gqa_ratio),
-        **({"varlen": varlen_manifest(cfg)} if cfg.varlen else {}),
-        **({"kvcache": kvcache_manifest(cfg)} if cfg.kvcache else {}),
-        "params": [n for n, _ in abi_params(cfg)],
-        "smem_layout": {
-            "regions": {k: {"offset": v[0], "bytes_per_slot": v[1], "slots": v[2]} for k, v in layout.regions.items()},
-            "barriers": dict(layout.barriers),
-            "tmem_addr_slot": layout.tmem_slot,
-            "align": SMEM_ALIGN,
-        },
-    }
+    grid = GridFacts(policy="one_per_task" if cfg.causal and not cfg.kvcache else "persistent", tiles_per_task=2,
+                     deal=", task += gridDim.x", lpt_deal="", varlen_lpt=False, mode_keys=True, launch=True)
+    return manifest(pipe, smem_bytes=layout.total, o_rows=cfg.block_m, grid=grid, sections=smem_layout_section(layout))
 
 
 def build_sm100(pipe_or_cfg) -> tuple[str, dict]:

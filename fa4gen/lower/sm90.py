@@ -29,17 +29,17 @@ from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Compute, Cond, Ex
                        Mma, MmaWait, NamedArrive, NamedSync, PageLookup, Pipeline, Role, Scope, SmemSt, StoreRows,
                        TmaLoad, TmaStore, TmaStoreWait, Wait, instantiate, walk_ops)
 from ..ir.sm90 import build_sm90_pipeline
-from ..plan import (HALF_COLS, KVCACHE_ORDER, block_info_ptx, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS, SM90_REGS,
-                    VARLEN_ORDER, abi_params, combine_context, gqa_manifest, kv_box_rows, kvcache_manifest,
-                    mask_words, panel_bytes, q_panel_bytes, qo_map_dims, sm90_consumers, smem_plan, varlen_manifest)
+from ..plan import (HALF_COLS, block_info_ptx, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS, SM90_REGS,
+                    abi_params, combine_context, kv_box_rows, mask_words, panel_bytes, q_panel_bytes,
+                    sm90_consumers, smem_plan)
 from ..render import render
+from .manifest import ENTRY, GridFacts, manifest
 from .walk import LoweringError, WalkCtx, Walker, dispatch, pairwise, smem_layout
 
 __all__ = ["OP_PTX", "Sm90LoweringError", "Sm90Options", "build_sm90", "entry_regs_of", "lower_sm90",
            "manifest_sm90", "threads_of"]
 
 TARGET = "sm_90a"
-ENTRY = "fa4_fwd"
 WG_ROWS = 64  # rows per consumer warpgroup (wgmma M)
 NEG_INF = "0fFF800000"
 LN2 = math.log(2.0)
@@ -531,46 +531,22 @@ def _tidy(ptx: str) -> str:
 
 
 def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
+    """The ABI manifest (fa4gen.lower.manifest) with the sm_90a facts: the SMEM layout derived from
+    the Pipeline (the offsets this kernel uses), O boxes of one consumer warpgroup's 64 rows, one Q
+    tile per task (persistent: causal tasks heaviest first inside L2 sections, fa4gen/schedule.py,
+    dealt to the resident CTAs with odd rounds reversed), and the `sm90` record of the plan and the
+    options."""
     opt = options or Sm90Options()
     plan = smem_plan(cfg)
     pipe = build_sm90_pipeline(cfg)
-    P = cfg.gqa_pack
-    dtype = cfg.dtype
-    qo_dims = qo_map_dims(cfg)
-    kv_dims = ["D", "Hkv", "Page", "Pages"] if cfg.page_size else ["D", "Hkv", "Skv", "B"]
-    kv_box = [HALF_COLS, 1, kv_box_rows(cfg), 1]
-    return {
-        "name": cfg.name if opt == Sm90Options() else f"{cfg.name}_{_options_tag(opt)}",
-        "config": cfg.to_dict(),
-        "content_hash": cfg.content_hash,
-        "generator_version": GENERATOR_VERSION,
-        "arch": "sm_90a",
-        "entry": ENTRY,
-        "threads_per_cta": threads_of(cfg),
-        "dynamic_smem_bytes": smem_layout(pipe, Sm90LoweringError).total,
-        # Persistent for both: causal tasks come heaviest first inside L2 sections (the kernel's
-        # task decode, fa4gen/schedule.py), dealt round-robin to the resident CTAs, odd rounds reversed.
-        "grid": {"policy": "persistent" if opt.persistent else "one_per_task",
-                 "task_unit": (f"one {cfg.block_m}-row Q tile: (batch, kv_head, m_block)" if cfg.head_groups == 1 else
-                               f"one {cfg.block_m}-row Q tile: (batch, kv_head, head group, m_block)"), "tiles_per_task": 1,
-                 "order": (KVCACHE_ORDER if cfg.kvcache else VARLEN_ORDER[cfg.causal] if cfg.varlen else "LPT in sections of l2_group (batch, kv_head) pairs: m_block heaviest first, "
-                           "the section's pairs fastest; snake deal" if cfg.causal
-                           else "linear: m_block fastest")},
-        "tensor_maps": {
-            "q": {"dims": qo_dims, "box": [HALF_COLS, P, 1, cfg.seq_q_per_tile, 1], "swizzle": "128B", "dtype": dtype},
-            "k": {"dims": kv_dims, "box": kv_box, "swizzle": "128B", "dtype": dtype},
-            "v": {"dims": kv_dims, "box": kv_box, "swizzle": "128B", "dtype": dtype},
-            "o": {"dims": qo_dims, "box": [HALF_COLS, min(P, WG_ROWS), 1, max(WG_ROWS // P, 1), 1],
-                  "swizzle": "128B", "dtype": dtype},
-        },
-        "gqa": gqa_manifest(cfg.gqa_ratio, cfg.block_m),
-        **({"varlen": varlen_manifest(cfg)} if cfg.varlen else {}),
-        **({"kvcache": kvcache_manifest(cfg)} if cfg.kvcache else {}),
-        "params": [n for n, _ in abi_params(cfg)],
-        "sm90": {"kv_stages": plan.kv_stages, "q_stages": plan.q_stages,
-                 "consumers": sm90_consumers(cfg.block_m), "producer_regs": opt.regs(cfg)[0],
-                 "consumer_regs": opt.regs(cfg)[1]},
-    }
+    producer_regs, consumer_regs = opt.regs(cfg)
+    grid = GridFacts(policy="persistent" if opt.persistent else "one_per_task", tiles_per_task=1, deal="",
+                     lpt_deal="; snake deal", varlen_lpt=True, mode_keys=False, launch=False)
+    return manifest(pipe, smem_bytes=smem_layout(pipe, Sm90LoweringError).total, o_rows=WG_ROWS, grid=grid,
+                    variant="" if opt == Sm90Options() else _options_tag(opt),
+                    sections={"sm90": {"kv_stages": plan.kv_stages, "q_stages": plan.q_stages,
+                                       "consumers": sm90_consumers(cfg.block_m), "producer_regs": producer_regs,
+                                       "consumer_regs": consumer_regs}})
 
 
 def _options_tag(opt: Sm90Options) -> str:

@@ -1,0 +1,132 @@
+"""The ABI manifest of a generated kernel (docs/ABI.md), one builder for both targets.
+
+`manifest(pipe, smem_bytes=, o_rows=, grid=, variant=, sections=)` writes the JSON that sits beside
+each .ptx/.cubin and that the loader (fa4gen/runtime.py, launch.py, api.py), the emulator
+(fa4gen/ptxemu), `fa4gen check` and the CLI read. Each fact comes from one place: the KernelConfig
+(name, config, hash, GQA / varlen / KV-cache records, params, tensor-map dims), the Pipeline (arch,
+threads), and the target facts its lowering passes in: the SMEM bytes its PTX uses, the rows one O
+store box covers, how its scheduler walks the tasks (GridFacts) and its own sections (sm_100a: the
+SMEM layout, `smem_layout_section`; sm_90a: the `sm90` record). codegen adds the pipeline summary
+and the assembler report on top.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import GENERATOR_VERSION, KernelConfig
+from ..ir.core import Pipeline
+from ..plan import (HALF_COLS, KVCACHE_ORDER, SMEM_ALIGN, VARLEN_ORDER, abi_params, gqa_manifest, kv_box_rows,
+                    kvcache_manifest, qo_map_dims, varlen_manifest)
+
+__all__ = ["ENTRY", "GridFacts", "grid_section", "manifest", "smem_layout_section", "tensor_maps"]
+
+ENTRY = "fa4_fwd"  # the attention kernel's entry on both targets (the KV-cache combine: plan.COMBINE_ENTRY)
+
+
+@dataclass(frozen=True)
+class GridFacts:
+    """How a target's kernel walks its task list: the data behind the manifest's `grid` section."""
+
+    policy: str  # "persistent" (min(num_tasks, SMs) CTAs loop over tasks) or "one_per_task"
+    tiles_per_task: int  # Q tiles a task keeps in flight (1 or 2); its m unit is that many m_blocks
+    deal: str  # how a CTA steps to its next task, as the linear, varlen and KV-cache orders end
+    lpt_deal: str  # the same for the dense causal order (LPT in L2 sections)
+    varlen_lpt: bool  # causal varlen: the sectioned LPT (plan.VARLEN_ORDER[True]); else linear, heaviest first
+    mode_keys: bool  # task_unit names the split (KV cache) or sequence (varlen) key of a task
+    launch: bool  # the section also spells the host's num_tasks and grid_x and the kernel's clamp
+
+
+# tiles_per_task -> (what a task holds, its m key, the order's m unit, the LPT order's m units)
+_UNITS = {1: ("one {rows}-row Q tile", "m_block", "m_block", "m_block"),
+          2: ("two {rows}-row Q tiles in flight", "pair of m_blocks", "m_block pair", "m_block pairs")}
+
+
+def grid_section(cfg: KernelConfig, g: GridFacts) -> dict:
+    """The manifest's `grid`: policy, task unit, tiles per task and the task order in words (plus,
+    where the target spells them, the host's task count, grid size and the kernel's clamp)."""
+    n = g.tiles_per_task
+    held, key, unit, lpt_units = _UNITS[n]
+    hg, hgu = (f" * {cfg.head_groups}", "head group, ") if cfg.head_groups > 1 else ("", "")
+    if g.mode_keys and cfg.kvcache:
+        keys = f"split, batch, kv_head, {hgu}{key}"
+    elif g.mode_keys and cfg.varlen:
+        keys = f"sequence, kv_head, {hgu}{key} of the sequence"
+    else:
+        keys = f"batch, kv_head, {hgu}{key}"
+    if cfg.kvcache:
+        order = KVCACHE_ORDER + (f"; m unit = a {key}" if n > 1 else "") + g.deal
+        num_tasks = f"batch * num_heads_kv{hg} * ceil(num_m_blocks / {n}) * max(num_splits, 1)"
+        note = f"the kernel clamps num_tasks to {num_tasks}"
+    elif cfg.varlen:
+        lpt = cfg.causal and g.varlen_lpt
+        order = VARLEN_ORDER[lpt] + (" and heaviest first" if cfg.causal and not lpt else "") + g.deal
+        num_tasks = f"fa4gen.plan.varlen_task_bound(batch, total_q, num_heads_kv{hg}, {n * cfg.seq_q_per_tile})"
+        note = "the kernel stops at the last sequence's tasks: num_tasks is only a bound"
+    else:
+        order = (f"LPT in sections of l2_group (batch, kv_head) pairs: {lpt_units} heaviest first, "
+                 f"the section's pairs fastest{g.lpt_deal}" if cfg.causal else f"linear: {unit} fastest{g.deal}")
+        num_tasks = f"batch * num_heads_kv{hg} * ceil(num_m_blocks / {n})"
+        note = f"the kernel clamps num_tasks to {num_tasks}: a grid sized in single Q tiles only adds idle CTAs"
+    grid = {"policy": g.policy, "task_unit": f"{held.format(rows=cfg.block_m)}: ({keys})"}
+    if g.launch:
+        grid["num_tasks"] = num_tasks
+    grid.update(tiles_per_task=n, order=order)
+    if g.launch:
+        grid["grid_x"] = "num_tasks" if g.policy == "one_per_task" else "min(num_tasks, SM count read from the device)"
+        grid["note"] = note
+    return grid
+
+
+def tensor_maps(cfg: KernelConfig, o_rows: int) -> dict:
+    """The four TMA maps: Q/O 5-D over (D, heads of a tile, head groups, Sq, B), K/V 4-D (a paged
+    cache: one box per page, or per 128-key block). The Q box is one block_m-row tile, the O box
+    o_rows rows (a whole tile, or the 64 rows one sm_90a consumer warpgroup stores); 64 columns."""
+    p = cfg.gqa_pack
+
+    def box(rows: int) -> list[int]:
+        return [HALF_COLS, min(p, rows), 1, max(rows // p, 1), 1]
+
+    def tmap(dims: list[str], box: list[int]) -> dict:
+        return {"dims": dims, "box": box, "swizzle": "128B", "dtype": cfg.dtype}
+
+    qo_dims = qo_map_dims(cfg)
+    kv_dims = ["D", "Hkv", "Page", "Pages"] if cfg.page_size else ["D", "Hkv", "Skv", "B"]
+    kv_box = [HALF_COLS, 1, kv_box_rows(cfg), 1]
+    return {"q": tmap(qo_dims, box(cfg.block_m)), "k": tmap(kv_dims, kv_box), "v": tmap(kv_dims, list(kv_box)),
+            "o": tmap(qo_dims, box(o_rows))}
+
+
+def smem_layout_section(layout) -> dict:
+    """The `smem_layout` section of a lowering that publishes its SMEM layout (walk.SmemLayout)."""
+    return {"smem_layout": {
+        "regions": {k: {"offset": v[0], "bytes_per_slot": v[1], "slots": v[2]} for k, v in layout.regions.items()},
+        "barriers": dict(layout.barriers),
+        "tmem_addr_slot": layout.tmem_slot,
+        "align": SMEM_ALIGN,
+    }}
+
+
+def manifest(pipe: Pipeline, *, smem_bytes: int, o_rows: int, grid: GridFacts, variant: str = "",
+             sections: dict | None = None) -> dict:
+    """The ABI manifest of pipe's kernel. smem_bytes: the dynamic SMEM its PTX uses; o_rows: the rows
+    of one O store box; grid: its scheduler's facts; variant: a suffix naming non-default lowering
+    options; sections: the target's own records, last."""
+    cfg = pipe.config
+    return {
+        "name": f"{cfg.name}_{variant}" if variant else cfg.name,
+        "config": cfg.to_dict(),
+        "content_hash": cfg.content_hash,
+        "generator_version": GENERATOR_VERSION,
+        "arch": pipe.arch,
+        "entry": ENTRY,
+        "threads_per_cta": pipe.threads,
+        "dynamic_smem_bytes": smem_bytes,
+        "grid": grid_section(cfg, grid),
+        "tensor_maps": tensor_maps(cfg, o_rows),
+        "gqa": gqa_manifest(cfg.gqa_ratio, cfg.block_m),
+        **({"varlen": varlen_manifest(cfg)} if cfg.varlen else {}),
+        **({"kvcache": kvcache_manifest(cfg)} if cfg.kvcache else {}),
+        "params": [n for n, _ in abi_params(cfg)],
+        **(sections or {}),
+    }
