@@ -55,10 +55,9 @@ def cases() -> dict:
     for arch in ("sm_100a", "sm_90a"):
         add(f"{arch} d128 bf16 causal gqa4 dense emu_pairs=2", arch=arch, head_dim=128, causal=True, gqa_ratio=4,
             emu_pairs=2)
-    for tag, opts in (("nopp", {"pingpong": False}), ("onepertask", {"persistent": False}),
-                      ("probeqk", {"probe": "qk"}), ("probepv", {"probe": "pv"}),
+    for tag, opts in (("onepertask", {"persistent": False}),
                       ("regs", {"producer_regs": 32, "consumer_regs": 232}),
-                      ("onepertask nopp", {"persistent": False, "pingpong": False})):
+                      ("onepertask regs", {"persistent": False, "producer_regs": 32, "consumer_regs": 232})):
         for c in (False, True):
             add(f"sm_90a d128 bf16 {'causal' if c else 'noncausal'} gqa4 dense {tag}", opts, arch="sm_90a",
                 head_dim=128, causal=c, gqa_ratio=4)
@@ -76,12 +75,9 @@ def manifest_of(cfg: KernelConfig, opts: dict | None) -> dict:
         from fa4gen.lower.sm100 import manifest_sm100
 
         return manifest_sm100(build_pipeline(cfg))
-    from fa4gen.lower.sm90 import Probe, Sm90Options, manifest_sm90
+    from fa4gen.lower.sm90 import Sm90Options, manifest_sm90
 
-    kw = dict(opts or {})
-    if "probe" in kw:
-        kw["probe"] = Probe(kw["probe"])
-    return manifest_sm90(cfg, Sm90Options(**kw) if opts is not None else None)
+    return manifest_sm90(cfg, Sm90Options(**opts) if opts is not None else None)
 
 
 def normalized(man: dict, cfg: KernelConfig) -> dict:
@@ -135,7 +131,7 @@ def test_cases_match_the_record(record):
     assert labels == set(record)
     assert len(labels) > 150
     for needle in ("sm_100a d64 fp16", "sm_90a d128 bf16 causal gqa6 varlen", "kv256", "kv64", "kv0", "m192",
-                   "emu_pairs=2", "probepv", "onepertask"):
+                   "emu_pairs=2", "regs", "onepertask"):
         assert any(needle in lab for lab in labels), needle
 
 
