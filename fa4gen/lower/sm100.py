@@ -35,7 +35,7 @@ from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, 
                        WaitLd, WaitSt, walk_ops)
 from ..render import render
 from .manifest import ENTRY, GridFacts, manifest, smem_layout_section
-from .walk import LoweringError, SmemLayout, WalkCtx, Walker, dispatch, pairwise, smem_layout
+from .walk import LoweringError, SmemLayout, WalkCtx, Walker, dispatch, pairwise, smem_layout, tidy
 
 __all__ = ["ENTRY", "OP_PTX", "Ptx", "Sm100LoweringError", "SmemLayout", "build_sm100",
            "lower_sm100", "manifest_sm100", "smem_layout"]
@@ -852,16 +852,5 @@ def build_sm100(pipe_or_cfg) -> tuple[str, dict]:
         pipe = build_pipeline(pipe_or_cfg)
     else:
         pipe = pipe_or_cfg
-    return _tidy(render("sm100/fa4_fwd.ptx.j2", lower_sm100(pipe))), manifest_sm100(pipe)
+    return tidy(render("sm100/fa4_fwd.ptx.j2", lower_sm100(pipe))), manifest_sm100(pipe)
 
-
-def _tidy(ptx: str) -> str:
-    """Drop the empty lines macro calls leave; one empty line before each role and dispatch block."""
-    out = []
-    for line in ptx.splitlines():
-        if not line.strip():
-            continue
-        if line.startswith(("// role ", "// ====")):
-            out.append("")
-        out.append(line)
-    return "\n".join(out) + "\n"

@@ -34,7 +34,7 @@ from ..plan import (HALF_COLS, block_info_ptx, MASK_AS_WORDS, MASK_WORD_BITS, RE
                     sm90_consumers, smem_plan)
 from ..render import render
 from .manifest import ENTRY, GridFacts, manifest
-from .walk import LoweringError, WalkCtx, Walker, dispatch, pairwise, smem_layout
+from .walk import LoweringError, WalkCtx, Walker, dispatch, pairwise, smem_layout, tidy
 
 __all__ = ["OP_PTX", "Sm90LoweringError", "Sm90Options", "build_sm90", "entry_regs_of", "lower_sm90",
            "manifest_sm90", "threads_of"]
@@ -516,18 +516,8 @@ def build_sm90(cfg_or_pipe, options: Sm90Options | None = None) -> tuple[str, di
     p, c = opt.regs(cfg)
     if (p, c) != (pipe.roles[0].regs, pipe.replicated[0].regs):
         pipe = _with_regs(pipe, p, c)
-    return _tidy(render("sm90/fa4_fwd.ptx.j2", lower_sm90(pipe))), manifest_sm90(cfg, options)
+    return tidy(render("sm90/fa4_fwd.ptx.j2", lower_sm90(pipe))), manifest_sm90(cfg, options)
 
-
-def _tidy(ptx: str) -> str:
-    out = []
-    for line in ptx.splitlines():
-        if not line.strip():
-            continue
-        if line.startswith(("// role ", "// ====")):
-            out.append("")
-        out.append(line)
-    return "\n".join(out) + "\n"
 
 
 def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:

@@ -24,7 +24,7 @@ from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Cond, ExpectTx, F
                        walk_ops)
 from ..plan import REGS_PER_SM, SMEM_ALIGN
 
-__all__ = ["LoweringError", "SmemLayout", "WalkCtx", "Walker", "dispatch", "pairwise", "smem_layout"]
+__all__ = ["LoweringError", "SmemLayout", "WalkCtx", "Walker", "dispatch", "pairwise", "smem_layout", "tidy"]
 
 
 class LoweringError(ValueError):
@@ -531,3 +531,15 @@ class Walker:
             return
         self.emit("advance", q=self.qreg(op.state), add=st.stride % (2 * st.depth), wrap=2 * st.depth,
                   note=f"advance state {op.state}: q += {st.stride % (2 * st.depth)} mod {2 * st.depth}")
+
+
+def tidy(ptx: str) -> str:
+    """Drop the empty lines macro calls leave; one empty line before each role and dispatch block."""
+    out = []
+    for line in ptx.splitlines():
+        if not line.strip():
+            continue
+        if line.startswith(("// role ", "// ====")):
+            out.append("")
+        out.append(line)
+    return "\n".join(out) + "\n"
