@@ -492,7 +492,8 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
     PtxMutation("sm90w_q_tx", _SM90WN, "Q expect_tx (q_full) announces a 128-row tile (16 KiB) where the TMA "
                 "delivers 192 rows", ("RACE", "mismatch", "DEADLOCK"), _sm90_q_tx(24576, 16384)),
     PtxMutation("sm90w_o_rows", _SM90W, "the O store box of consumer cw starts at row 0 of the tile for every "
-                "consumer (rows 64-191 never stored, rows 0-63 stored three times)", ("mismatch",),
+                "consumer (rows 64-191 never stored, rows 0-63 stored three times: the first, small launch sees "
+                "the triple store as WRITTEN_TWICE before a wrong row)", ("mismatch", "WRITTEN_TWICE"),
                 _sub(r"mul\.lo\.u32 %c3, %cw, 16;", "mul.lo.u32 %c3, %cw, 0;"), protocol=False),
 )
 
