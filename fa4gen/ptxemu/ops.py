@@ -294,7 +294,7 @@ def compile_alu(ctx, ins, parts):
         dt = _DT[t]
 
         def fn(w, m):
-            with np.errstate(over="ignore"):
+            with fp._ignore(over="ignore"):
                 d(w, f(a(w), b(w)).astype(dt, copy=False), m)
         return fn
     if head == "not":
