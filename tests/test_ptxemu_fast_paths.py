@@ -46,6 +46,11 @@ def test_mma_accumulate_float32_form_is_the_float64_definition(model):
                 old[0, 0], old[1, 1], old[2, 2], old[3, 3] = np.nan, np.inf, -0.0, 1e-42
         if trial % 11 == 0:
             A[0, 0] = np.inf  # not finite: the float64 form
+        if trial % 6 == 1:  # probabilities near f32's smallest normals: products below its normal range
+            A[: M // 2] = conv(np.ldexp(rng.random((M // 2, 16)) + 1, rng.integers(-140, -100, (M // 2, 16))))
+            if trial % 12 == 1:
+                A[M // 4] = 2.0 ** -126
+                B[: N // 2] = conv(np.ldexp(1.0, -30) * rng.standard_normal((N // 2, 16)))
         with np.errstate(all="ignore"):
             got, want = mma_accumulate(A, B, old, model), _mma_accumulate_f64(A, B, old, model)
         assert np.array_equal(_bits(got), _bits(want)), (trial, model)
@@ -63,13 +68,25 @@ def test_mma_float32_form_refuses_what_it_cannot_do_exactly():
     A2[0, 0] = np.inf
     assert not _f32_exact(A2, B, 16, 2)
     A3 = A.copy()
-    A3[0, 0] = 2.0 ** -120  # a product below f32's normal range
+    A3[0, 0] = 2.0 ** 100  # a product past f32's range
     B3 = B.copy()
-    B3[0, 0] = 2.0 ** -20
+    B3[0, 0] = 2.0 ** 30
     assert not _f32_exact(A3, B3, 16, 2)
     A4 = A.copy()
     A4[0, 0] = 1 + 2.0 ** -20  # more significant bits than a 16-bit float has
     assert not _f32_exact(A4, B, 16, 2)
+
+
+def test_mma_products_that_vanish_in_float32_are_still_exact():
+    """A row whose every product underflows to zero in f32 (and a zero accumulator) is not zero in the
+    definition, which aligns to the largest (tiny) product: the float32 form must notice."""
+    A = np.zeros((64, 16))
+    A[0, :] = 2.0 ** -110  # products 2^-150: zero in f32, sum 2^-146 (an f32 subnormal) in the definition
+    A[1, :3] = -(2.0 ** -120)
+    B = np.full((16, 16), 2.0 ** -40)
+    for old in (None, np.zeros((64, 16), np.float32)):
+        got, want = mma_accumulate(A, B, old, (16, 2, "rz")), _mma_accumulate_f64(A, B, old, (16, 2, "rz"))
+        assert want[0, 0] != 0 and np.array_equal(_bits(got), _bits(want))
 
 
 def _add_ref(a, b, mode):
