@@ -195,7 +195,7 @@ def f32_to_bf16_bits(x: np.ndarray, mode: str = "rn") -> np.ndarray:
     nan = np.isnan(x32)
     if _cnz(nan):
         r = np.where(nan, ((bits >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16), r)
-    return r.astype(np.uint16)
+    return r.astype(np.uint16, copy=False)
 
 
 def f32_to_f16_bits(x: np.ndarray, mode: str = "rn") -> np.ndarray:

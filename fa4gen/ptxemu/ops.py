@@ -376,13 +376,19 @@ def _compile_mov_vec(ctx, ins, t):
         lo, hi = (writer(ctx, it, "b32", ins) for it in vec.items)
 
         def fn(w, m):
-            v = _bcast(np.asarray(a(w), _U64))
-            lo(w, (v & _U64(0xFFFFFFFF)).astype(_U32), m)
-            hi(w, (v >> _U64(32)).astype(_U32), m)
+            # the .b64 lanes as (low, high) .b32 pairs (little-endian), each half copied out
+            v = np.ascontiguousarray(_bcast(np.asarray(a(w), _U64))).view(_U32).reshape(WARP, 2)
+            lo(w, v[:, 0].copy(), m)
+            hi(w, v[:, 1].copy(), m)
         return fn
     lo, hi = (reader(ctx, it, "b32", ins) for it in vec.items)
     d = writer(ctx, ops_[0], "b64", ins)
-    return lambda w, m: d(w, np.asarray(lo(w), _U64) | (np.asarray(hi(w), _U64) << _U64(32)), m)
+
+    def pack(w, m):
+        v = np.empty((WARP, 2), _U32)  # (low, high) pairs: the .b64 lanes, little-endian
+        v[:, 0], v[:, 1] = lo(w), hi(w)
+        d(w, v.view(_U64).reshape(WARP), m)
+    return pack
 
 
 def _compile_f32x2(ctx, ins, head, mods, rnd, ftz):
@@ -475,9 +481,11 @@ def compile_cvt(ctx, ins, parts):
         mode = rnd or "rn"
 
         def fn(w, m):
-            hi = conv(_bcast(a(w)), mode).astype(_U32)
-            lo = conv(_bcast(b(w)), mode).astype(_U32)
-            d(w, (hi << _U32(16)) | lo, m)
+            # one conversion of both sources: lane i's low half (b) at 2i, its high half (a) at 2i + 1,
+            # so the 64 converted 16-bit values are the 32 packed .b32 lanes (little-endian)
+            x = np.empty((WARP, 2), _F32)
+            x[:, 0], x[:, 1] = b(w), a(w)
+            d(w, np.ascontiguousarray(conv(x.reshape(-1), mode), np.uint16).view(_U32), m)
         return fn
     a = reader(ctx, ops_[1], st_, ins)
     d = writer(ctx, ops_[0], dt_, ins)
