@@ -12,12 +12,13 @@ import re
 import numpy as np
 
 from . import fp, units
-from .machine import PARAM_BASE, TMEM_COLS, WARP, Block, Fault, _join
+from .machine import PARAM_BASE, TMEM_COLS, WARP, Block, Fault, _join, distinct_ids
 from .ops import _bcast, _lanes, _uniform, addr_reader, reader, unsupported, writer
 from .parse import Addr, Reg, TmaAddr, Vec
 from .units import UnitError
 
 _U32, _F32, _U64 = np.uint32, np.float32, np.uint64
+_cnz = np.count_nonzero
 DEFAULT_MMA_MODEL = (16, 2, "rz")  # see mma_accumulate: fitted to the H200 (bench/emu_crosscheck/README.md)
 
 
@@ -499,7 +500,69 @@ def mma_accumulate(A: np.ndarray, B: np.ndarray, old: np.ndarray | None, model: 
     model None: the exact sum rounded once to nearest. model (G, E): the tensor-core adder as a
     sequence of fused group sums: the accumulator and the next G products (exact) are aligned to the
     largest exponent among them, each truncated to 24 + E bits below it, summed exactly and the sum
-    truncated to f32."""
+    truncated to f32.
+
+    The group model runs in float32 where that gives the same bits as the float64 definition
+    (_mma_accumulate_f64, which stays the fallback): the products of 16-bit floats (<= 22 significant
+    bits) are exact in f32 while they stay in its normal range, a power-of-two scaling of an exact f32
+    is exact, and the truncated terms are integers below 2^(24 + E) whose sum is exact in f64 in any
+    order. A product below the normal range (tiny probabilities) is rounded in f32, which changes
+    nothing where its quantum is at least 2^-125: it scales to at most 1/2 and truncates to a zero of
+    its sign, exactly as the exact product does, and the largest term, hence the quantum, is then a
+    normal product or the accumulator. The [K, M, N] layout makes the reductions over K element-wise
+    passes over contiguous planes. About 2.5x faster than the float64 form."""
+    if model is None:
+        return _mma_accumulate_f64(A, B, old, model)
+    G, E = model[:2]
+    final = model[2] if len(model) > 2 else "rz"
+    if not _f32_exact(A, B, G, E):
+        return _mma_accumulate_f64(A, B, old, model)
+    # [K, M], [K, N], exact (16-bit values); C order, so that the products are [K, M, N] planes
+    # (A.T.astype would keep A's layout and put K innermost: the reductions 5x slower)
+    a32, b32 = np.ascontiguousarray(A.T, np.float32), np.ascontiguousarray(B.T, np.float32)
+    acc = np.zeros((A.shape[0], B.shape[0])) if old is None else old.astype(np.float64)
+    K = A.shape[1]
+    for k0 in range(0, K, G):
+        part = a32[k0:k0 + G, :, None] * b32[k0:k0 + G, None, :]  # [g, M, N], exact (checked above)
+        big = np.abs(part).max(axis=0).astype(np.float64)
+        np.maximum(big, np.abs(acc), out=big)
+        _, ex = np.frexp(big)
+        sh = np.minimum(24 + E - ex, 1074)  # inv_q = 2^sh
+        if sh.max() > 125 or sh.min() < -126:
+            return _mma_accumulate_f64(A, B, old, model)  # a quantum below 2^-125 or an inv_q past f32
+        zero = big == 0
+        if _cnz(zero):  # all terms zero in f32: exact only if no product underflowed to zero
+            nonzero = (a32[k0:k0 + G] != 0).T.astype(np.float32) @ (b32[k0:k0 + G] != 0).astype(np.float32)
+            if _cnz(nonzero[zero]):
+                return _mma_accumulate_f64(A, B, old, model)
+        inv_q = np.ldexp(1.0, sh)
+        q = 1.0 / inv_q
+        part *= inv_q.astype(np.float32)  # exact: a power of two, the result below 2^(24 + E)
+        np.trunc(part, out=part)
+        s = part.sum(axis=0, dtype=np.float64) * q + np.trunc(acc * inv_q) * q
+        acc = s if final == "exact" else fp.round_pair(s, None, final).astype(np.float64)
+    return acc.astype(np.float32)
+
+
+def _f32_exact(A: np.ndarray, B: np.ndarray, G: int, E: int) -> bool:
+    """Whether mma_accumulate's float32 form may run on these operands: finite 16-bit values whose
+    products do not overflow f32, and group sums that stay below 2^53 (the quanta are checked there)."""
+    if 24 + E + int(G).bit_length() + 1 > 53 or 24 + E > 100:
+        return False
+    with np.errstate(invalid="ignore"):
+        amax, bmax = np.abs(A).max(initial=0.0), np.abs(B).max(initial=0.0)
+    if not (np.isfinite(amax) and np.isfinite(bmax)) or amax * bmax >= 2.0 ** 127:
+        return False
+    # 16-bit values: at most 11 significant bits (the products then have <= 22)
+    for x in (A, B):
+        m, _ = np.frexp(x)
+        if not np.array_equal(m * 2048.0, np.trunc(m * 2048.0)):
+            return False
+    return True
+
+
+def _mma_accumulate_f64(A: np.ndarray, B: np.ndarray, old: np.ndarray | None, model: tuple | None) -> np.ndarray:
+    """mma_accumulate by its definition, in float64 (the reference its float32 form must equal)."""
     prod = A[:, None, :] * B[None, :, :]  # [M, N, K], exact
     if model is None:
         tot = prod.sum(axis=2)
@@ -524,8 +587,7 @@ def mma_accumulate(A: np.ndarray, B: np.ndarray, old: np.ndarray | None, model: 
 
 
 def _own_mask(cta, ids, own):
-    u = np.unique(ids)
-    mine = [g for g in u if g > 2 and cta.guards[g][0] == "know" and cta.guards[g][1] == own]
+    mine = [g for g in distinct_ids(ids) if g > 2 and cta.guards[g][0] == "know" and cta.guards[g][1] == own]
     if not mine:
         return np.zeros(ids.shape, bool)
     return np.isin(ids, mine)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import async_units as au
+from . import fp
 from .machine import CTA, Fault, GlobalMemory, Op
 from .ops import (Ctx, _regnames, compile_alu, compile_bar, compile_cvt, compile_fence, compile_ld_st,
                   compile_mbarrier, compile_setmaxnreg, compile_setp, compile_warp_coll, init_registers, reader,
@@ -147,6 +148,10 @@ class Emulator:
         return self._bar_names.get(addr, f"mbarrier@{addr:#x}")
 
     def run(self, step_limit: int = 20_000_000, ctas=None, progress=None) -> None:
+        with fp.quiet():  # NumPy's floating-point warnings off once for the run (fp.py says why)
+            self._run(step_limit, ctas, progress)
+
+    def _run(self, step_limit, ctas, progress) -> None:
         for c in (range(self.nctas) if ctas is None else ctas):
             cta = CTA(self, c)
             try:

@@ -8,6 +8,8 @@ within its documented error (2 ulp class), which the emulator does not reproduce
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 F32 = np.float32
@@ -15,10 +17,45 @@ F64 = np.float64
 _MID_MASK = np.uint64((1 << 29) - 1)
 _MID = np.uint64(1 << 28)
 _F32_MIN_NORMAL = np.float32(1.1754943508222875e-38)
+_U64 = np.uint64
+_cnz = np.count_nonzero  # on a bool lane vector: a C call, where .any() costs NumPy's Python wrappers
+
+# ---- floating-point warnings ------------------------------------------------------------------------
+# Each helper silences the NumPy warnings its arithmetic may raise (inf - inf, overflow, ...). An
+# np.errstate costs 2-3 us, several times per emulated instruction, so an emulation runs inside
+# quiet() (Emulator.run): every warning off once, and the helpers skip their own. Called directly
+# (tests, the reference), they still set it. The flag is per process, not per thread: another
+# thread calling a helper during an emulation may see a RuntimeWarning, never a different value.
+_NULL = contextlib.nullcontext()
+_quiet = False
+
+
+@contextlib.contextmanager
+def quiet():
+    """NumPy floating-point warnings off for the block (an emulation); the helpers skip their own."""
+    global _quiet
+    prev = _quiet
+    with np.errstate(all="ignore"):
+        _quiet = True
+        try:
+            yield
+        finally:
+            _quiet = prev
+
+
+def _ignore(**kw):
+    return _NULL if _quiet else np.errstate(**kw)
+
+
+def _no_tie(s) -> bool:
+    """Whether no lane of s (float64) lies exactly halfway between two f32 values: there rounding
+    s to f32 to nearest is already the correctly rounded value of s + err for any small err, and
+    the error term (TwoSum) need not be computed. The common case of add and fma."""
+    return _cnz((np.asarray(s, F64).view(_U64) & _MID_MASK) == _MID) == 0
 
 
 def two_sum(a: np.ndarray, b: np.ndarray):
-    with np.errstate(over="ignore", invalid="ignore"):
+    with _ignore(over="ignore", invalid="ignore"):
         s = a + b
         bb = s - a
         err = (a - (s - bb)) + (b - bb)
@@ -27,12 +64,12 @@ def two_sum(a: np.ndarray, b: np.ndarray):
 
 def round_pair(s: np.ndarray, err, mode: str = "rn") -> np.ndarray:
     """Round the exact value s + err (float64 arrays, |err| <= ulp(s)/2) to f32 in `mode`."""
-    with np.errstate(over="ignore", invalid="ignore"):
+    with _ignore(over="ignore", invalid="ignore"):
         if mode == "rn":
             if err is not None:
                 bits = np.asarray(s, F64).view(np.uint64)
                 mid = ((bits & _MID_MASK) == _MID) & (err != 0)
-                if mid.any():
+                if _cnz(mid):
                     s = np.where(mid, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
             return np.asarray(s, F64).astype(F32)
         f = np.asarray(s, F64).astype(F32)
@@ -49,9 +86,9 @@ def round_pair(s: np.ndarray, err, mode: str = "rn") -> np.ndarray:
             down, up = np.zeros_like(below), below
         else:
             raise ValueError(mode)
-        if down.any():
+        if _cnz(down):
             f = np.where(down, np.nextafter(f, F32(-np.inf)), f)
-        if up.any():
+        if _cnz(up):
             f = np.where(up, np.nextafter(f, F32(np.inf)), f)
         return f
 
@@ -59,7 +96,7 @@ def round_pair(s: np.ndarray, err, mode: str = "rn") -> np.ndarray:
 def ftz(x: np.ndarray) -> np.ndarray:
     """Flush f32 subnormals to sign-preserving zero."""
     sub = (np.abs(x) < _F32_MIN_NORMAL) & (x != 0)
-    if sub.any():
+    if _cnz(sub):
         return np.where(sub, np.copysign(F32(0), x), x).astype(F32)
     return x
 
@@ -68,6 +105,12 @@ def add(a, b, mode="rn", flush=False):
     a64, b64 = np.asarray(a, F32).astype(F64), np.asarray(b, F32).astype(F64)  # exact
     if flush:
         a64, b64 = ftz(a64.astype(F32)).astype(F64), ftz(b64.astype(F32)).astype(F64)
+    if mode == "rn":
+        with _ignore(invalid="ignore"):
+            s = a64 + b64  # two_sum's s
+        if _no_tie(s):
+            r = np.asarray(s, F64).astype(F32)
+            return ftz(r) if flush else r
     s, e = two_sum(a64, b64)
     r = round_pair(s, e, mode)
     return ftz(r) if flush else r
@@ -78,7 +121,7 @@ def mul(a, b, mode="rn", flush=False):
     if flush:
         a32, b32 = ftz(a32), ftz(b32)
     if mode == "rn":
-        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        with _ignore(over="ignore", invalid="ignore", under="ignore"):
             r = a32 * b32  # one IEEE rounding in f32
     else:
         r = round_pair(a32.astype(F64) * b32.astype(F64), None, mode)  # the product is exact in f64
@@ -89,9 +132,15 @@ def fma(a, b, c, mode="rn", flush=False):
     a32, b32, c32 = np.asarray(a, F32), np.asarray(b, F32), np.asarray(c, F32)
     if flush:
         a32, b32, c32 = ftz(a32), ftz(b32), ftz(c32)
-    with np.errstate(over="ignore", invalid="ignore"):
+    with _ignore(over="ignore", invalid="ignore"):
         p = a32.astype(F64) * b32.astype(F64)  # exact: 48 significant bits
-        s, e = two_sum(p, c32.astype(F64))
+        c64 = c32.astype(F64)
+        if mode == "rn":
+            s = p + c64  # two_sum's s
+            if _no_tie(s):
+                r = np.asarray(s, F64).astype(F32)
+                return ftz(r) if flush else r
+        s, e = two_sum(p, c64)
         r = round_pair(s, e, mode)
     return ftz(r) if flush else r
 
@@ -100,7 +149,7 @@ def div(a, b, mode="rn", flush=False):
     a32, b32 = np.asarray(a, F32), np.asarray(b, F32)
     if flush:
         a32, b32 = ftz(a32), ftz(b32)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+    with _ignore(divide="ignore", invalid="ignore", over="ignore"):
         q = a32.astype(F64) / b32.astype(F64)
         if mode == "rn":
             r = q.astype(F32)
@@ -114,14 +163,14 @@ def div(a, b, mode="rn", flush=False):
 
 def ex2_approx(x, flush=True):
     x32 = ftz(np.asarray(x, F32)) if flush else np.asarray(x, F32)
-    with np.errstate(over="ignore", under="ignore"):
+    with _ignore(over="ignore", under="ignore"):
         r = np.exp2(x32.astype(F64)).astype(F32)
     return ftz(r) if flush else r
 
 
 def lg2_approx(x, flush=True):
     x32 = ftz(np.asarray(x, F32)) if flush else np.asarray(x, F32)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with _ignore(divide="ignore", invalid="ignore"):
         r = np.log2(x32.astype(F64)).astype(F32)
     return r
 
@@ -144,15 +193,15 @@ def f32_to_bf16_bits(x: np.ndarray, mode: str = "rn") -> np.ndarray:
     else:
         raise ValueError(mode)
     nan = np.isnan(x32)
-    if nan.any():
+    if _cnz(nan):
         r = np.where(nan, ((bits >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16), r)
-    return r.astype(np.uint16)
+    return r.astype(np.uint16, copy=False)
 
 
 def f32_to_f16_bits(x: np.ndarray, mode: str = "rn") -> np.ndarray:
     if mode != "rn":
         raise ValueError(mode)
-    with np.errstate(over="ignore"):
+    with _ignore(over="ignore"):
         return np.asarray(x, F32).astype(np.float16).view(np.uint16)
 
 

@@ -53,6 +53,25 @@ class Fault(Exception):
                          + (f"\n    {text}" if text else ""))
 
 
+# Reductions over one warp's 32 lanes run once or more per emulated instruction: np.count_nonzero is
+# a plain C call (~0.3 us) where ndarray.any()/.all() go through NumPy's Python-level reduction
+# wrappers (~1.5-2.5 us). Same answers on bool lane vectors.
+_cnz = np.count_nonzero
+
+
+def distinct_ids(ids: np.ndarray) -> list:
+    """np.unique(ids) as Python ints, for guard-id arrays (small non-negative ints, often one value):
+    min/max or a bincount instead of np.unique's sort, the guard checks' hot spot on whole tiles."""
+    if ids.size == 0:
+        return []
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo == hi:
+        return [lo]
+    if lo < 0 or hi > 4 * ids.size + 4096:
+        return [int(g) for g in np.unique(ids)]
+    return np.flatnonzero(np.bincount(ids.reshape(-1))).tolist()
+
+
 # ---- knowledge (vector clocks) ------------------------------------------------------------------
 def _join(dst: dict, src: dict) -> None:
     for k, v in src.items():
@@ -230,9 +249,7 @@ class CTA:
 
     def check_guards(self, ids: np.ndarray, know: dict, reader: str, *, async_proxy: bool, own: int | None,
                      line=None, warp=None, addrs=None, space="SMEM"):
-        u = np.unique(ids)
-        for g in u:
-            g = int(g)
+        for g in distinct_ids(ids):
             if g == 0:
                 continue
             entry = self.guards[g]
@@ -260,9 +277,7 @@ class CTA:
     def check_war(self, rids: np.ndarray, know: dict, writer: str, *, own: int | None = None, skip=(),
                   line=None, warp=None, addrs=None, space="SMEM"):
         """An overwrite: every read guard on the target must be in the writer's knowledge."""
-        u = np.unique(rids)
-        for g in u:
-            g = int(g)
+        for g in distinct_ids(rids):
             if g <= 2:
                 continue
             _, key, thr, what = self.guards[g]
@@ -446,7 +461,7 @@ class CTA:
         op = prog[pc]
         ins = op.ins
         self.hits[w.wid][pc] = 1
-        if op.aligned and not (act_full or act.all()):
+        if op.aligned and not (act_full or _cnz(act) == WARP):
             raise Fault("ALIGNED", f"{ins.opcode} is .sync.aligned but only {int(act.sum())} of 32 lanes execute it",
                         line=ins.line, warp=w.wid, text=ins.text)
         if ins.guard is not None:
@@ -454,12 +469,14 @@ class CTA:
             if p is None:
                 raise Fault("REG", f"guard predicate {ins.guard} is not declared", line=ins.line, warp=w.wid)
             m = act & ~p if ins.guard_neg else act & p
-            full = bool(m.all())
-            any_ = full or bool(m.any())
+            n = _cnz(m)
+            full, any_ = n == WARP, n > 0
+        elif act_full:
+            m, full, any_ = act, True, True
         else:
             m = act
-            full = act_full or bool(m.all())
-            any_ = full or bool(m.any())
+            n = _cnz(m)
+            full, any_ = n == WARP, n > 0
         if w.poison and any_:
             for r in op.srcs:
                 pz = w.poison.get(r)
@@ -483,10 +500,11 @@ class CTA:
                     if blk.release is not None:
                         blk.release()
         elif kind == "bra":
-            if op.uni and any_ and not np.array_equal(m, act):
+            same = any_ and (full or _cnz(m != act) == 0)  # every executing lane takes it
+            if op.uni and any_ and not same:
                 raise Fault("BRA_UNI", "bra.uni taken by some lanes only (the branch is not uniform)",
                             line=ins.line, warp=w.wid, text=ins.text)
-            if full or (any_ and np.array_equal(m, act)):
+            if same:
                 self.bdirs[w.wid][pc] |= 1  # coverage.TAKEN
                 self._advance(w, pc, act, op.target)
             elif not any_:
@@ -504,7 +522,7 @@ class CTA:
             if any_:
                 w.alive = w.alive & ~m
                 w.full = False
-                if not w.alive.any():
+                if _cnz(w.alive) == 0:
                     w.done = True
                     self.warp_exit_check(w, ins.line)
                     return
@@ -523,7 +541,7 @@ class CTA:
     def _reconverge(w: Warp) -> None:
         live = w.alive
         p = w.pcs[live]
-        if p.size and (p == p[0]).all():
+        if p.size and _cnz(p != p[0]) == 0:
             w.div = False
             w.pc = int(p[0])
 

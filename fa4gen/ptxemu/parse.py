@@ -127,7 +127,14 @@ _SPECIAL = {"%tid.x", "%tid.y", "%tid.z", "%ntid.x", "%ntid.y", "%ntid.z", "%cta
 def _strip_comments(text: str) -> list[str]:
     # keep line numbers: replace block comments by as many newlines as they span
     text = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
-    return [re.sub(r"//.*", "", ln) for ln in text.split("\n")]
+    return [_LINE_COMMENT_RE.sub("", ln) if "//" in ln else ln for ln in text.split("\n")]
+
+
+# the per-statement patterns, compiled once (a kernel is thousands of statements)
+_LINE_COMMENT_RE = re.compile(r"//.*")
+_GUARD_RE = re.compile(r"^@(!?)(%[A-Za-z0-9_$]+)\s+(.*)$", re.S)
+_OPCODE_RE = re.compile(r"^([a-z][a-z0-9_.:]*)\s*(.*)$", re.S)
+_LABEL_RE = re.compile(r"^([$A-Za-z_][\w$]*):\s*(.*)$")
 
 
 def _split_top(s: str) -> list[str]:
@@ -216,6 +223,22 @@ def parse_operand(tok: str, line: int):
     if _NAME_RE.match(tok):
         return Sym(tok)
     raise PtxSyntaxError(f"line {line}: cannot read operand {tok!r}")
+
+
+_OPERANDS: dict = {}  # operand list text -> parsed operands (immutable): shared by every parse
+
+
+def _operands(rest: str, line: int) -> tuple:
+    """The operands of one statement. Memoised on the text: the same operand lists recur within a
+    kernel and across the kernels a session parses (a mutated kernel is its original but a line).
+    Only a successful parse is stored (an error names its line); the operand objects are frozen."""
+    ops = _OPERANDS.get(rest)
+    if ops is None:
+        ops = tuple(parse_operand(t, line) for t in _split_top(rest))
+        if len(_OPERANDS) >= 1 << 18:
+            _OPERANDS.clear()
+        _OPERANDS[rest] = ops
+    return ops
 
 
 def _expand_reg_decl(decl: str, line: int) -> list[tuple[str, str]]:
@@ -325,14 +348,14 @@ def parse_entries(text: str) -> dict:
         if s.startswith("."):
             raise UnsupportedInstruction(f"unsupported directive {s.split()[0]} at line {ln}")
         guard, neg = None, False
-        m = re.match(r"^@(!?)(%[A-Za-z0-9_$]+)\s+(.*)$", s, flags=re.S)
+        m = _GUARD_RE.match(s)
         if m:
             neg, guard, s = m.group(1) == "!", m.group(2), m.group(3)
-        m = re.match(r"^([a-z][a-z0-9_.:]*)\s*(.*)$", s, flags=re.S)
+        m = _OPCODE_RE.match(s)
         if not m:
             raise PtxSyntaxError(f"line {ln}: cannot read instruction {stmt.strip()!r}")
         opcode, rest = m.group(1), m.group(2).strip()
-        ops = tuple(parse_operand(t, ln) for t in _split_top(rest)) if rest else ()
+        ops = _operands(rest, ln) if rest else ()
         cur.instrs.append(Instr(ln, opcode, ops, guard, neg, " ".join(stmt.split())))
 
     for i, raw in enumerate(lines, start=1):
@@ -395,7 +418,7 @@ def parse_entries(text: str) -> dict:
         while ln:
             if not buf:
                 buf_line = i
-                m = re.match(r"^([$A-Za-z_][\w$]*):\s*(.*)$", ln)
+                m = _LABEL_RE.match(ln)
                 if m and not ln.startswith("."):
                     if m.group(1) in cur.labels:
                         raise PtxSyntaxError(f"line {i}: label {m.group(1)} defined twice")

@@ -9,6 +9,7 @@ hands over is read from the instruction's operands.
 """
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 
@@ -206,6 +207,15 @@ def decode_idesc(value: int) -> TcgenInstrDesc:
 
 
 # ---- wgmma register fragments (m64nNk16, 16-bit A/B, f32 accumulators) --------------------------
+# Memoised (every wgmma instruction of a kernel compiles them for its four warps, a large part of
+# compiling an sm_90a kernel) and read-only, as the cached arrays are shared.
+def _frozen(*arrays):
+    for a in arrays:
+        a.flags.writeable = False
+    return arrays
+
+
+@functools.lru_cache(maxsize=None)
 def wgmma_d_index(n: int, warp_in_group: int):
     """(rows, cols) of accumulator register j for each lane: arrays of shape [n//2, 32].
     Thread lane l of warp w holds rows 16w + l//4 (+8) and columns 8i + 2(l%4) (+1):
@@ -218,9 +228,10 @@ def wgmma_d_index(n: int, warp_in_group: int):
         for j in range(4):
             rows.append(r0 + (8 if j >= 2 else 0))
             cols.append(8 * i + c0 + (j & 1))
-    return np.array(rows), np.array(cols)
+    return _frozen(np.array(rows), np.array(cols))
 
 
+@functools.lru_cache(maxsize=None)
 def wgmma_a_index(warp_in_group: int):
     """(rows, k) of the two 16-bit halves (low, high) of A register j in 0..3 per lane, shape
     [4, 2, 32]: a0 = (r, 2(l%4) + {0,1}), a1 = (r+8, ...), a2 = (r, 8 + ...), a3 = (r+8, 8 + ...)."""
@@ -233,4 +244,4 @@ def wgmma_a_index(warp_in_group: int):
         for h in range(2):
             rows[j, h] = r0 + (8 if j in (1, 3) else 0)
             ks[j, h] = k0 + (8 if j >= 2 else 0) + h
-    return rows, ks
+    return _frozen(rows, ks)
