@@ -203,7 +203,7 @@ def test_rendered_kernels_derive_blocks_only_through_block_info_ptx(cfg, ptx):
     split = cfg.kvcache
     if cfg.arch == "sm_90a":
         lists = {"task": (block_info_ptx(causal=cfg.causal, rows=sqt, m="%mb", sq="%sq", skv="%skv", tmp="%tmp0",
-                                         n="%nblk", n_unmasked="%nunm",
+                                         n="%n", n_unmasked="%nunm",
                                          split=("%split", "%nsplit", "%nlo", "%tmp0") if split else None), 2)}
     else:
         roles = len(re.findall(r"^\$L_\w+_task\d+:$", ptx, re.M))  # the roles with a task loop
