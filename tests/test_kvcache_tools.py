@@ -211,7 +211,8 @@ def test_check_passes_and_says_what_it_did_not_check(page_size):
     rep = check_ptx(ptx, man)
     assert rep.ok, rep.summary()
     assert any("fa4_combine: not checked against an IR" in n for n in rep.notes), rep.summary()
-    assert "consumer0" in rep.events and "producer" in rep.events
+    # the roles it did check: the producer and the consumers' one (replicated) program, each with events
+    assert rep.events.get("consumer", 0) > 20 and rep.events.get("producer", 0) > 10, rep.summary()
 
 
 @pytest.mark.parametrize("edit,what", [
@@ -297,8 +298,11 @@ def test_unwritten_partials_are_reported():
     """An LSE partial that fa4_fwd never writes is a NaN the combine's max would drop silently: the
     harness reports it (here: the rows of the second half of each quad skip their LSE store)."""
     ptx, man = built(arch="sm_90a", kvcache=True, page_size=16, causal=True, gqa_ratio=4)
-    bad = ptx.replace("    @%pp4 st.global.f32 [%db], %lsev1;\n", "", 1)
-    assert bad != ptx
+    # the second row's store of the split's LSE partial (`ld.param.u64 %db, [lse_partial]` .. its
+    # predicated st.global.f32 of %lsev1), dropped
+    bad, n = re.subn(r"(ld\.param\.u64 (%\w+), \[lse_partial\];\n(?:    (?!st\.)[^\n]*\n)*?)"
+                     r"    @%\w+ st\.global\.f32 \[\2\], %lsev1;\n", r"\1", ptx, count=1)
+    assert n == 1 and bad != ptx
     r = harness.run_once(bad, man, harness.default_shapes(man)[0], 0)
     assert not r.ok and r.finding == "PARTIALS" and "lse_partial never written" in r.report.replace(" bytes of", ""), \
         r.report

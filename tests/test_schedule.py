@@ -22,6 +22,7 @@ import pytest
 from fa4gen.config import KernelConfig
 from fa4gen.lower.sm90 import build_sm90
 from fa4gen.lower.sm100 import build_sm100
+from fa4gen.plan import BlockInfo
 from fa4gen.schedule import (BALANCE_TOLERANCE, BALANCE_TOLERANCE_UNSHARED, L2_BUDGET_FRACTION, choose_l2_group,
                              clamp_l2_group, cta_work, l2_group_budget, persistent_task, task_coords, task_tile,
                              tile_blocks)
@@ -162,8 +163,11 @@ def check_decode(seg: Ptx, causal: bool, *, pairs: bool, gqa: int, seed: int = 0
             if pairs:
                 want_n = max(int(tile_blocks(2 * m + 1, sq, skv, sqt, causal)), 1)
                 assert out["%n"] == want_n, (batch, hkv, num_m, g, t, sq, skv)
-            else:
-                assert out["%nblk"] == int(tile_blocks(m, sq, skv, sqt, causal)), (batch, hkv, num_m, g, t, sq, skv)
+            else:  # the tile's K/V blocks (plan.BlockInfo: n >= 1 blocks run, the first n_unmasked unmasked)
+                info = BlockInfo.of(m, sqt, sq, skv, causal)
+                assert out["%n"] == info.n == max(int(tile_blocks(m, sq, skv, sqt, causal)), 1), \
+                    (batch, hkv, num_m, g, t, sq, skv)
+                assert out["%nunm"] == info.n_unmasked, (batch, hkv, num_m, g, t, sq, skv)
             compared += 1
     return compared
 
@@ -261,10 +265,13 @@ MUTATIONS = [
     ("min.u32 %tmp1, %tmp1, %bh;", "max.u32 %tmp1, %tmp1, %bh;"),  # last section no longer absorbs
     ("setp.lt.u32 %pp0, %bh, %tmp0;", "setp.le.u32 %pp0, %bh, %tmp0;"),  # section size off at 2*l2g
     ("div.u32 %mb, %tmp0, %bh;", "div.u32 %mb, %tmp0, %l2g;"),  # m stride ignores the last section
+    ("max.s32 %tmp0, %tmp0, 1;\n    add.s32 %tmp0, %tmp0, 127;",
+     "max.s32 %tmp0, %tmp0, 0;\n    add.s32 %tmp0, %tmp0, 127;"),  # a tile that sees no key runs 0 blocks
+    ("shr.s32 %nunm, %tmp0, 7;", "shr.s32 %nunm, %tmp0, 6;"),  # n_unmasked counted in 64-key blocks
 ]
 
 
-@pytest.mark.parametrize("old,new", MUTATIONS, ids=["min", "setp", "div"])
+@pytest.mark.parametrize("old,new", MUTATIONS, ids=["min", "setp", "div", "n_floor", "nunm"])
 def test_a_mutated_decode_fails_the_check(old, new):
     ptx = sm90(True)
     assert old in ptx

@@ -123,27 +123,65 @@ def test_three_consumer_pipeline_verifies(causal, g):
     assert rep.ok, rep
 
 
+def _three_consumer_ring(ptx: str) -> dict:
+    """What the 192-row kernel's PTX says of its three consumers' named barriers (the walker's
+    spelling: ids in %nb_<barrier>_<k> registers computed from the instance index %cw)."""
+    nl = r"\n    "
+    wrap = re.search(r"add\.u32 (%\w+), %cw, 1;" + nl + r"setp\.ge\.u32 (%\w+), \1, (\d+);" + nl +
+                     r"@\2 sub\.u32 \1, \1, \3;" + nl + r"add\.u32 %nb_sched_1, \1, (\d+);", ptx)
+    pre = re.search(r"setp\.ne\.u32 %p_c, %cw, (\d+);" + nl + r"@%p_c bra (\$L\w+);\n(?:    //[^\n]*\n)?"
+                    r"    bar\.arrive (\d+), 256;\n\2:", ptx)
+    return {"sched_0": re.findall(r"add\.u32 %nb_sched_0, %cw, (\d+);", ptx),
+            "sched_1": wrap and (int(wrap.group(3)), int(wrap.group(4))),  # (mod, base)
+            "epi_0": re.findall(r"add\.u32 %nb_epi_0, %cw, (\d+);", ptx),
+            "pre_arrive": pre and (int(pre.group(1)), int(pre.group(3)))}  # (instance, id)
+
+
+RING = {"sched_0": ["1"], "sched_1": (3, 1), "epi_0": ["4"], "pre_arrive": (2, 1)}
+
+
 def test_lowering_and_ptx_agree_on_three_consumers():
+    from fa4gen.check import _numbered, _section_lines, _sm90_tokens
+    from fa4gen.lower.walk import smem_layout
+
     cfg = KernelConfig(causal=True, gqa_ratio=4, **WIDE)
     ptx, man = build_sm90(cfg)
+    pipe = build_pipeline(cfg)
     assert threads_of(cfg) == 512 and entry_regs_of(cfg) == 128
     assert man["threads_per_cta"] == 512 and ".maxntid 512, 1, 1" in ptx
-    assert man["sm90"]["consumers"] == 3
-    assert re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32 (\d+);", ptx) == [("inc", "160"), ("dec", "24")]
+    assert man["sm90"]["consumers"] == 3 and pipe.replicated[0].instances == 3
+    assert re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32 (\d+);", ptx) == [("dec", "24"), ("inc", "160")]
     assert 24 + 3 * 160 <= 4 * 128  # the launch pool covers the incs (a larger inc would block forever)
-    # Q slots and the O staging are 192 rows, K/V stages 128
+    # Q slots and the O staging are 192 rows (3 x 64), K/V stages 128: the plan and the kernel's
+    # layout (derived from the Pipeline) agree
     plan = smem_plan(cfg)
     assert plan.q_tile_bytes == 192 * 64 * 2 and plan.tile_bytes == 128 * 64 * 2
-    assert "[%qfull], 24576;" in ptx
+    lay = smem_layout(pipe)
+    assert lay.regions["Q"] == (plan.q, 192 * 64 * 2, 2) and lay.regions["K"][1:] == (128 * 64 * 2, 3)
+    assert lay.regions["O_smem"][1:] == (64 * 128, 3)  # one 64-row O staging per consumer
+    producer = _section_lines(_numbered(ptx), "$L_role_producer", "$L_producer_end")
+    assert "expect_tx q_full[q] 24576" in [t for _, t in _sm90_tokens(producer, "producer", pipe, {})]
     assert man["tensor_maps"]["q"]["box"] == [64, 4, 1, 48, 1]  # 48 positions x 4 packed heads
-    # the ring: 3 turn barriers (ids 1-3), epilogue ids 4-6, consumer 2 pre-arrives on consumer 0's turn
-    assert "setp.eq.u32 %pp0, %sched_other, 3;" in ptx
-    assert "setp.eq.u32 %pp0, %cw, 2;\n    @%pp0 bar.arrive 1, 256;" in ptx
-    assert "add.u32 %epi_id, %cw, 4;" in ptx
+    # the ring: 3 turn barriers (ids 1-3: consumer cw waits on 1 + cw, hands off on 1 + (cw + 1) mod 3),
+    # epilogue ids 4-6 (4 + cw), consumer 2 pre-arrives on consumer 0's turn (id 1)
+    assert _three_consumer_ring(ptx) == RING
     for count in re.findall(r"mbarrier\.init\.shared::cta\.b64 \[%bar\+\d+\], (\d+);", ptx):
         assert count in ("1", "12")
     rep = check_ptx(ptx, man)
     assert rep.ok, rep.summary()
+
+
+@pytest.mark.parametrize("edit", [
+    ("setp.ge.u32 %pp0, %tmp0, 3;\n    @%pp0 sub.u32 %tmp0, %tmp0, 3;",
+     "setp.ge.u32 %pp0, %tmp0, 2;\n    @%pp0 sub.u32 %tmp0, %tmp0, 2;"),  # a ring of two turns
+    ("add.u32 %nb_epi_0, %cw, 4;", "add.u32 %nb_epi_0, %cw, 3;"),  # epilogue ids on the turns' 3
+    ("setp.ne.u32 %p_c, %cw, 2;", "setp.ne.u32 %p_c, %cw, 1;"),  # consumer 1 pre-arrives
+])
+def test_three_consumer_ring_reading_catches_an_edit(edit):
+    ptx, _ = build_sm90(KernelConfig(causal=True, gqa_ratio=4, **WIDE))
+    bad = ptx.replace(*edit, 1)
+    assert bad != ptx and _three_consumer_ring(ptx) == RING
+    assert _three_consumer_ring(bad) != RING
 
 
 def test_register_budget_is_checked_against_the_three_consumer_pool():
