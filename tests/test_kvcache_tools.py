@@ -55,7 +55,7 @@ def _decode_kernel(ptx: str, man: dict) -> str:
     a = ptx.index("// sched: kvcache")
     body = ptx[a:ptx.index("// sched: end", a)]
     used = set(re.findall(r"%\w+", body)) | {"%task", "%nsplit", "%nmb", "%hkv_n", "%cap", "%sq", "%batch", "%slen",
-                                             "%split", "%mb", "%b", "%hkv", "%skv", "%nlo", "%nblk", "%nunm"}
+                                             "%split", "%mb", "%b", "%hkv", "%skv", "%nlo", "%n", "%nunm"}
     decl = "\n".join(f"    .reg {fwd.regs[r]} {r};" for r in sorted(used))
     return f""".version 8.5
 .target sm_90a
@@ -94,7 +94,7 @@ $L_kt_loop:
     mul.wide.u32 %kt_rd, %task, {4 * FIELDS};
     add.s64 %kt_rd, %kt_rd, %kt_out;
     st.global.v4.u32 [%kt_rd], {{ %split, %mb, %b, %hkv }};
-    st.global.v4.u32 [%kt_rd+16], {{ %skv, %nlo, %nblk, %nunm }};
+    st.global.v4.u32 [%kt_rd+16], {{ %skv, %nlo, %n, %nunm }};
     add.u32 %task, %task, 32;
     bra.uni $L_kt_loop;
 $L_kt_end:
@@ -150,7 +150,7 @@ def test_sm100_ptx_decode_equals_the_python_rules():
     ptx, man = sm100_kvcache_or_skip(page_size=16, causal=True, gqa_ratio=4)
     at = ptx.find("// sched: kvcache")
     section = ptx[at:ptx.find("// sched: end", at)] if at >= 0 else ""
-    if not all(r in section for r in ("%mb,", "%nblk,", "%nunm,")):
+    if not all(r in section for r in ("%mb,", "%n,", "%nunm,")):
         pytest.skip("the sm_100a decode has its own interface (m units of two tiles): its lowering's tests "
                     "(tests/test_kvcache_sm100.py) run it against fa4gen.schedule")
     cfg = KernelConfig(arch="sm_100a", kvcache=True, page_size=16, causal=True, gqa_ratio=4)
