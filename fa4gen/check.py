@@ -10,12 +10,14 @@ allocation's columns) and each role's TMEM lane field. The parser knows nothing 
 reads instructions, resolves offsets through the manifest's SMEM layout and the IR's TMEM regions,
 and follows address registers back to the State register they came from.
 
-sm_90a: its PTX is not yet lowered from the IR (a hand-kept template beside it): the check reads
-back the ordered protocol instructions of the consumer and producer paths (waits with barrier, ring
-state and parity; arrives; expect_tx bytes; TMA copies with their barrier; named barriers; wgmma
-commits and wait_group depths; proxy fences), the mbarrier init counts and named-barrier ids /
-thread counts against the IR. What the sm_90a IR does not describe (descriptors, wgmma.fence,
-probes) is not read back.
+sm_90a (lowered from the IR by the walker both targets share): per role section, the replicated
+consumer warpgroups once, the ordered protocol events (waits with barrier, ring state and parity
+register; arrives with their predicate against the IR's scope; expect_tx bytes; TMA copies with
+their barrier; named barriers by id, literal or held in a register whose computation from %cw is
+read back, and thread count; wgmma commits and wait_group depths; bulk-store waits and proxy fences
+up to the role's ret), each ring state's start values and advance, and the mbarrier init counts on
+the SMEM layout derived from the Pipeline. What the sm_90a IR does not describe (descriptors,
+wgmma.fence) is not read back: `fa4gen emulate` judges it.
 """
 from __future__ import annotations
 
