@@ -1,9 +1,9 @@
 """The pipeline IR: memory regions, barriers, pipeline states, roles and their programs.
 
 Everything is a frozen dataclass holding tuples, so a Pipeline is hashable, comparable and dumpable.
-The verifier proves these programs and the CPU simulator executes them. The sm_100a PTX is lowered
-from them op by op; the sm_90a PTX is still a hand-kept template beside its programs, held to them
-by `fa4gen check` (fa4gen/check.py) reading the PTX back.
+The verifier proves these programs and the CPU simulator executes them. Both targets' PTX is lowered
+from them op by op by one walker (fa4gen/lower/walk.py), and `fa4gen check` (fa4gen/check.py) reads
+the PTX back against them.
 
 Phase convention (defined once, here): a `State` walks a ring of barrier slots. After `p` advances
 its slot is `slot_base + (start + stride * p) % depth` and its round is `(start + stride * p) // depth`.

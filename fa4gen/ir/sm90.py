@@ -1,4 +1,4 @@
-"""The sm_90a (Hopper) pipeline, as IR: the protocol of the kernel in templates/sm90/.
+"""The sm_90a (Hopper) pipeline, as IR: the programs fa4gen/lower/sm90.py lowers the kernel from.
 
 CTA = 1 + C warpgroups. WG0 warp 0 is the TMA producer (warps 1-3 idle, same setmaxnreg), WG1 .. WGC
 are consumers that each own 64 rows of the block_m-row Q tile (C = block_m / 64: 2, or 3 for the
