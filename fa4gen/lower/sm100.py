@@ -35,7 +35,7 @@ from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, 
                        WaitLd, WaitSt, walk_ops)
 from ..render import render
 from .manifest import ENTRY, GridFacts, manifest, smem_layout_section
-from .walk import LoweringError, SmemLayout, WalkCtx, Walker, dispatch, pairwise, smem_layout, tidy
+from .walk import LoweringError, SmemLayout, WalkCtx, Walker, dispatch, f32, pairwise, smem_layout, tidy
 
 __all__ = ["ENTRY", "OP_PTX", "Ptx", "Sm100LoweringError", "SmemLayout", "build_sm100",
            "lower_sm100", "manifest_sm100", "smem_layout"]
@@ -133,10 +133,6 @@ def fence_policy(pipe: Pipeline, role: Role, op) -> tuple[bool, bool]:
     if isinstance(op, NamedSync):
         return False, role_issues_tcgen05(role)
     return False, False
-
-
-def _f32(x: float) -> str:
-    return "0f" + struct.pack(">f", x).hex().upper()
 
 
 def _x2(x: float) -> str:
@@ -667,7 +663,7 @@ class _RoleEmitter(Walker):
                   "reference max moves, acc_scale = 2^((old-new)*scale), only when the block max exceeds it by "
                   "more, else acc_scale = 1)")
         self.emit("softmax_max", pre=self.masked_block(), row=self.row(), skip=self.label("nomask"),
-                  threshold=_f32(-self.cfg.rescale_threshold))
+                  threshold=f32(-self.cfg.rescale_threshold))
 
     def compute_softmax_exp(self, op: Compute) -> None:
         row = self.row()
@@ -677,7 +673,7 @@ class _RoleEmitter(Walker):
                  f"masked blocks all {n} on MUFU" if n_emu else f"all {n} columns on MUFU ex2")
         self.what(f"softmax_exp (Q tile {op.qtile}): P = 2^(S*scale - ref*scale) (packed f32x2 FMA), {split}")
         self.emit("softmax_exp", row=row, has_emu=has_emu, hw=self.label("exp_hw"), done=self.label("exp_done"),
-                  poly=[_f32(c) for c in EXP2_POLY])
+                  poly=[f32(c) for c in EXP2_POLY])
 
     def compute_row_sum(self, op: Compute) -> None:
         self.what(f"row_sum (Q tile {op.qtile}): row_sum = row_sum * acc_scale + sum of P ({self.cfg.block_n} cols, "
@@ -730,7 +726,7 @@ class _RoleEmitter(Walker):
     def compute_store_lse_partial(self, op: Compute) -> None:
         self.what(f"store_lse_partial (Q tile {op.qtile}): LSE = (ref*scale + log2(row_sum)) * ln 2 (-inf for a "
                   "row without keys) to lse_partial[split * R + (b * Sq + seq) * Hq + head], rows < Sq only")
-        self.emit("store_lse_partial", ln2=_f32(LN2), g=self.cfg.gqa_ratio, neg_inf=NEG_INF, t2=self.r("b32", "kt2"))
+        self.emit("store_lse_partial", ln2=f32(LN2), g=self.cfg.gqa_ratio, neg_inf=NEG_INF, t2=self.r("b32", "kt2"))
 
     def compute_store_lse(self, op: Compute) -> None:
         if self.cfg.varlen:
@@ -739,7 +735,7 @@ class _RoleEmitter(Walker):
         else:
             self.what(f"store_lse (Q tile {op.qtile}): LSE = (ref*scale + log2(row_sum)) * ln 2 (-inf for a row "
                       "without keys) to lse[b, head, seq], rows < Sq only")
-        self.emit("store_lse", ln2=_f32(LN2), g=self.cfg.gqa_ratio, neg_inf=NEG_INF, varlen=self.cfg.varlen)
+        self.emit("store_lse", ln2=f32(LN2), g=self.cfg.gqa_ratio, neg_inf=NEG_INF, varlen=self.cfg.varlen)
 
 
 _DESC_K_MAJOR = SmemMatrixDesc.k_major_sw128(DescArch.SM100A, 0).encode()
@@ -824,7 +820,7 @@ def lower_sm100(pipe: Pipeline) -> dict:
         "page_size": cfg.page_size,
         # the module's second entry (templates/common/combine.ptx.j2, target-independent SIMT PTX)
         **({"cmb": combine_context(cfg), "cvt_pack": {"bf16": "cvt.rn.bf16x2.f32", "fp16": "cvt.rn.f16x2.f32"}[cfg.dtype],
-            "ln2": _f32(LN2), "log2e": _f32(1.0 / LN2)} if cfg.kvcache else {}),
+            "ln2": f32(LN2), "log2e": f32(1.0 / LN2)} if cfg.kvcache else {}),
     }
 
 

@@ -34,7 +34,7 @@ from ..plan import (HALF_COLS, block_info_ptx, MASK_AS_WORDS, MASK_WORD_BITS, RE
                     sm90_consumers, smem_plan)
 from ..render import render
 from .manifest import ENTRY, GridFacts, manifest
-from .walk import LoweringError, WalkCtx, Walker, dispatch, pairwise, smem_layout, tidy
+from .walk import LoweringError, WalkCtx, Walker, dispatch, f32, pairwise, smem_layout, tidy
 
 __all__ = ["OP_PTX", "Sm90LoweringError", "Sm90Options", "build_sm90", "entry_regs_of", "lower_sm90",
            "manifest_sm90", "threads_of"]
@@ -124,12 +124,6 @@ def _check_budget(nc: int, producer: int, consumer: int, must_fit_some: bool = F
     cap = (REGS_PER_SM // (128 * (1 + n))) // 8 * 8
     raise Sm90LoweringError(f"register budget: producer + {n} x consumer must be <= {(1 + n) * cap} "
                             f"({1 + n} warpgroups x the entry cap {cap}), got {producer} + {n} x {consumer}")
-
-
-def _f32(x: float) -> str:
-    import struct
-
-    return "0f" + struct.pack(">f", x).hex().upper()
 
 
 def _desc_const(lbo: int, sbo: int) -> int:
@@ -356,7 +350,7 @@ class Sm90Walker(Walker):
                   "%p_rescale = some row of the warp moved its reference")
         self.emit("softmax", pre=self.block_reg(self.s_block, "%nb"), rows=self.ctx.rows,
                   masked=self.label("masked"), done=self.label("sm_done"),
-                  threshold=_f32(-self.cfg.rescale_threshold), poly=[_f32(c) for c in EXP2_POLY])
+                  threshold=f32(-self.cfg.rescale_threshold), poly=[f32(c) for c in EXP2_POLY])
 
     def compute_pack_p(self, op: Compute) -> None:
         self.emit("pack_p", p_pack=self.ctx.p_pack)
@@ -368,7 +362,7 @@ class Sm90Walker(Walker):
         self.what("normalize: O *= 1 / row_sum (0 for a row that saw no key); LSE = (ref * scale_log2 + "
                   "log2(row_sum)) * ln 2 (-inf then)")
         self.emit("normalize", o_scale=[(reg, f"%inv{(i >> 1) & 1}") for i, reg in enumerate(self.ctx.o_regs)],
-                  ln2=_f32(LN2), neg_inf=NEG_INF)
+                  ln2=f32(LN2), neg_inf=NEG_INF)
 
     def compute_store_lse(self, op: Compute) -> None:
         self.emit("store_lse", varlen=self.cfg.varlen, g=self.cfg.gqa_ratio)
@@ -376,19 +370,19 @@ class Sm90Walker(Walker):
     def compute_store_lse_partial(self, op: Compute) -> None:
         self.emit("store_lse_partial", g=self.cfg.gqa_ratio)
 
-    def compute_store_o_rows(self, op: Compute) -> None:
-        D = self.cfg.head_dim
+    def o_row_stores(self, elem_bytes: int) -> list[dict]:
+        """A thread's O accumulator column pairs 8 c + 2 (lane % 4) of row half r, as stores of
+        elem_bytes-wide elements: the byte offset of pair c in its row (fragment layout of Sm90Ctx)."""
         o = self.ctx.o_regs
-        self.emit("store_o_rows", g=self.cfg.gqa_ratio, row_bytes=2 * D,
-                  stores=[{"r": r, "lo": o[4 * c + 2 * r], "hi": o[4 * c + 2 * r + 1], "off": 16 * c}
-                          for r in range(2) for c in range(D // 8)])
+        return [{"r": r, "lo": o[4 * c + 2 * r], "hi": o[4 * c + 2 * r + 1], "off": 8 * elem_bytes * c}
+                for r in range(2) for c in range(self.cfg.head_dim // 8)]
+
+    def compute_store_o_rows(self, op: Compute) -> None:
+        self.emit("store_o_rows", g=self.cfg.gqa_ratio, row_bytes=2 * self.cfg.head_dim, stores=self.o_row_stores(2))
 
     def compute_store_o_partial(self, op: Compute) -> None:
-        D = self.cfg.head_dim
-        o = self.ctx.o_regs
-        self.emit("store_o_partial", g=self.cfg.gqa_ratio, row_bytes=4 * D,
-                  stores=[{"r": r, "lo": o[4 * c + 2 * r], "hi": o[4 * c + 2 * r + 1], "off": 32 * c}
-                          for r in range(2) for c in range(D // 8)])
+        self.emit("store_o_partial", g=self.cfg.gqa_ratio, row_bytes=4 * self.cfg.head_dim,
+                  stores=self.o_row_stores(4))
 
 
 class Sm90Ctx(WalkCtx):
@@ -489,7 +483,7 @@ def lower_sm90(pipe: Pipeline) -> dict:
         "mask_words": 1 + max((int(w["reg"][3:]) for r in ctx.rows for w in r["mask_words"]), default=-1),
         "neg_inf": NEG_INF,
         "cvt_pack": {"bf16": "cvt.rn.bf16x2.f32", "fp16": "cvt.rn.f16x2.f32"}[cfg.dtype],
-        "ln2": _f32(LN2), "log2e": _f32(1.0 / LN2),
+        "ln2": f32(LN2), "log2e": f32(1.0 / LN2),
         "cmb": combine_context(cfg),
         "regs_per_sm": REGS_PER_SM,
     }

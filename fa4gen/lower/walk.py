@@ -17,6 +17,7 @@ Also here, because both targets derive them from the Pipeline the same way: the 
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 
 from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Cond, ExpectTx, FenceProxyAsync, If, Loop,
@@ -24,11 +25,16 @@ from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Cond, ExpectTx, F
                        walk_ops)
 from ..plan import REGS_PER_SM, SMEM_ALIGN
 
-__all__ = ["LoweringError", "SmemLayout", "WalkCtx", "Walker", "dispatch", "pairwise", "smem_layout", "tidy"]
+__all__ = ["LoweringError", "SmemLayout", "WalkCtx", "Walker", "dispatch", "f32", "pairwise", "smem_layout", "tidy"]
 
 
 class LoweringError(ValueError):
     """A pipeline or config a lowering cannot emit (says what and why)."""
+
+
+def f32(x: float) -> str:
+    """A PTX .f32 immediate (0fXXXXXXXX) of x rounded to fp32."""
+    return "0f" + struct.pack(">f", x).hex().upper()
 
 
 def pairwise(srcs: list[str], tmp: str, arity: int = 2) -> tuple[list[tuple[str, ...]], str]:
