@@ -401,7 +401,7 @@ class Sm90Ctx(WalkCtx):
         s, p = self.s_regs, self.p_regs
         self.p_pack = [(p[4 * j + t], s[8 * j + 2 * t + 1], s[8 * j + 2 * t]) for j in range(8) for t in range(4)]
         self.o_rescale = [(reg, f"%acc{(i >> 1) & 1}") for i, reg in enumerate(self.o_regs)]
-        rows = []
+        rows, self.n_mask_words = [], 0
         for r in range(2):
             elems = []
             for i, reg in enumerate(s):
@@ -410,6 +410,7 @@ class Sm90Ctx(WalkCtx):
                 c, e = i >> 2, i & 1
                 elems.append({"reg": reg, "col": 8 * c + e, "emu": hopper_emulated(cfg, c, e), "i": i})
             words, where = mask_words([x["col"] for x in elems]) if MASK_AS_WORDS[cfg.arch] else ([], [])
+            self.n_mask_words = max([self.n_mask_words, *(w + 1 for w in words)])
             for x, (w, bit) in zip(elems, where):
                 x["mword"], x["mbit"] = f"%mw{w}", bit
             max_ops, max_res = pairwise([x["reg"] for x in elems], f"%mx{r}_")
@@ -480,7 +481,7 @@ def lower_sm90(pipe: Pipeline) -> dict:
         "roles": roles,
         "dispatch": dispatch(pipe, roles, Sm90LoweringError),
         "s_n": len(ctx.s_regs), "o_n": len(ctx.o_regs), "p_n": len(ctx.p_regs), "n_tmp": ctx.n_tmp,
-        "mask_words": 1 + max((int(w["reg"][3:]) for r in ctx.rows for w in r["mask_words"]), default=-1),
+        "mask_words": ctx.n_mask_words,
         "neg_inf": NEG_INF,
         "cvt_pack": {"bf16": "cvt.rn.bf16x2.f32", "fp16": "cvt.rn.f16x2.f32"}[cfg.dtype],
         "ln2": f32(LN2), "log2e": f32(1.0 / LN2),
