@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A/B timing of this generator's sm_90a kernels against an earlier generator's, interleaved.
 
-    python3 -m bench.ab --baseline DIR [--rounds 7] [--rep-ms 100] [--out FILE.json]
+    python3 -m bench.ab --baseline DIR [--suite main|d64|both|varlen|kvcache|all] [--rounds 7] [--out FILE.json]
+    python3 -m bench.ab --suite all --list-builds   # the `fa4gen build` options of every kernel it needs
 
 DIR holds the earlier kernels as `fa4gen build --arch sm_90a --out DIR` writes them
 (<name>.cubin + <name>.json). For every shape of bench/attention.py's SHAPES (plus two with tails,
@@ -9,7 +10,9 @@ where the masks run on every row block's last K/V block) both kernels are called
 outputs on the same inputs, alternating A, B, A, B ... for `--rounds` rounds of triton's do_bench
 (median of each round); the result per shape is the median over rounds of each and their ratio,
 with the spread (min-max over rounds) so that noise is visible beside the difference. Outputs are
-compared bit for bit (a generator change that must not alter results says so).
+compared bit for bit (a generator change that must not alter results says so). The varlen suite
+runs bench/varlen.py's length mixes through `kernel.varlen`; the kvcache suite runs decode steps
+through `kernel.kvcache` with the split count each kernel chooses, timed from CUDA-graph replay.
 """
 
 from __future__ import annotations
@@ -29,68 +32,200 @@ from bench.attention import D64_SHAPES, SHAPES, environment, interleaved_ms, sha
 EXTRA = ((8, 2000, 16, 16, 128, False), (8, 2000, 16, 16, 128, True))
 
 
+def dense_cases(suite: str):
+    """(shape, KernelConfig) of the dense suites: fa4gen.attention's tile choice per shape."""
+    from fa4gen.config import KernelConfig
+    from fa4gen.tiles import q_tile_rows
+
+    shapes = {"main": SHAPES + EXTRA, "d64": D64_SHAPES}[suite]
+    for shape in shapes:
+        b, s, hq, hkv, d, causal = shape[:6]
+        yield shape, KernelConfig(arch="sm_90a", head_dim=d, dtype=shape_dtype(shape, "bf16"), causal=causal,
+                                  gqa_ratio=hq // hkv, block_m=q_tile_rows("sm_90a", d, hq // hkv, causal=causal,
+                                                                            seqlen_q=s))
+
+
+def varlen_cases():
+    """(mix, KernelConfig) of bench/varlen.py's MIXES."""
+    from bench.varlen import MIXES
+    from fa4gen.config import KernelConfig
+
+    for kind, d, causal in MIXES:
+        yield (kind, d, causal), KernelConfig(arch="sm_90a", head_dim=d, causal=causal, dtype="bf16", varlen=True)
+
+
+KV_SHAPES = ((1, 32768), (1, 131072), (8, 32768), (64, 4096))  # (batch, cache length), Sq 1, 32/8 heads, D 128
+KV_LAYOUTS = (0, 64)  # page size: contiguous, 64-row pages
+
+
+def kvcache_cases():
+    from bench.kvcache import D, HKV, HQ
+    from fa4gen.config import KernelConfig
+
+    for b, length in KV_SHAPES:
+        for ps in KV_LAYOUTS:
+            yield (b, length, ps), KernelConfig(arch="sm_90a", head_dim=D, causal=True, gqa_ratio=HQ // HKV,
+                                                kvcache=True, page_size=ps)
+
+
+def all_cases(suite: str):
+    parts = {"main": ("main",), "d64": ("d64",), "both": ("main", "d64"), "varlen": ("varlen",),
+             "kvcache": ("kvcache",), "all": ("main", "d64", "varlen", "kvcache")}[suite]
+    for part in parts:
+        cases = (dense_cases(part) if part in ("main", "d64") else
+                 varlen_cases() if part == "varlen" else kvcache_cases())
+        for shape, cfg in cases:
+            yield part, shape, cfg
+
+
+def _graph_timer(torch, calls: int = 20):
+    """A timer of a callable replayed from a CUDA graph of `calls` calls (the GPU time without the
+    host's per-call cost, which bounds decode-sized kernels): ms per call."""
+    from bench.attention import _median_ms
+
+    graphs = {}
+
+    def timer(fn, warmup_ms, rep_ms):
+        if fn not in graphs:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                fn()
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(calls):
+                    fn()
+            graphs[fn] = g
+        return _median_ms(graphs[fn].replay, warmup_ms, rep_ms) / calls
+    return timer
+
+
+def _inputs(torch, part, shape, cfg):
+    """Inputs, and a function (kernel, output) -> callable, of one case."""
+    import itertools
+
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype]
+    gen = torch.Generator(device="cuda").manual_seed(99)
+    d = cfg.head_dim
+    sc = d ** -0.5
+
+    def rnd(*size):
+        return torch.randn(*size, device="cuda", dtype=dt, generator=gen)
+    if part in ("main", "d64"):
+        b, s, hq, hkv = shape[:4]
+        q, k, v = rnd(b, s, hq, d), rnd(b, s, hkv, d), rnd(b, s, hkv, d)
+        flop = tflops(b, hq, s, s, d, cfg.causal, 1.0) * 1e-3  # TFLOP of the call
+        return q, flop, lambda kern, o: (lambda: kern(q, k, v, o, softmax_scale=sc))
+    if part == "varlen":
+        from bench.varlen import HEADS, mix_lengths, real_flop
+
+        lens = mix_lengths(shape[0])
+        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
+        q, k, v = (rnd(sum(lens), HEADS, d) for _ in range(3))
+        m = max(lens)
+        return q, real_flop(lens, HEADS, d, cfg.causal) / 1e12, \
+            lambda kern, o: (lambda: kern.varlen(q, k, v, o, cu, cu, m, m, softmax_scale=sc))
+    from bench.kvcache import HKV, HQ
+
+    b, length, ps = shape
+    if ps:
+        npg = -(-length // ps)
+        kc, vc = rnd(b * npg, ps, HKV, d), rnd(b * npg, ps, HKV, d)
+        pt = torch.randperm(b * npg, device="cuda", generator=gen).to(torch.int32).view(b, npg).contiguous()
+    else:
+        kc, vc, pt = rnd(b, length, HKV, d), rnd(b, length, HKV, d), None
+    seqlens = torch.full((b,), length, dtype=torch.int32, device="cuda")
+    q = rnd(b, 1, HQ, d)
+
+    def make(kern, o):
+        S = kern.kvcache_num_splits(b, HKV, 1, length if not ps else pt.shape[1] * ps)
+        op = torch.empty(S, b * HQ, d, device="cuda", dtype=torch.float32) if S > 1 else None
+        lp = torch.empty(S, b * HQ, device="cuda", dtype=torch.float32) if S > 1 else None
+        return lambda: kern.kvcache(q, kc, vc, o, seqlens, pt, num_splits=S, o_partial=op, lse_partial=lp)
+    return q, None, make
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--baseline", required=True, type=Path)
+    ap.add_argument("--baseline", type=Path, help="folder of the earlier generator's cubins and manifests")
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--suite", choices=("main", "d64", "both"), default="main",
-                    help="main: bench.attention SHAPES + two with tails; d64: D64_SHAPES; both")
+    ap.add_argument("--suite", choices=("main", "d64", "both", "varlen", "kvcache", "all"), default="main",
+                    help="main: bench.attention SHAPES + two with tails; d64: D64_SHAPES; both: the two; varlen: "
+                         "bench/varlen.py's MIXES; kvcache: decode (Sq 1) over contiguous and 64-row-paged caches, "
+                         "timed from CUDA-graph replay; all: every one")
     ap.add_argument("--rep-ms", type=int, default=100)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--list-builds", action="store_true",
+                    help="print the `fa4gen build` options of every kernel the suite needs (one line each), to "
+                         "build the baseline folder with the earlier generator; needs no GPU")
     a = ap.parse_args(argv)
+    if a.list_builds:
+        for _, _, cfg in all_cases(a.suite):
+            print(" ".join(build_args(cfg)))
+        return 0
+    if a.baseline is None:
+        ap.error("--baseline DIR is required")
     import torch
 
     from fa4gen import api
-    from fa4gen.config import KernelConfig
-    from fa4gen.tiles import q_tile_rows
 
     if not torch.cuda.is_available():
         print("bench.ab: no CUDA GPU", file=sys.stderr)
         return 2
     rows = []
-    shapes = {"main": SHAPES + EXTRA, "d64": D64_SHAPES, "both": SHAPES + EXTRA + D64_SHAPES}[a.suite]
-    for shape in shapes:
-        b, s, hq, hkv, d, causal = shape[:6]
-        dt_name = shape_dtype(shape, "bf16")
-        dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt_name]
-        cfg = KernelConfig(arch="sm_90a", head_dim=d, dtype=dt_name, causal=causal, gqa_ratio=hq // hkv,
-                           block_m=q_tile_rows("sm_90a", d, hq // hkv, causal=causal, seqlen_q=s))  # fa4gen.attention's
+    for part, shape, cfg in all_cases(a.suite):
         path = a.baseline / f"{cfg.name}.cubin"
         if not path.exists():
-            print(f"  {shape}: no {path.name} in {a.baseline}, skipped", flush=True)
+            print(f"  {part} {shape}: no {path.name} in {a.baseline}, skipped", flush=True)
             continue
-        gen = torch.Generator(device="cuda").manual_seed(99)
-        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt, generator=gen) for h in (hq, hkv, hkv))
+        q, flop, make = _inputs(torch, part, shape, cfg)
         new, _ = api.get_kernel(cfg, q.device)
         old = api.load(path).kernel
         o_new, o_old = torch.empty_like(q), torch.empty_like(q)
-        sc = d ** -0.5
-        fns = {"new": lambda: new(q, k, v, o_new, softmax_scale=sc), "old": lambda: old(q, k, v, o_old, softmax_scale=sc)}
+        fns = {"new": make(new, o_new), "old": make(old, o_old)}
         for f in fns.values():
             f()
         torch.cuda.synchronize()
         same = bool(torch.equal(o_new, o_old))
-        timed = interleaved_ms(fns, a.rounds, 25, a.rep_ms)
+        timed = interleaved_ms(fns, a.rounds, 25, a.rep_ms, timer=_graph_timer(torch) if part == "kvcache" else None)
         med = {n: t[0] for n, t in timed.items()}
-        row = dict(shape=list(shape), name=cfg.name, outputs_bitwise_equal=same,
+        row = dict(suite=part, shape=list(shape), name=cfg.name, outputs_bitwise_equal=same,
                    new_ms=med["new"], old_ms=med["old"],
-                   new_tflops=round(tflops(b, hq, s, s, d, causal, med["new"]), 1),
-                   old_tflops=round(tflops(b, hq, s, s, d, causal, med["old"]), 1),
                    ratio_new_over_old=round(med["old"] / med["new"], 4),
                    spread_new=list(timed["new"][1]), spread_old=list(timed["old"][1]))
+        if flop:
+            row.update(new_tflops=round(flop / (med["new"] * 1e-3), 1), old_tflops=round(flop / (med["old"] * 1e-3), 1))
         rows.append(row)
-        print(f"  {shape}: new {row['new_tflops']} old {row['old_tflops']} TFLOP/s, new/old {row['ratio_new_over_old']}"
-              f" (spread new {row['spread_new']}, old {row['spread_old']}), bitwise equal {same}", flush=True)
-        del q, k, v, o_new, o_old
+        print(f"  {part} {shape}: new {med['new'] * 1e3:.1f} old {med['old'] * 1e3:.1f} us, new/old "
+              f"{row['ratio_new_over_old']} (spread new {row['spread_new']}, old {row['spread_old']}), "
+              f"bitwise equal {same}", flush=True)
+        del q, o_new, o_old, fns
         torch.cuda.empty_cache()
     stamp = _dt.datetime.now(_dt.timezone.utc)
     out = a.out or ROOT / "bench" / "results" / f"{stamp:%Y-%m-%dT%H%M%SZ}_ab_sm90a.json"
     env = environment(["-m", "bench.ab", *(argv or sys.argv[1:])])
     out.write_text(json.dumps({**env, "baseline": str(a.baseline), "rounds": a.rounds, "rep_ms": a.rep_ms,
                                "results": rows}, indent=1) + "\n")
+    ratios = [r["ratio_new_over_old"] for r in rows]
+    if ratios:
+        print(f"new/old over {len(ratios)} cases: min {min(ratios)}, median {sorted(ratios)[len(ratios) // 2]}")
     print(f"wrote {out}")
     return 0
+
+
+def build_args(cfg) -> list[str]:
+    """`fa4gen build` options that make this config's kernel (names match: api.load checks them)."""
+    args = ["--arch", cfg.arch, "--head-dim", str(cfg.head_dim), "--dtype", cfg.dtype, "--gqa", str(cfg.gqa_ratio),
+            "--block-m", str(cfg.block_m)]
+    if cfg.causal:
+        args.append("--causal")
+    if cfg.varlen:
+        args.append("--varlen")
+    if cfg.kvcache:
+        args += ["--kvcache", "--page-size", str(cfg.page_size)]
+    return args
 
 
 if __name__ == "__main__":

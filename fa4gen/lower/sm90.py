@@ -136,6 +136,7 @@ class Sm90Walker(Walker):
     Error = Sm90LoweringError
     target = TARGET
     SPLIT_STATES = True
+    COUNT_DOWN = True
 
     def __init__(self, ctx: WalkCtx, role: Role, instances: int = 1):
         super().__init__(ctx, role)
@@ -196,7 +197,7 @@ class Sm90Walker(Walker):
         if st.cond is Cond.LAST_BLOCK:
             if self.loop_kind is None or self.loop_kind.value == "tasks":
                 return {"pre": [("setp.ne.u32", "%p_c", "%n", "1")]}
-            return {"pre": [("add.u32", "%tmp7", "%t", "1"), ("setp.ne.u32", "%p_c", "%tmp7", "%n")]}
+            return {"pre": [("setp.ne.u32", "%p_c", "%kb", "0")]}  # COUNT_DOWN: block 0 is the last
         if st.cond in (Cond.FIRST_INSTANCE, Cond.LAST_INSTANCE):
             k = 0 if st.cond is Cond.FIRST_INSTANCE else self.instances - 1
             return {"pre": [("setp.ne.u32", "%p_c", "%cw", str(k))]}

@@ -180,6 +180,10 @@ class Walker:
     # several times per K/V block); values derived from the slot (wgmma descriptors) are then kept
     # until the state advances (`cached`).
     SPLIT_STATES = False
+    # How a K/V loop counts. False: %t = 0, 1, .. n-1 up, the block n-1-t computed at each use
+    # (sm_100a). True: %kb holds the block itself, counting down to 0, and the loop tests it at its
+    # bottom only (sm_90a: fewer uniform instructions per iteration and one branch, not two).
+    COUNT_DOWN = False
 
     def __init__(self, ctx: WalkCtx, role: Role):
         self.ctx = ctx
@@ -487,6 +491,8 @@ class Walker:
             return [("mov.u32", dst, "0")]
         if self.loop_kind not in (LoopKind.KV, LoopKind.KV_REST):
             raise self.Error(f"{self.p}: block {ref.value} outside a K/V loop")
+        if self.COUNT_DOWN:  # %kb = n-1-t, the block itself
+            return [("mov.u32", dst, "%kb")] if ref is BlockRef.CUR else [("add.u32", dst, "%kb", "1")]
         if ref is BlockRef.CUR:
             return [("sub.u32", dst, "%n", "1"), ("sub.u32", dst, dst, "%t")]
         return [("sub.u32", dst, "%n", "%t")]  # PREV: iteration t-1
