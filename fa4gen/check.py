@@ -1,34 +1,36 @@
 """`fa4gen check`: read a PTX file back (as it is on disk) against the verified IR of its manifest's
 config, and list every difference with its PTX line and the IR op it should be.
 
-sm_100a (lowered from the IR's role programs): per role, the ordered protocol events (mbarrier
-waits with barrier, slot and parity state; arrives, expect_tx bytes; TMA loads/stores with tensor,
-region, slot and barrier; tcgen05.mma with D/A TMEM columns, B state, N, B major, accumulate flag,
-k steps; commits; tcgen05.ld/st columns; wait::ld/st; named barriers with id and thread count;
-fences), the prologue (every mbarrier slot initialised once with the IR's arrival count, the TMEM
-allocation's columns) and each role's TMEM lane field. The parser knows nothing of the lowering: it
-reads instructions, resolves offsets through the manifest's SMEM layout and the IR's TMEM regions,
-and follows address registers back to the State register they came from.
-
-sm_90a (lowered from the IR by the walker both targets share): per role section, the replicated
-consumer warpgroups once, the ordered protocol events (waits with barrier, ring state and parity
-register; arrives with their predicate against the IR's scope; expect_tx bytes; TMA copies with
-their barrier; named barriers by id, literal or held in a register whose computation from %cw is
-read back, and thread count; wgmma commits and wait_group depths; bulk-store waits and proxy fences
-up to the role's ret), each ring state's start values and advance, and the mbarrier init counts on
-the SMEM layout derived from the Pipeline. What the sm_90a IR does not describe (descriptors,
-wgmma.fence) is not read back: `fa4gen emulate` judges it.
+One reader for both targets (`_read_section`): each role section ($L_role_<name> .. $L_<name>_end;
+sm_90a: on to its ret) is read instruction by instruction, every instruction classified by the
+target's Spelling (fa4gen/lower: the classes its OP_PTX rows name, the ring-state register names of
+the walker), into ordered protocol events: mbarrier waits with barrier, slot and parity state;
+arrives, expect_tx bytes; TMA loads/stores with tensor, region, slot and barrier; named barriers with
+id and thread count; bulk-store waits, proxy fences; ring-state advances (step and wrap); sm_100a's
+tcgen05.mma (D/A TMEM columns, B state, N, B major, accumulate flag, k steps), commits, tcgen05.ld/st
+columns, wait::ld/st; sm_90a's wgmma groups (k steps, fenced) and wait_group depths. Addresses are
+resolved through the SMEM layout (the manifest's on sm_100a, the one derived from the Pipeline on
+sm_90a) and address registers followed back to the State register they came from. A role instance is
+read with what it knows (its warpgroup index, on sm_90a the instance index %cw computed from it):
+branches on it are followed and named-barrier ids held in registers evaluated, so the sm_90a consumer
+warpgroups' one section is read once per instance and compared with that instance's verified program.
+For every mbarrier the arrivals of one phase (the threads each arriving role instance lets through: its
+warps, the arrive's predicate and the branches around it) must be its mbarrier.init count, both read
+from the PTX. Also checked: every slot initialised once with the IR's count, each ring state's start;
+sm_100a: the TMEM allocation, each role's TMEM lane field, the setup sync and setmaxnreg budgets.
+What the IR does not describe (descriptors, wgmma.fence, data-path arithmetic) is `fa4gen emulate`'s.
 """
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from dataclasses import dataclass, field
 
 from .config import KernelConfig
 from .ptxemu.parse import _split_top as _operands
 from .encodings import EncodingError, Major, TcgenInstrDesc
-from .ir.core import (Arrive, BarrierKind, BlockRef, Commit, ExpectTx, FenceProxyAsync, If, InstSlot, Loop, Mma,
+from .ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, ExpectTx, FenceProxyAsync, Mma,
                       MmaWait, NamedArrive, NamedSync, Scope, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt,
                       Wait, WaitLd, WaitSt, walk_ops)
 
@@ -74,6 +76,13 @@ class CheckReport:
 # ---- shared PTX reading ---------------------------------------------------------------------------
 _INSTR = re.compile(r"^\s*(@!?%\w+\s+)?([a-z][\w.:]*)\s*(.*?);\s*$")
 _LABEL = re.compile(r"^\s*(\$\w+):\s*$")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _parsed(line: str):
+    """(predicate, mnemonic, operand text, operands) of an instruction line (None: not one)."""
+    m = _INSTR.match(line)
+    return (m.group(1) or "", m.group(2), m.group(3), tuple(_operands(m.group(3)))) if m else None
 
 
 def _numbered(ptx: str) -> list[tuple[int, str]]:
@@ -195,12 +204,12 @@ def _verified(cfg: KernelConfig):
     return pipe, report
 
 
-# ---- sm_100a --------------------------------------------------------------------------------------
+# ---- the reader, both targets --------------------------------------------------------------------
 class _Layout:
-    """Offsets -> names, from the manifest (SMEM) and the pipeline (TMEM, named barriers)."""
+    """Offsets -> names, from the SMEM layout (the manifest's record on sm_100a, the one derived from
+    the Pipeline on sm_90a: walk.smem_layout) and the pipeline (TMEM, named barriers)."""
 
-    def __init__(self, pipe, manifest):
-        lay = manifest["smem_layout"]
+    def __init__(self, pipe, lay: dict):
         self.lay = lay
         self.bars = [(lay["barriers"][b.name], b.slots, b.name) for b in pipe.barriers
                      if b.kind is not BarrierKind.NAMED]
@@ -211,6 +220,13 @@ class _Layout:
                 per_warp = b.per_warp
                 for s in range(b.slots):
                     self.named[b.named_id + s] = (b.name, s // 4 if per_warp else s, b.count)
+
+    @classmethod
+    def derived(cls, pipe):
+        from .lower.walk import smem_layout
+        sl = smem_layout(pipe)
+        return cls(pipe, {"barriers": sl.barriers, "regions": {k: {"offset": o, "bytes_per_slot": n, "slots": s}
+                                                                for k, (o, n, s) in sl.regions.items()}})
 
     def barrier(self, off: int):
         for base, slots, name in self.bars:
@@ -231,213 +247,530 @@ class _Unreadable(Exception):
         self.line = line
 
 
-def _role_sections(numbered, roles) -> dict:
-    """Role name -> its (line, text) list: from label $L_role_<name> to $L_<name>_end."""
+def _role_sections(numbered, roles, to_ret: bool = False) -> dict:
+    """Role name -> its (line, text) list: from label $L_role_<name> to $L_<name>_end (to_ret: on to
+    the role's ret, the end label included)."""
     out = {}
     idx = {text.strip(): i for i, (_, text) in enumerate(numbered) if _LABEL.match(text)}
     for r in roles:
         a, b = idx.get(f"$L_role_{r}:"), idx.get(f"$L_{r}_end:")
         if a is not None and b is not None and a < b:
+            if to_ret:
+                b = next((i + 1 for i in range(b, len(numbered)) if numbered[i][1].strip() == "ret;"), b + 1)
             out[r] = numbered[a + 1:b]
     return out
 
 
-def _parse_sm100(numbered, pipe, manifest) -> dict:
-    lay = _Layout(pipe, manifest)
+# ---- values the reader can know: integers and predicates computed from constants and the role
+# instance's warpgroup (%wg), along straight-line code (a label forgets what is not fixed for the section)
+_ARITH = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+          "shl": lambda a, b: a << b, "shr": lambda a, b: a >> b, "and": lambda a, b: a & b,
+          "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b, "min": min, "max": max}
+_CMP = {"eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b,
+        "le": lambda a, b: a <= b, "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b}
+# who a predicate selects: `setp.eq.u32 P, REG, 0` on these registers picks one thread of a group of N
+# (None: of the CTA)
+_ONE_OF = {"%lane": 32, "%ctid": 128, "%tidx": None}
+_THREAD_IDS = ("%tid.x", "%laneid")
+
+
+def _value(op, env):
+    if re.fullmatch(r"-?\d+|0[xX][0-9a-fA-F]+", op):
+        return int(op, 0)
+    return env.get(op)
+
+
+def _evaluate(opc, ops, env):
+    """The value an instruction writes to ops[0], if the reader knows it (None otherwise)."""
+    parts = opc.split(".")
+    vals = [_value(o, env) for o in ops[1:]]
+    if None in vals or not vals:
+        return None
+    if parts[0] == "mov" and len(vals) == 1:
+        return vals[0]
+    if parts[0] == "setp" and len(vals) == 2 and parts[1] in _CMP:
+        return _CMP[parts[1]](vals[0], vals[1])
+    if opc in ("and.pred", "or.pred") and len(vals) == 2:
+        return (vals[0] and vals[1]) if opc == "and.pred" else (vals[0] or vals[1])
+    if parts[0] == "mad" and len(vals) == 3:
+        return (vals[0] * vals[1] + vals[2]) & 0xFFFFFFFF
+    if parts[0] in _ARITH and len(vals) == 2 and parts[-1] in ("u32", "s32", "b32"):
+        return _ARITH[parts[0]](vals[0], vals[1]) & 0xFFFFFFFF
+    return None
+
+
+def _setup_facts(numbered, first_section: int):
+    """(predicate definitions, thread-dependent registers) of the kernel's code before its roles."""
+    defs, tainted = {}, set(_THREAD_IDS)
+    for _, line in numbered[:first_section]:
+        m = _parsed(line)
+        if m:
+            _note_def(m[1], m[3], defs, tainted, {})
+    return defs, tainted
+
+
+def _dest(opc, ops) -> str | None:
+    """The register an instruction writes (None: it writes none, or memory)."""
+    if not ops or opc.startswith(("st.", "bra", "bar", "mbarrier", "cp.", "wgmma", "tcgen05", "fence")):
+        return None
+    dst = ops[0].split("|")[-1]
+    return dst if re.fullmatch(r"%\w+", dst) else None
+
+
+def _note_def(opc, ops, defs, tainted, env):
+    """Record what an instruction writes: the definition of a predicate, whether the register now depends
+    on the thread (a value the reader knows does not)."""
+    dst = _dest(opc, ops)
+    if dst is None:
+        return
+    defs[dst] = (opc, ops)
+    srcs = [r for o in ops[1:] for r in re.findall(r"%[\w.]+", o)]
+    if opc.startswith("elect.sync") or (any(r in tainted for r in srcs) and dst not in env):
+        tainted.add(dst)
+    else:
+        tainted.discard(dst)
+
+
+def _issuers(pred, defs, tainted, env, threads):
+    """How many of the role's `threads` a predicate `P` / `!P` lets through (None: not readable)."""
+    neg = pred.startswith("!")
+    p = pred.lstrip("!")
+    if p in env:
+        return threads if bool(env[p]) != neg else 0
+    if p not in tainted:
+        return threads  # the same for every thread of the role: when it runs, all of them do
+    if neg:
+        return None
+    opc, ops = defs.get(p, ("", ()))
+    if opc.startswith("elect.sync"):
+        return threads // 32
+    if opc == "setp.eq.u32" and len(ops) == 3 and ops[1] in _ONE_OF and ops[2] == "0":
+        n = _ONE_OF[ops[1]]
+        return 1 if n is None else max(threads // n, 1)
+    if opc == "and.pred" and len(ops) == 3:
+        a, b = (_issuers(x, defs, tainted, env, threads) for x in ops[1:])
+        return None if a is None or b is None else min(a, b)
+    return None
+
+
+def _read_section(role: str, lines, pipe, lay: _Layout, spell, threads: int, setup, env0: dict) -> tuple:
+    """The protocol events of one role section as one instance of it runs it: `env0` fixes what the
+    instance knows (its warpgroup %wg), branches on what the reader knows (the instance index) are
+    followed; `spell` (the target's walk.Spelling) classifies every instruction. -> (events, arrivals:
+    [(line, barrier, threads issuing or None)])."""
     tmaps = {"%tmq": "q", "%tmk": "k", "%tmv": "v", "%tmo": "o"}
-    result = {}
-    for role, lines in _role_sections(numbered, [r.name for r in pipe.roles]).items():
-        prov: dict = {}
-        consts: dict = {}
-        guard = None
-        events: list = []
-        pending_before = False
-        last_was_sync = False
-        selp: dict = {}  # register -> (a, b, predicate) of its last selp
-        setp_ge: dict = {}  # predicate -> (state, bound) of its last setp.ge.u32 on a state register
-        sq_guard: set = set()  # predicates whose last setp is `setp.lt.u32 p, x, %sq` (a row of the sequence)
-        rows_src: list = []  # (region, slot, predicate) of the last ld.shared.v4 (StoreRows' source)
-        depths = {st.name: st.depth for st in pipe.role(role).states}
+    prov: dict = {}
+    consts: dict = {}
+    bases: set = set()  # registers holding %smem / %bar itself
+    guards: list = []  # (label, predicate) of each `@!P bra L` around this point
+    events: list = []
+    arrivals: list = []
+    pending_before = False
+    last_was_sync = False
+    selp: dict = {}
+    setp_ge: dict = {}
+    sq_guard: set = set()
+    rows_src: list = []
+    wg_steps, wg_fenced = 0, False
+    depths = {st.name: st.depth for st in _role_named(pipe, role).states}
+    defs, tainted = dict(setup[0]), set(setup[1])
+    env = dict(env0)
+    # fixed for the section: what the straight-line code before its first label writes and nothing after
+    first_label = next((k for k, (_, t) in enumerate(lines) if _LABEL.match(t)), len(lines))
+    later = set()
+    for _, line in lines[first_label:]:
+        m = _parsed(line)
+        later.add(_dest(m[1], m[3]) if m else None)
+    fixed = {r for _, line in lines[:first_label] for m in [_parsed(line)] if m
+             for r in [_dest(m[1], m[3])] if r and r not in later}
+    then_ends: list = []  # labels ending the then-branch of a known-false `@P bra` now being read
+    labels = {text.strip()[:-1]: i for i, (_, text) in enumerate(lines) if _LABEL.match(text)}
 
-        def src_states(ops, role=role, prov=prov):
-            s = set()
-            for o in ops:
-                for reg in re.findall(r"%\w+", o):
-                    m = re.match(rf"%q_{role}_(\w+)$", reg)
-                    if m:
-                        s.add(m.group(1))
-                    elif reg in prov:
-                        s |= prov[reg]
-            return frozenset(s)
+    def src_states(ops):
+        s = set()
+        for o in ops:
+            for reg in re.findall(r"%\w+", o):
+                st = spell.state_of(reg, role)
+                if st:
+                    s.add(st)
+                elif reg in prov:
+                    s |= prov[reg]
+        return frozenset(s)
 
-        for ln, line in lines:
-            def addr(op, ln=ln):
-                m = re.match(r"\[(%\w+)\+(\d+)\]$", op)
-                if not m:
-                    raise _Unreadable(ln, f"unexpected address {op}")
-                base, off = m.group(1), int(m.group(2))
-                if base in ("%bar", "%smem"):
-                    return None, off
-                st = prov.get(base, frozenset())
-                if len(st) != 1:
-                    raise _Unreadable(ln, f"address register {base} not derived from exactly one State ({set(st)})")
-                return next(iter(st)), off
+    i = 0
+    while i < len(lines):
+        ln, line = lines[i]
+        i += 1
 
-            def bar_slot(op, ln=ln):
-                state, off = addr(op)
-                hit = lay.barrier(off)
-                if hit is None:
-                    raise _Unreadable(ln, f"offset {off} is no mbarrier slot of the layout")
-                name, k = hit
-                return name, (k if state is None else (state, k))
-
-            lm = _LABEL.match(line)
-            if lm:
-                if guard == lm.group(1):
-                    guard = None
-                continue
-            m = _INSTR.match(line)
+        def addr(op, ln=ln):
+            m = re.match(r"\[(%\w+)(?:\+(\d+))?\]$", op)
             if not m:
+                raise _Unreadable(ln, f"unexpected address {op}")
+            base, off = m.group(1), int(m.group(2) or 0)
+            if base in ("%bar", "%smem") or base in bases:
+                return None, off
+            st = prov.get(base, frozenset())
+            if len(st) != 1:
+                raise _Unreadable(ln, f"address register {base} not derived from exactly one State ({set(st)})")
+            return next(iter(st)), off
+
+        def bar_slot(op, ln=ln):
+            state, off = addr(op)
+            hit = lay.barrier(off)
+            if hit is None:
+                raise _Unreadable(ln, f"offset {off} is no mbarrier slot of the layout")
+            name, k = hit
+            return name, (k if state is None else (state, k))
+
+        lm = _LABEL.match(line)
+        if lm:
+            lab = lm.group(1)
+            guards = [g for g in guards if g[0] != lab]
+            if then_ends and then_ends[-1] == lab:
+                then_ends.pop()
+            env = {k: v for k, v in env.items() if k in fixed or k in env0}
+            continue
+        m = _parsed(line)
+        if not m:
+            continue
+        pred, opc, ops = m[0].strip(), m[1], list(m[3])
+        p = pred.lstrip("@")
+        if p and p.lstrip("!") in env and not opc.startswith("bra"):  # a predicate the reader knows
+            if bool(env[p.lstrip("!")]) == p.startswith("!"):
+                continue  # this instance does not run it
+            pred, p = "", ""
+        cls = spell.classify(opc)
+        elected = any(g[1] in spell.single for g in guards) or p in spell.single
+        ev = None
+        if opc.startswith("bra"):
+            target = ops[0]
+            if p and p.lstrip("!") in env:  # a branch the reader can follow
+                if bool(env[p.lstrip("!")]) != p.startswith("!"):
+                    j = labels.get(target)
+                    if j is None:
+                        break  # out of the role: this instance runs nothing more of it
+                    if j < i:
+                        raise _Unreadable(ln, f"a known branch back to {target}")
+                    i = j
+                else:
+                    then_ends.append(target)
                 continue
-            pred, opc, rest = (m.group(1) or "").strip(), m.group(2), m.group(3)
-            ops = _operands(rest)
-            elected = guard is not None or pred == "@%p_el"
-            ev = None
-            if opc == "bra" and pred == "@!%p_el":
-                guard = ops[0]
-            elif opc.startswith("mbarrier.try_wait.parity"):
-                name, slot = bar_slot(ops[1])
-                par = ops[2]
-                pm = re.match(rf"%q_{role}_(\w+)$", par)
-                if pm:  # a one-slot ring: q in [0, 2) is the parity itself
-                    st = pm.group(1)
-                    parity = st if depths.get(st) == 1 else f"{st} used directly as parity (depth {depths.get(st)})"
-                elif par in selp and selp[par][2] in setp_ge:
-                    a_, b_, p_ = selp[par]
-                    st, d_ = setp_ge[p_]
-                    parity = st if (a_, b_, d_) == ("1", "0", str(depths.get(st))) else \
-                        f"{st} with parity selp {a_}, {b_} on q >= {d_} (depth {depths.get(st)})"
-                else:
-                    parity = f"? ({par})"
-                ev = ("wait", name, slot, parity)
-            elif opc.startswith("mbarrier.arrive.expect_tx"):
-                name, slot = bar_slot(ops[1])
-                ev = ("expect_tx", name, slot, int(ops[2], 0), elected)
-            elif opc.startswith("mbarrier.arrive"):
-                name, slot = bar_slot(ops[1])
-                ev = ("arrive", name, slot, elected, pending_before)
-            elif opc.startswith("cp.async.bulk.tensor") and ".global.shared::cta" in opc:
-                ev = ("tma_store", tmaps.get(ops[0][1:].split(",")[0].strip(), "?"), elected)
-            elif opc.startswith("cp.async.bulk.tensor"):
-                st, off = addr(ops[0])
-                reg = lay.region(off)
-                if reg is None:
-                    raise _Unreadable(ln, f"TMA destination offset {off} is in no SMEM region")
-                region, slot, _ = reg
-                bname, bslot = bar_slot(ops[2])
-                ev = ("tma_load", tmaps.get(ops[1][1:].split(",")[0].strip(), "?"), region,
-                      slot if st is None else (st, slot), bname, bslot, elected)
-            elif opc == "cp.async.bulk.commit_group":
-                ev = ("bulk_commit", elected)
-            elif opc.startswith("cp.async.bulk.wait_group.read"):
-                ev = ("store_wait", elected)
-            elif opc.startswith("tcgen05.mma"):
-                d = re.match(r"\[%tmem\+(\d+)\]$", ops[0])
-                try:
-                    idesc = TcgenInstrDesc.decode(int(ops[3], 0))
-                except (EncodingError, ValueError) as e:
-                    raise _Unreadable(ln, f"instruction descriptor {ops[3]}: {e}") from None
-                if ops[1].startswith("["):
-                    am = re.match(r"\[%tmem\+(\d+)\]$", ops[1])
-                    a = ("tmem", int(am.group(1)) if am else ops[1])
-                else:
-                    a = ("smem", tuple(sorted(src_states([ops[1]]))))
-                ev = ("mma", int(d.group(1)) if d else ops[0], a, tuple(sorted(src_states([ops[2]]))), idesc.n,
-                      idesc.b_major.name, ops[4], pred == "@%p_el", idesc.m, idesc.a_major.name, idesc.a_type.name)
-            elif opc.startswith("tcgen05.commit"):
-                name, slot = bar_slot(ops[0])
-                ev = ("commit", name, slot, pred == "@%p_el")
-            elif opc.startswith(("tcgen05.ld", "tcgen05.st")):
-                n = int(re.search(r"\.x(\d+)\.", opc).group(1))
-                cm = re.match(r"\[%tml\+(\d+)\]$", ops[1] if opc.startswith("tcgen05.ld") else ops[0])
-                col = int(cm.group(1)) if cm else -1
-                ev = ("tmem_ld" if opc.startswith("tcgen05.ld") else "tmem_st", col, col + n)
-            elif opc.startswith("tcgen05.wait::ld"):
-                ev = ("wait_ld",)
-            elif opc.startswith("tcgen05.wait::st"):
-                ev = ("wait_st",)
-            elif opc in ("bar.arrive", "bar.sync") and ops[0] != "0":
-                bid = consts.get(ops[0]) if ops[0].startswith("%") else int(ops[0])
-                if bid not in lay.named:
-                    raise _Unreadable(ln, f"{opc} {ops[0]}: id {bid} is no named barrier of the IR")
-                name, slot, _count = lay.named[bid]
-                threads = int(ops[1]) if len(ops) > 1 else None
-                ev = (opc.replace(".", "_"), name, slot, pending_before if opc == "bar.arrive" else None, threads)
-            elif opc.startswith("ld.shared.v4"):  # StoreRows: the threads read the O staging slot
+            if not p and then_ends and i < len(lines) and lines[i][1].strip() == f"{then_ends[-1]}:":
+                then_ends.pop()  # the end of a then-branch the instance took: skip its else-branch
+                j = labels.get(target)
+                if j is None:
+                    break
+                i = j
+                continue
+            if p.startswith("!") and not opc.endswith(".uni") and p[1:] in tainted and target in labels \
+                    and labels[target] >= i:
+                guards.append((target, p[1:]))
+            continue
+        if opc == "ret":
+            break
+        if cls == "mbarrier.try_wait.parity":
+            name, slot = bar_slot(ops[1])
+            par = ops[2]
+            st = spell.state_of(par, role, "parity_reg") or spell.state_of(par, role)
+            if spell.parity_reg is not None:
+                parity = st if spell.state_of(par, role, "parity_reg") else f"? ({par})"
+            elif st:  # a one-slot ring: q in [0, 2) is the parity itself
+                parity = st if depths.get(st) == 1 else f"{st} used directly as parity (depth {depths.get(st)})"
+            elif par in selp and selp[par][2] in setp_ge:
+                a_, b_, p_ = selp[par]
+                st, d_ = setp_ge[p_]
+                parity = st if (a_, b_, d_) == ("1", "0", str(depths.get(st))) else \
+                    f"{st} with parity selp {a_}, {b_} on q >= {d_} (depth {depths.get(st)})"
+            else:
+                parity = f"? ({par})"
+            ev = ("wait", name, slot, parity)
+        elif cls == "mbarrier.arrive.expect_tx":
+            name, slot = bar_slot(ops[1])
+            ev = ("expect_tx", name, slot, int(ops[2], 0), elected)
+        elif cls == "mbarrier.arrive":
+            name, slot = bar_slot(ops[1])
+            ev = ("arrive", name, slot, elected, pending_before)
+        elif cls == "cp.async.bulk.tensor.s2g":
+            ev = ("tma_store", tmaps.get(ops[0][1:].split(",")[0].strip(), "?"), elected)
+        elif cls == "cp.async.bulk.tensor.g2s":
+            st, off = addr(ops[0])
+            reg = lay.region(off)
+            if reg is None:
+                raise _Unreadable(ln, f"TMA destination offset {off} is in no SMEM region")
+            region, slot, _ = reg
+            bname, bslot = bar_slot(ops[2])
+            ev = ("tma_load", tmaps.get(ops[1][1:].split(",")[0].strip(), "?"), region,
+                  slot if st is None else (st, slot), bname, bslot, elected)
+        elif cls == "cp.async.bulk.commit_group":
+            ev = ("bulk_commit", elected)
+        elif cls == "cp.async.bulk.wait_group.read":
+            ev = ("store_wait", elected)
+        elif cls == "tcgen05.mma":
+            d = re.match(r"\[%tmem\+(\d+)\]$", ops[0])
+            try:
+                idesc = TcgenInstrDesc.decode(int(ops[3], 0))
+            except (EncodingError, ValueError) as e:
+                raise _Unreadable(ln, f"instruction descriptor {ops[3]}: {e}") from None
+            if ops[1].startswith("["):
+                am = re.match(r"\[%tmem\+(\d+)\]$", ops[1])
+                a = ("tmem", int(am.group(1)) if am else ops[1])
+            else:
+                a = ("smem", tuple(sorted(src_states([ops[1]]))))
+            ev = ("mma", int(d.group(1)) if d else ops[0], a, tuple(sorted(src_states([ops[2]]))), idesc.n,
+                  idesc.b_major.name, ops[4], pred == "@%p_el", idesc.m, idesc.a_major.name, idesc.a_type.name)
+        elif cls == "tcgen05.commit":
+            name, slot = bar_slot(ops[0])
+            ev = ("commit", name, slot, pred == "@%p_el")
+        elif cls in ("tcgen05.ld", "tcgen05.st"):
+            n = int(re.search(r"\.x(\d+)\.", opc).group(1))
+            cm = re.match(r"\[%tml\+(\d+)\]$", ops[1] if cls == "tcgen05.ld" else ops[0])
+            col = int(cm.group(1)) if cm else -1
+            ev = ("tmem_ld" if cls == "tcgen05.ld" else "tmem_st", col, col + n)
+        elif cls == "tcgen05.wait::ld":
+            ev = ("wait_ld",)
+        elif cls == "tcgen05.wait::st":
+            ev = ("wait_st",)
+        elif cls in ("bar.arrive", "bar.sync") and ops[0] != "0":
+            if ops[0].startswith("%"):
+                bid = env.get(ops[0], consts.get(ops[0]))
+            else:
+                bid = int(ops[0])
+            if bid not in lay.named:
+                raise _Unreadable(ln, f"{opc} {ops[0]}: id {bid} is no named barrier of the IR"
+                                  + (" (the register's value is not computed from the instance index)"
+                                     if bid is None else ""))
+            name, slot, _count = lay.named[bid]
+            threads_ = int(ops[1]) if len(ops) > 1 else None
+            ev = (cls.replace(".", "_"), name, slot, pending_before if cls == "bar.arrive" else None, threads_)
+        elif cls == "wgmma.fence":
+            wg_fenced = True
+            continue
+        elif cls == "wgmma.mma_async":
+            wg_steps += 1
+            continue
+        elif cls == "wgmma.commit_group":
+            ev = ("wgmma", wg_steps, wg_fenced)
+            wg_steps, wg_fenced = 0, False
+        elif cls == "wgmma.wait_group":
+            ev = ("wgmma_wait", int(ops[0], 0))
+        elif opc.startswith("ld.shared.v4"):  # StoreRows: the threads read the O staging slot
+            try:
                 st, off = addr(ops[1])
                 reg = lay.region(off)
-                if reg is None:
-                    raise _Unreadable(ln, f"ld.shared offset {off} is in no SMEM region")
-                rows_src[:] = [(reg[0], reg[1] if st is None else (st, reg[1]), pred)]
+                src = (reg[0], reg[1] if st is None else (st, reg[1])) if reg else None
+            except _Unreadable:
+                src = None  # sm_90a: each consumer's slot, from %cw (the store's rows are what is read back)
+            rows_src[:] = [(src, pred)]
+            continue
+        elif opc.startswith("st.global.v4.f32"):  # StorePartial (KV cache): fp32 O of the thread's row
+            q = pred.lstrip("@")
+            ev = ("store_partial", "rows < %sq" if q in sq_guard and not q.startswith("!")
+                  else f"st.global predicate {pred or 'none'}")
+        elif opc.startswith("st.global.v4"):  # ... and write its rows to global memory
+            src, ld_pred = rows_src[0] if rows_src else (None, None)
+            q = pred.lstrip("@")
+            rows = ("rows < %sq" if q in sq_guard and not q.startswith("!") and ld_pred == pred
+                    else f"st.global predicate {pred or 'none'}, ld.shared predicate {ld_pred or 'none'}")
+            ev = ("store_rows",) + (src or ("?", None)) + (rows,)
+            if events and events[-1][1] == ev:  # one op: a row group per instruction pair
                 continue
-            elif opc.startswith("st.global.v4.f32"):  # StorePartial (KV cache): fp32 O of the thread's row
-                p = pred.lstrip("@")
-                ev = ("store_partial", "rows < %sq" if p in sq_guard and not p.startswith("!")
-                      else f"st.global predicate {pred or 'none'}")
-            elif opc.startswith("st.global.v4"):  # ... and write its rows to global memory
-                region, slot, ld_pred = rows_src[0] if rows_src else ("?", None, None)
-                p = pred.lstrip("@")
-                rows = ("rows < %sq" if p in sq_guard and not p.startswith("!") and ld_pred == pred
-                        else f"st.global predicate {pred or 'none'}, ld.shared predicate {ld_pred or 'none'}")
-                ev = ("store_rows", region, slot, rows)
-            elif opc == "fence.proxy.async.shared::cta":
-                ev = ("fence_proxy_async",)
-            elif opc == "tcgen05.fence::before_thread_sync":
-                pending_before = True
+        elif cls == "fence.proxy.async.shared::cta":
+            ev = ("fence_proxy_async",)
+        elif cls == "tcgen05.fence::before_thread_sync":
+            pending_before = True
+            continue
+        elif cls == "tcgen05.fence::after_thread_sync":
+            if last_was_sync:
+                events[-1] = (events[-1][0], events[-1][1] + ("fence_after",))
+                last_was_sync = False
                 continue
-            elif opc == "tcgen05.fence::after_thread_sync":
-                if last_was_sync:
-                    events[-1] = (events[-1][0], events[-1][1] + ("fence_after",))
-                    last_was_sync = False
-                    continue
-                ev = ("fence_after without a wait",)
-            elif opc.startswith(("tcgen05.", "mbarrier.", "cp.async.", "bar.", "fence.")) and opc != "bar.warp.sync":
-                ev = ("unknown protocol instruction", opc)
+            ev = ("fence_after without a wait",)
+        elif opc.startswith(("tcgen05.", "mbarrier.", "cp.async.", "bar.", "fence.", "wgmma.")) \
+                and opc != "bar.warp.sync":
+            ev = ("unknown protocol instruction", opc)
+        elif ops and (spell.state_of(ops[0], role) or spell.state_of(ops[0], role, "parity_reg")):
+            ev = _advance(role, opc, pred, ops, lines, i, spell)
+            if ev is None:
+                continue  # the state's initial value (read by _state_inits)
+            i += ev[1]
+            ev = ev[0]
+        else:
+            if ops and re.match(r"%\w+$", ops[0]) and not opc.startswith(("st.", "setp", "bra")):
+                dst = ops[0]
+                s = src_states(ops[1:])
+                if s:
+                    prov[dst] = s
+                else:
+                    prov.pop(dst, None)
+                if opc == "add.u32" and len(ops) > 2 and ops[1] == "%warp4":
+                    consts[dst] = int(ops[2], 0)
+                if opc == "mov.u32" and len(ops) == 2 and ops[1] in ("%smem", "%bar"):
+                    bases.add(dst)
+                else:
+                    bases.discard(dst)
+            if opc.startswith("setp") and ops:
+                if opc == "setp.lt.u32" and len(ops) == 3 and ops[2] == "%sq":
+                    sq_guard.add(ops[0])
+                else:
+                    sq_guard.discard(ops[0])
+            if opc.startswith("setp") and len(ops) >= 3:
+                s = src_states(ops[1:])
+                if s:
+                    prov[ops[0]] = s
+            if opc.startswith("selp") and len(ops) >= 4:
+                prov[ops[0]] = src_states(ops[1:])
+                selp[ops[0]] = (ops[1], ops[2], ops[3])
+            if opc == "setp.ge.u32" and len(ops) == 3:
+                qs = spell.state_of(ops[1], role)
+                if qs:
+                    setp_ge[ops[0]] = (qs, ops[2])
+        if not (ev and ev[0] in ("advance",)):
+            dst = _dest(opc, ops)
+            if dst and cls is None:
+                val = _evaluate(opc, ops, env) if not p else None
+                if val is None:
+                    env.pop(dst, None)
+                else:
+                    env[dst] = val
+                _note_def(opc, ops, defs, tainted, env)
+        if ev is not None:
+            if ev[0] in ("arrive", "expect_tx"):
+                who = threads
+                for _, g in guards:
+                    w = _issuers(g, defs, tainted, env, threads)
+                    who = None if w is None or who is None else min(who, w)
+                if p and who is not None:
+                    w = _issuers(p, defs, tainted, env, threads)
+                    who = None if w is None else min(who, w)
+                arrivals.append((ln, ev[1], ev[2], who, pred or "no predicate"))
+            if ev[0] in ("arrive", "bar_arrive"):
+                pending_before = False
+            events.append((ln, ev))
+            last_was_sync = ev[0] in ("wait", "bar_sync")
+    return _collapse(events), arrivals
+
+
+def _advance(role, opc, pred, ops, lines, i, spell):
+    """A write to a ring state's register: its initial `mov` (None) or the walker's advance, read as
+    (("advance", state, step, modulus) or a malformed one, instructions consumed after this one)."""
+    st = spell.state_of(ops[0], role) or spell.state_of(ops[0], role, "parity_reg")
+    if opc == "mov.u32" and not pred and re.fullmatch(r"\d+", ops[1] if len(ops) > 1 else ""):
+        return None
+    if spell.parity_reg is not None and spell.state_of(ops[0], role, "parity_reg") and not pred \
+            and opc == "xor.b32" and ops[1:] == [ops[0], "1"]:
+        return ("advance", st, 1, 1), 0  # a one-slot ring: the parity flips
+    text = f"{pred + ' ' if pred else ''}{opc} {', '.join(ops)}"
+    if pred or opc != "add.u32" or len(ops) != 3 or ops[1] != ops[0] or not spell.state_of(ops[0], role):
+        return ("write of a ring state's register", st, text), 0
+    s = ops[0]
+    nxt = []
+    for _, t in lines[i:i + (3 if spell.parity_reg else 2)]:
+        nxt.append(t.split("//")[0].strip())
+    step = int(ops[2], 0)
+    m = re.fullmatch(rf"setp\.(eq|ge)\.u32 %p_q, {re.escape(s)}, (\d+);", nxt[0]) if nxt else None
+    mod = int(m.group(2)) if m else None
+    if spell.parity_reg is not None:
+        ph = "%" + spell.parity_reg.format(role=role, state=st)
+        wrap = [f"@%p_q mov.u32 {s}, 0;"] if m and m.group(1) == "eq" else [f"@%p_q sub.u32 {s}, {s}, {mod};"]
+        good = m is not None and nxt[1:] == wrap + [f"@%p_q xor.b32 {ph}, {ph}, 1;"] and \
+            (m.group(1) == "ge" or step == 1)
+    else:
+        good = m is not None and m.group(1) == "ge" and nxt[1:] == [f"@%p_q sub.u32 {s}, {s}, {mod};"]
+    if not good:
+        return ("advance", st, step, "wrap " + " / ".join(nxt)), len(nxt)
+    return ("advance", st, step, mod), len(nxt)
+
+
+def _role_named(pipe, name: str):
+    return next((r for r in tuple(pipe.roles) + tuple(pipe.replicated) if r.name == name), None)
+
+
+def _read_roles(numbered, pipe, lay: _Layout, spell, to_ret: bool) -> tuple[dict, dict, list]:
+    """Every role instance's protocol events, read by `_read_section` from its section (the instances of
+    a replicated program share one: each is read with its own warpgroup index). -> ({role: (events,
+    arrivals)}, {section: lines}, differences of unreadable sections)."""
+    instance_of = {f"{t.name}{i}": t.name for t in pipe.replicated for i in range(t.instances)}
+    sections = _role_sections(numbered, list(dict.fromkeys(instance_of.get(r.name, r.name) for r in pipe.roles)),
+                              to_ret)
+    first = next((i for i, (_, t) in enumerate(numbered) if t.strip().startswith("$L_role_")), len(numbered))
+    setup = _setup_facts(numbered, first)
+    out, diffs = {}, []
+    for r in pipe.roles:
+        sec = instance_of.get(r.name, r.name)
+        if sec not in sections:
+            continue
+        try:
+            out[r.name] = _read_section(sec, sections[sec], pipe, lay, spell, 32 * len(r.warps), setup,
+                                        {"%wg": r.warps[0] // 4})
+        except _Unreadable as e:
+            out[r.name] = None
+            diffs.append(Difference("parse", e.line, f"unreadable protocol ({r.name}): {e}", "a readable role program"))
+    return out, sections, diffs
+
+
+def _state_inits(sections, pipe, spell) -> list:
+    """Each ring State's register(s) initialised once, to the IR's start slot and phase."""
+    diffs = []
+    for name, lines in sections.items():
+        role = _role_named(pipe, name)
+        for st in role.states if role else ():
+            if spell.parity_reg is not None:
+                want = {"%" + spell.state_reg.format(role=name, state=st.name): st.start % st.depth,
+                        "%" + spell.parity_reg.format(role=name, state=st.name):
+                            (st.start // st.depth + st.start_phase) % 2}
             else:
-                if ops and re.match(r"%\w+$", ops[0]) and not opc.startswith(("st.", "setp", "bra")):
-                    dst = ops[0]
-                    s = src_states(ops[1:])
-                    if s:
-                        prov[dst] = s
-                    else:
-                        prov.pop(dst, None)
-                    if opc == "add.u32" and len(ops) > 2 and ops[1] == "%warp4":
-                        consts[dst] = int(ops[2], 0)
-                if opc.startswith("setp") and ops:
-                    if opc == "setp.lt.u32" and len(ops) == 3 and ops[2] == "%sq":
-                        sq_guard.add(ops[0])
-                    else:
-                        sq_guard.discard(ops[0])
-                if opc.startswith("setp") and len(ops) >= 3:
-                    s = src_states(ops[1:])
-                    if s:
-                        prov[ops[0]] = s
-                if opc.startswith("selp") and len(ops) >= 4:
-                    prov[ops[0]] = src_states(ops[1:])
-                    selp[ops[0]] = (ops[1], ops[2], ops[3])
-                if opc == "setp.ge.u32" and len(ops) == 3:
-                    qm = re.match(rf"%q_{role}_(\w+)$", ops[1])
-                    if qm:
-                        setp_ge[ops[0]] = (qm.group(1), ops[2])
-            if ev is not None:
-                if ev[0] in ("arrive", "bar_arrive"):
-                    pending_before = False
-                events.append((ln, ev))
-                last_was_sync = ev[0] in ("wait", "bar_sync")
-        result[role] = _collapse(events)
-    return result
+                want = {"%" + spell.state_reg.format(role=name, state=st.name):
+                        (st.start + st.depth * st.start_phase) % (2 * st.depth)}
+            for reg, v in want.items():
+                inits = [(ln, t.strip()) for ln, t in lines if re.match(rf"^\s*mov\.u32 {re.escape(reg)}, ", t)]
+                if len(inits) != 1 or inits[0][1] != f"mov.u32 {reg}, {v};":
+                    diffs.append(Difference(name, inits[0][0] if inits else None,
+                                            "; ".join(t for _, t in inits) or f"no initial value for {reg}",
+                                            f"{reg} starts at {v} (State {st.name}: slot {st.start}, phase "
+                                            f"{st.start_phase})"))
+    return diffs
 
 
+def _arrivals_per_phase(numbered, lay: _Layout, reads: dict) -> list:
+    """For each mbarrier: the arrivals of one phase (each role instance that arrives on it: the threads
+    its arrive / expect_tx lets through, by the role's warps and the instruction's predicates and guards)
+    equal the count its mbarrier.init gives (both read from the PTX)."""
+    diffs, inits = [], {}
+    for ln, text in numbered:
+        m = re.match(r"^\s*mbarrier\.init\.shared::cta\.b64 \[%bar\+(\d+)\], (\w+);$", text)
+        hit = lay.barrier(int(m.group(1))) if m else None
+        if hit:
+            inits.setdefault(hit[0], []).append((ln, hit[1], int(m.group(2), 0)))
+    per_slot: dict = {}  # (barrier, constant slot or None: every slot of a ring) -> [(role, threads)]
+    for role, read in reads.items():
+        arrivals = read[1] if read else []
+        seen: dict = {}
+        for ln, bar, slot, who, pred in arrivals:
+            key = (bar, slot if isinstance(slot, int) else None)
+            if who is None:
+                diffs.append(Difference(role, ln, f"arrive on {bar} under {pred}",
+                                        "a predicate whose arriving threads are readable (one lane per warp, the "
+                                        "elected thread, or all)"))
+                continue
+            if key in seen and seen[key][1] != who:
+                diffs.append(Difference(role, ln, f"{who} threads arrive on {bar} ({pred})",
+                                        f"{seen[key][1]}, as at PTX line {seen[key][0]}: one phase, one count"))
+                continue
+            seen.setdefault(key, (ln, who))
+        for key, (ln, who) in seen.items():
+            per_slot.setdefault(key, []).append((role, who))
+    for bar, inits_ in inits.items():
+        for ln, slot, count in inits_:
+            whos = per_slot.get((bar, slot), []) + per_slot.get((bar, None), [])
+            total = sum(w for _, w in whos)
+            if whos and count != total:
+                diffs.append(Difference("arrivals", ln, f"mbarrier.init {bar}[{slot}] count {count}",
+                                        f"the PTX's arrivals per phase: {total} ("
+                                        + ", ".join(f"{r} {w}" for r, w in whos) + ")"))
+    return diffs
+
+
+# ---- sm_100a --------------------------------------------------------------------------------------
 def _collapse(events):
     """Fold the repeated instructions of one op (TMA boxes, MMA k steps, store + commit_group);
     each folded event keeps the line of its first instruction."""
@@ -555,6 +888,9 @@ def _expected_sm100(pipe) -> dict:
                     ev = (ev, ("fence_after",))
             elif isinstance(op, FenceProxyAsync):
                 ev = ("fence_proxy_async",)
+            elif isinstance(op, Advance):
+                st = role.state(op.state)
+                ev = ("advance", op.state, st.stride % (2 * st.depth), 2 * st.depth)
             else:
                 continue
             if isinstance(ev[0], tuple):  # (event, extras) from a wait followed by its fence
@@ -633,7 +969,7 @@ def _init_counts(numbered, pipe, locate) -> list:
 
 
 def _prologue_sm100(numbered, pipe, manifest) -> list:
-    diffs = _init_counts(numbered, pipe, _Layout(pipe, manifest).barrier)
+    diffs = _init_counts(numbered, pipe, _Layout(pipe, manifest["smem_layout"]).barrier)
     slot_off = manifest["smem_layout"]["tmem_addr_slot"]
     allocs = [(ln, t) for ln, t in numbered if "tcgen05.alloc" in t]
     if len(allocs) != 1:
@@ -670,31 +1006,6 @@ def _tmem_lanes_sm100(sections, pipe) -> list:
     return diffs
 
 
-def _states_sm100(sections, pipe) -> list:
-    """Each ring State's register: its initial value and every advance (q += stride mod 2*depth)."""
-    diffs = []
-    for role in pipe.roles:
-        lines = sections.get(role.name, [])
-        for st in role.states:
-            q = f"%q_{role.name}_{st.name}"
-            want0 = (st.start + st.depth * st.start_phase) % (2 * st.depth)
-            inits = [(ln, t) for ln, t in lines if re.match(rf"^\s*mov\.u32 {re.escape(q)}, ", t)]
-            if len(inits) != 1 or inits[0][1].strip() != f"mov.u32 {q}, {want0};":
-                diffs.append(Difference(role.name, inits[0][0] if inits else None,
-                                        inits[0][1].strip() if inits else f"no initial value for {q}",
-                                        f"State {st.name} starts at q = {want0} (slot {st.start}, phase {st.start_phase})"))
-            for i, (ln, t) in enumerate(lines):
-                m = re.match(rf"^\s*add\.u32 {re.escape(q)}, {re.escape(q)}, (\w+);$", t)
-                if not m:
-                    continue
-                nxt = [x.strip() for _, x in lines[i + 1:i + 3]]
-                wrap = [f"setp.ge.u32 %p_q, {q}, {2 * st.depth};", f"@%p_q sub.u32 {q}, {q}, {2 * st.depth};"]
-                if int(m.group(1), 0) != st.stride or nxt != wrap:
-                    diffs.append(Difference(role.name, ln, f"{t.strip()} then {nxt}",
-                                            f"Advance({st.name}): q += {st.stride} mod {2 * st.depth}"))
-    return diffs
-
-
 def _setup_sm100(numbered, pipe) -> list:
     """The CTA-wide sync between the prologue (mbarrier.init, tcgen05.alloc) and the roles, and each
     warpgroup budget spelled as the IR's setmaxnreg."""
@@ -713,293 +1024,93 @@ def _setup_sm100(numbered, pipe) -> list:
     return diffs
 
 
-def _check_sm100(ptx: str, manifest: dict, cfg: KernelConfig, pipe, rep: CheckReport) -> CheckReport:
-    numbered = _numbered(ptx)
-    rep.differences += _prologue_sm100(numbered, pipe, manifest)
-    sections = _role_sections(numbered, [r.name for r in pipe.roles])
-    rep.differences += _tmem_lanes_sm100(sections, pipe)
-    rep.differences += _states_sm100(sections, pipe)
-    rep.differences += _setup_sm100(numbered, pipe)
-    try:
-        got = _parse_sm100(numbered, pipe, manifest)
-    except _Unreadable as e:
-        rep.differences.append(Difference("parse", e.line, f"unreadable protocol: {e}", "a readable role program"))
-        return rep
-    want = _expected_sm100(pipe)
+def _compare(rep: CheckReport, pipe, got: dict, want: dict) -> None:
     for role in pipe.roles:
         if role.name not in got:
             rep.differences.append(Difference(role.name, None, "no $L_role_ .. _end section", "the role's program"))
             continue
-        rep.events[role.name] = len(want[role.name])
-        rep.differences += _align(role.name, got[role.name], want[role.name])
+        if got[role.name] is not None:  # None: unreadable, reported as such
+            rep.events[role.name] = len(want[role.name])
+            rep.differences += _align(role.name, got[role.name][0], want[role.name])
+
+
+def _check_sm100(ptx: str, manifest: dict, cfg: KernelConfig, pipe, rep: CheckReport) -> CheckReport:
+    from .lower.sm100 import SPELLING
+    numbered = _numbered(ptx)
+    lay = _Layout(pipe, manifest["smem_layout"])
+    rep.differences += _prologue_sm100(numbered, pipe, manifest)
+    got, sections, unreadable = _read_roles(numbered, pipe, lay, SPELLING, to_ret=False)
+    rep.differences += _tmem_lanes_sm100(sections, pipe)
+    rep.differences += _state_inits(sections, pipe, SPELLING)
+    rep.differences += _setup_sm100(numbered, pipe)
+    if unreadable:
+        rep.differences += unreadable
+        return rep
+    _compare(rep, pipe, got, _expected_sm100(pipe))
+    rep.differences += _arrivals_per_phase(numbered, lay, got)
     return rep
 
 
 # ---- sm_90a ---------------------------------------------------------------------------------------
-# The sm_90a kernel is lowered from its IR by the shared walker (fa4gen/lower/sm90.py): one
-# section per role ($L_role_<name> .. $L_<name>_end), the C consumer warpgroups sharing one (the
-# Pipeline's replicated program). A ring state lives in a slot register %st_<role>_<state> and a
-# parity register %ph_<role>_<state>; a barrier slot's address is `mad.lo.u32 %r, %st_.., 8, %bar`
-# then `[%r+OFF]` (OFF names the barrier family: the SMEM layout derived from the Pipeline), or
-# `[%bar+OFF]` for a constant slot. The reader knows these spellings, not the lowering's code.
-_SM90_TOKENS = [
-    (re.compile(r"^\s*(@!?%\w+\s+)?mbarrier\.try_wait\S*\s+%\w+, \[(%\w+)(?:\+(\d+))?\], (%\w+)"), "wait"),
-    (re.compile(r"^\s*(@!?%\w+\s+)?mbarrier\.arrive\.expect_tx\S*\s+_, \[(%\w+)(?:\+(\d+))?\], (\w+)"), "expect_tx"),
-    (re.compile(r"^\s*(@!?%\w+\s+)?mbarrier\.arrive\S*\s+_, \[(%\w+)(?:\+(\d+))?\]"), "arrive"),
-    (re.compile(r"^\s*(@!?%\w+\s+)?bar\.sync\s+([%\w]+)(?:,\s*(\w+))?"), "bar.sync"),
-    (re.compile(r"^\s*(@!?%\w+\s+)?bar\.arrive\s+([%\w]+),\s*(\w+)"), "bar.arrive"),
-    (re.compile(r"wgmma\.commit_group"), "mma"),
-    (re.compile(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)"), "wait_group"),
-    (re.compile(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global\S*\s+\[[^\]]+\], \[(%\w+),[^\]]*\], "
-                r"\[(%\w+)(?:\+(\d+))?\]"), "tma_load"),
-    (re.compile(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared"), "tma_store"),
-    (re.compile(r"cp\.async\.bulk\.wait_group\.read"), "tma_store_wait"),
-    (re.compile(r"^\s*@%\w+ st\.global\.v4"), "store_rows"),  # varlen: the threads' row-predicated O copy
-    (re.compile(r"fence\.proxy\.async"), "fence"),
-]
-_SM90_TMAPS = {"%tmq": "q", "%tmk": "k", "%tmv": "v", "%tmo": "o"}
-# who executes an arrive: the predicate the walker spells for each IR scope
-# (%p_al = the last K/V block and %p_lead: the consumers' Q-slot release, predicated, not branched)
-_SM90_SCOPE_PRED = {None: "all", "@%p_lead": "warp", "@%p_al": "warp"}
+def _expected_sm90(pipe) -> dict:
+    """Each role instance's events as the reader spells them (the replicated consumer once per instance:
+    its verified program, the instance's own barrier slots and branches)."""
+    from .plan import ROWS, kv_box_rows
+    cfg = pipe.config
+    boxes = cfg.head_dim // 64
+    kv_boxes = boxes * (ROWS // kv_box_rows(cfg))
+    out = {}
+    for role in pipe.roles:
+        def slot(s, role=role):
+            if isinstance(s, int):
+                return s
+            st = role.state(s)
+            return st.slot_base if st.depth == 1 else (s, st.slot_base)
 
-
-def _sm90_layout(pipe):
-    from .lower.walk import smem_layout
-    return smem_layout(pipe)
-
-
-def _sm90_tokens(lines, role_name: str, pipe, named_ids: dict) -> list:
-    """Protocol tokens of one role section, with barrier identity: `mad.lo.u32 %r, %st_<role>_<X>, 8,
-    %bar` makes %r the slot base of state X; `[%r+OFF]` / `[%bar+OFF]` name the barrier family at
-    OFF (and the constant slot); a wait's parity operand must be the same state's %ph_ register."""
-    out, addr = [], {}
-    bars = _sm90_layout(pipe).barriers
-    fam = sorted(((off, name) for name, off in bars.items()), reverse=True)
-    st_rx = re.compile(rf"^%st_{re.escape(role_name)}_(\w+)$")
-    ph_rx = re.compile(rf"^%ph_{re.escape(role_name)}_(\w+)$")
-
-    def bar(reg, off):
-        off = int(off or 0)
-        if reg == "%bar":
-            for base, name in fam:
-                if off >= base:
-                    return f"{name}[{(off - base) // 8}]"
-            return f"offset {off}"
-        st = addr.get(reg)
-        if st is None:
-            return f"? ({reg})"
-        name = next((n for b, n in fam if b == off), f"offset {off}")
-        return f"{name}[{st}]"
-
-    for ln, line in lines:
-        text = line.strip()
-        m = re.match(r"^mad\.lo\.u32\s+(%\w+),\s*(%\w+),\s*8,\s*%bar;$", text)
-        if m and st_rx.match(m.group(2)):
-            addr[m.group(1)] = st_rx.match(m.group(2)).group(1)
-        else:
-            m = re.match(r"^(?:@!?%\w+\s+)?[a-z][\w.:]*\s+(%\w+)\s*,", text)
-            if m and m.group(1) in addr and not text.startswith(("mbarrier", "@")):
-                addr.pop(m.group(1), None)
-        for rx, kind in _SM90_TOKENS:
-            m = rx.search(line)
-            if not m:
-                continue
-            g = m.groups()
-            if kind == "wait":
-                pm = ph_rx.match(g[3])
-                tok = f"wait {bar(g[1], g[2])} parity {pm.group(1) if pm else '? ' + g[3]}"
-            elif kind == "expect_tx":
-                tok = f"expect_tx {bar(g[1], g[2])} {int(g[3], 0)}"
-            elif kind == "arrive":
-                pred = (g[0] or "").strip() or None
-                who = _SM90_SCOPE_PRED.get(pred, f"? {pred}")
-                tok = f"arrive {bar(g[1], g[2])} {who}"
-            elif kind in ("bar.sync", "bar.arrive"):
-                ident = g[1]
-                if ident.startswith("%"):
-                    ident = named_ids.get(ident, f"? {ident}")
-                else:
-                    ident = _sm90_literal_named(pipe, int(ident))
-                tok = f"{kind} {ident} {g[2]}"
-            elif kind == "wait_group":
-                tok = f"wait_group {g[0]}"
-            elif kind == "tma_load":
-                tok = f"tma_load {_SM90_TMAPS.get(g[0], g[0])} {bar(g[1], g[2])}"
+        evs = []
+        for k, op in enumerate(walk_ops(role.program)):
+            if isinstance(op, Wait):
+                ev = ("wait", op.barrier, slot(op.state), op.state)
+            elif isinstance(op, Arrive):
+                ev = ("arrive", op.barrier, slot(op.slot), op.scope is Scope.ELECTED, False)
+            elif isinstance(op, ExpectTx):
+                ev = ("expect_tx", op.barrier, slot(op.slot), op.bytes, True)
+            elif isinstance(op, TmaLoad):
+                ev = ("tma_load_n", (op.tensor, op.dst, slot(op.dst_slot), op.barrier, slot(op.bar_slot), True),
+                      boxes if op.tensor == "q" else kv_boxes)
+            elif isinstance(op, TmaStore):
+                ev = ("tma_store_n", ("o", True), boxes, "committed")
+            elif isinstance(op, TmaStoreWait):
+                ev = ("store_wait", True)
+            elif isinstance(op, StoreRows):  # the consumer's slot is %cw's: the rows' predicate is read back
+                ev = ("store_rows", "?", None, "rows < %sq")
+            elif isinstance(op, Mma):
+                ev = ("wgmma", cfg.head_dim // 16 if op.kind == "qk" else ROWS // 16, True)
+            elif isinstance(op, MmaWait):
+                ev = ("wgmma_wait", op.pending)
+            elif isinstance(op, NamedArrive):
+                ev = ("bar_arrive", op.barrier, op.slot, False, pipe.barrier(op.barrier).count)
+            elif isinstance(op, NamedSync):
+                ev = ("bar_sync", op.barrier, op.slot, None, pipe.barrier(op.barrier).count)
+            elif isinstance(op, FenceProxyAsync):
+                ev = ("fence_proxy_async",)
+            elif isinstance(op, Advance):
+                st = role.state(op.state)
+                ev = ("advance", op.state, 1, 1) if st.depth == 1 else ("advance", op.state, st.stride, st.depth)
             else:
-                tok = kind
-            if not (kind in ("tma_load", "tma_store", "store_rows") and out and out[-1][1] == tok):
-                out.append((ln, tok))
-            break
+                continue
+            evs.append((k, op, (ev[0], ev[1:])))
+        out[role.name] = evs
     return out
-
-
-def _sm90_literal_named(pipe, ident: int) -> str:
-    for b in pipe.barriers:
-        if b.kind is BarrierKind.NAMED and b.named_id <= ident < b.named_id + b.slots:
-            return f"{b.name}[{ident - b.named_id}]"
-    return f"id {ident} (no named barrier of the IR)"
-
-
-def _sm90_named_ids(lines, pipe, role, first_wg: int) -> tuple[dict, list]:
-    """The named-barrier ids a replicated role holds in registers: %nb_<barrier>_<k> must be
-    named_id + (cw + k) mod instances, cw = %wg - the role's first warpgroup. -> ({reg: token}, diffs)."""
-    ids, diffs, text = {}, [], [(ln, t.strip()) for ln, t in lines]
-    n = role.instances
-    cw_ok = any(t == f"sub.u32 %cw, %wg, {first_wg};" for _, t in text)
-    if n > 1 and not cw_ok:
-        diffs.append(Difference(role.name, None, "no `sub.u32 %cw, %wg, ...` of the role's first warpgroup",
-                                f"%cw = %wg - {first_wg}: the instance index"))
-    for i, (ln, t) in enumerate(text):
-        m = re.match(r"^add\.u32 (%nb_(\w+?)_(\d+)), (%\w+), (\d+);$", t)
-        if not m:
-            continue
-        reg, bname, k, src, base = m.group(1), m.group(2), int(m.group(3)), m.group(4), int(m.group(5))
-        b = next((x for x in pipe.barriers if x.name == bname and x.kind is BarrierKind.NAMED), None)
-        if b is None:
-            diffs.append(Difference(role.name, ln, t, "a named barrier of the IR"))
-            continue
-        if k == 0:
-            good = src == "%cw"
-        else:  # add tmp, %cw, k ; setp.ge p, tmp, n ; @p sub tmp, tmp, n ; add reg, tmp, base
-            prev = [x for _, x in text[max(0, i - 3):i]]
-            good = prev == [f"add.u32 {src}, %cw, {k};", f"setp.ge.u32 %pp0, {src}, {n};",
-                            f"@%pp0 sub.u32 {src}, {src}, {n};"]
-        if not good or base != b.named_id:
-            diffs.append(Difference(role.name, ln, t, f"{reg} = {b.named_id} + (%cw + {k}) mod {n}"))
-        ids[reg] = f"{bname}+{k}"
-    return ids, diffs
-
-
-def _sm90_states(lines, role, pipe) -> list:
-    """Each ring state's registers start at the IR's slot and parity and advance by its stride and depth."""
-    diffs, text = [], [(ln, t.strip()) for ln, t in lines]
-    for st in role.states:
-        sreg, preg = f"%st_{role.name}_{st.name}", f"%ph_{role.name}_{st.name}"
-        want = {sreg: st.start % st.depth, preg: (st.start // st.depth + st.start_phase) % 2}
-        for reg, v in want.items():
-            inits = [(ln, t) for ln, t in text if re.match(rf"^mov\.u32 {re.escape(reg)}, (\d+);", t)]
-            if len(inits) != 1 or int(re.match(r"^mov\.u32 \S+, (\d+);", inits[0][1]).group(1)) != v:
-                diffs.append(Difference(role.name, inits[0][0] if inits else None,
-                                        "; ".join(t for _, t in inits) or f"no initial value of {reg}",
-                                        f"{reg} starts at {v} (state {st.name})"))
-        for i, (ln, t) in enumerate(text):
-            if t.startswith(f"add.u32 {sreg}, {sreg},"):
-                got = [x for _, x in text[i:i + 4]]
-                exp = ([f"add.u32 {sreg}, {sreg}, 1;", f"setp.eq.u32 %p_q, {sreg}, {st.depth};",
-                        f"@%p_q mov.u32 {sreg}, 0;", f"@%p_q xor.b32 {preg}, {preg}, 1;"] if st.stride == 1 else
-                       [f"add.u32 {sreg}, {sreg}, {st.stride};", f"setp.ge.u32 %p_q, {sreg}, {st.depth};",
-                        f"@%p_q sub.u32 {sreg}, {sreg}, {st.depth};", f"@%p_q xor.b32 {preg}, {preg}, 1;"])
-                if got != exp:
-                    diffs.append(Difference(role.name, ln, " / ".join(got),
-                                            f"advance of state {st.name}: {' / '.join(exp)}"))
-            elif re.match(rf"^(@!?%\w+\s+)?\S+\s+{re.escape(preg)},", t) and not t.startswith(f"mov.u32 {preg},") \
-                    and t != f"@%p_q xor.b32 {preg}, {preg}, 1;":
-                diffs.append(Difference(role.name, ln, t, f"{preg} changes only where state {st.name} advances"))
-    return diffs
-
-
-def _sm90_ir_tokens(stmts, pipe, role) -> list:
-    out = []
-
-    def slot(x):
-        return x if isinstance(x, str) else f"{x}"
-
-    for st in stmts:
-        if isinstance(st, Loop):
-            out += _sm90_ir_tokens(st.body, pipe, role)
-        elif isinstance(st, If):  # the PTX spells the then-branch first, the else-branch (if any) after it
-            out += _sm90_ir_tokens(st.then, pipe, role) + _sm90_ir_tokens(st.orelse, pipe, role)
-        else:
-            tok = None
-            if isinstance(st, Wait):
-                tok = f"wait {st.barrier}[{st.state}] parity {st.state}"
-            elif isinstance(st, ExpectTx):
-                tok = f"expect_tx {st.barrier}[{slot(st.slot)}] {st.bytes}"
-            elif isinstance(st, Arrive):
-                tok = f"arrive {st.barrier}[{slot(st.slot)}] {st.scope.value}"
-            elif isinstance(st, (NamedSync, NamedArrive)):
-                b = pipe.barrier(st.barrier)
-                ident = f"{b.name}+{st.slot.offset % role.instances}" if isinstance(st.slot, InstSlot) else \
-                    f"{b.name}[{st.slot}]"
-                tok = f"{'bar.sync' if isinstance(st, NamedSync) else 'bar.arrive'} {ident} {b.count}"
-            elif isinstance(st, Mma):
-                tok = "mma"
-            elif isinstance(st, MmaWait):
-                tok = f"wait_group {st.pending}"
-            elif isinstance(st, TmaLoad):
-                tok = f"tma_load {st.tensor} {st.barrier}[{slot(st.bar_slot)}]"
-            elif isinstance(st, TmaStore):
-                tok = "tma_store"
-            elif isinstance(st, StoreRows):
-                tok = "store_rows"
-            elif isinstance(st, TmaStoreWait):
-                tok = "tma_store_wait"
-            elif isinstance(st, FenceProxyAsync):
-                tok = "fence"
-            if tok:
-                out.append((None, st, (tok, ())))
-    return out
-
-
-def _section_lines(numbered, start: str, end: str):
-    labels = [i for i, (_, t) in enumerate(numbered) if t.strip() == f"{start}:"]
-    if not labels:
-        return None
-    a = labels[0]
-    b = next((i for i in range(a + 1, len(numbered)) if numbered[i][1].strip() == f"{end}:"), None)
-    return numbered[a + 1:b + 1] if b is not None else None
 
 
 def _check_sm90(ptx: str, manifest: dict, cfg: KernelConfig, pipe, rep: CheckReport) -> CheckReport:
+    from .lower.sm90 import SPELLING
     numbered = _numbered(ptx)
-    replicated = {f"{t.name}{i}": t for t in pipe.replicated for i in range(t.instances)}
-    roles = []
-    for r in pipe.roles:  # each replicated program once: its instances share its section
-        r = replicated.get(r.name, r)
-        if r not in roles:
-            roles.append(r)
-    for role in roles:
-        lines = _section_lines(numbered, f"$L_role_{role.name}", f"$L_{role.name}_end")
-        if lines is None:
-            rep.differences.append(Difference(role.name, None, f"no $L_role_{role.name} .. $L_{role.name}_end section",
-                                              "the role's program"))
-            continue
-        if lines and lines[-1][1].strip() == f"$L_{role.name}_end:":
-            after = next((t.strip() for _, t in numbered[numbered.index(lines[-1]) + 1:]
-                          if t.strip() and not t.strip().startswith("//")), "")
-            if after != "ret;":
-                rep.differences.append(Difference(role.name, lines[-1][0], after or "nothing",
-                                                  "ret: the role's program is all it runs"))
-        named, diffs = _sm90_named_ids(lines, pipe, role, role.warps[0] // 4)
-        if any(re.match(r"^\s*@%p_(lead|al) mbarrier\.arrive", t) for _, t in lines) and \
-                not any(t.strip() == "setp.eq.u32 %p_lead, %lane, 0;" for _, t in lines):
-            diffs.append(Difference(role.name, None, "per-warp arrives under %p_lead without `setp.eq.u32 %p_lead, "
-                                    "%lane, 0` in the role", "one lane per warp (the IR's Scope.WARP)"))
-        for ln, t in lines:  # %p_al must be some block test AND %p_lead, each time it is set
-            if re.match(r"^\s*\S+\s+%p_al,", t) and t.strip() != "and.pred %p_al, %p_c, %p_lead;":
-                diffs.append(Difference(role.name, ln, t.strip(), "and.pred %p_al, %p_c, %p_lead: one lane per warp"))
-        rep.differences += diffs + _sm90_states(lines, role, pipe)
-        got = [(ln, (tok,)) for ln, tok in _sm90_tokens(lines, role.name, pipe, named)]
-        want = _sm90_ir_tokens(role.program, pipe, role)
-        rep.events[role.name] = len(want)
-        rep.differences += _align(role.name, got, [(i, op, ev) for i, (_, op, ev) in enumerate(want)])
-    # mbarrier init counts, through the SMEM layout derived from the Pipeline
-    offs = _sm90_layout(pipe).barriers
-
-    def locate(off):
-        for b in pipe.barriers:
-            base = offs.get(b.name)
-            if base is not None and base <= off < base + 8 * b.slots and (off - base) % 8 == 0:
-                return b.name, (off - base) // 8
-        return None
-    rep.differences += _init_counts(numbered, pipe, locate)
-    # named barrier ids used with a literal id must be the IR's
-    ids = {b.named_id + s: b for b in pipe.barriers if b.kind is BarrierKind.NAMED for s in range(b.slots)}
-    for ln, text in numbered:
-        m = re.search(r"\bbar\.(sync|arrive)\s+(\d+),\s*(\d+)", text)
-        if m and int(m.group(2)) != 0:
-            b = ids.get(int(m.group(2)))
-            if b is None or b.count != int(m.group(3)):
-                rep.differences.append(Difference("named", ln, text.strip(),
-                                                  f"named barriers {sorted(ids)} with their IR thread counts"))
+    lay = _Layout.derived(pipe)
+    rep.differences += _init_counts(numbered, pipe, lay.barrier)
+    got, sections, unreadable = _read_roles(numbered, pipe, lay, SPELLING, to_ret=True)
+    rep.differences += unreadable + _state_inits(sections, pipe, SPELLING)
+    _compare(rep, pipe, got, _expected_sm90(pipe))
+    rep.differences += _arrivals_per_phase(numbered, lay, got)
     return rep

@@ -211,8 +211,9 @@ def test_check_passes_and_says_what_it_did_not_check(page_size):
     rep = check_ptx(ptx, man)
     assert rep.ok, rep.summary()
     assert any("fa4_combine: not checked against an IR" in n for n in rep.notes), rep.summary()
-    # the roles it did check: the producer and the consumers' one (replicated) program, each with events
-    assert rep.events.get("consumer", 0) > 20 and rep.events.get("producer", 0) > 10, rep.summary()
+    # the roles it did check: the producer and each instance of the consumers' (replicated) program
+    assert all(rep.events.get(f"consumer{i}", 0) > 20 for i in range(2)) and rep.events.get("producer", 0) > 10, \
+        rep.summary()
 
 
 @pytest.mark.parametrize("edit,what", [

@@ -20,7 +20,7 @@ from fa4gen.encodings import SmemMatrixDesc, Swizzle, TcgenInstrDesc, TmaDtype
 from fa4gen.ptxemu import fp, units
 from fa4gen.ptxemu.harness import Shape, default_shapes, emulate_file, run_once, run_raw
 from fa4gen.ptxemu.machine import Fault
-from fa4gen.ptxemu.mutations import PTX_MUTATIONS
+from fa4gen.ptxemu.mutations import CHECK_MUTATIONS, PTX_MUTATIONS
 from fa4gen.ptxemu.parse import UnsupportedInstruction, parse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -586,6 +586,16 @@ def test_check_flags_every_protocol_mutation(mut):
     assert not rep.ok, f"{mut.name}: fa4gen check saw no difference"
     assert all(d.line is not None or "missing" in str(d) or "nothing" in d.got or d.role == "prologue"
                for d in rep.differences)
+
+
+@pytest.mark.parametrize("mut", CHECK_MUTATIONS, ids=lambda m: m.name)
+def test_check_flags_the_read_back_mutations(mut):
+    """Edits only the sm_90a reader's instance and predicate reading sees (not emulated: see
+    mutations.CHECK_MUTATIONS); each is reported at its PTX line or as what the PTX lacks."""
+    ptx, man = emitted(**mut.config)
+    rep = check_ptx(mut.apply(ptx, man), man)
+    assert not rep.ok, f"{mut.name}: fa4gen check saw no difference"
+    assert all(d.line is not None or "missing" in str(d) for d in rep.differences), rep.summary()
 
 
 def test_check_cli_exit_codes(tmp_path):

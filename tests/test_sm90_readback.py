@@ -3,15 +3,14 @@
 The Hopper kernel is lowered from the IR in fa4gen/ir/sm90.py (what `verify` proves and the simulator
 executes) by the shared statement walker (fa4gen/lower/walk.py, fa4gen/lower/sm90.py). fa4gen.check
 (`fa4gen check`) reads the PTX's barrier / wgmma-ordering / TMA instructions back per role section
-(`$L_role_<name>` .. `$L_<name>_end`; the consumer warpgroups share one section, the replicated
-program), with barrier, ring state and parity, and compares them with the IR's op sequence, so the two
-cannot drift apart silently. The role-specific ends of the consumer instances (which instance
-pre-arrives the ping-pong barrier, which takes the last hand-off) are branches on the instance index
-%cw that the check flattens: they are read here.
+(`$L_role_<name>` .. its `ret`; the consumer warpgroups share one section, the replicated program,
+read once per instance with the branches on its instance index %cw followed), with barrier, ring state
+and parity, and compares them with the IR's op sequence, so the two cannot drift apart silently. The
+role-specific ends of the consumer instances (which instance pre-arrives the ping-pong barrier, which
+takes the last hand-off) are read here.
 """
 
 import itertools
-import re
 
 import pytest
 
@@ -23,43 +22,23 @@ from fa4gen.ir.core import Cond, If, Loop, NamedArrive, NamedSync
 sm90 = pytest.importorskip("fa4gen.lower.sm90")
 
 
-def _consumer_lines(ptx: str) -> list:
-    from fa4gen.check import _numbered, _section_lines
-    lines = _section_lines(_numbered(ptx), "$L_role_consumer", "$L_consumer_end")
-    assert lines, "no $L_role_consumer .. $L_consumer_end section"
-    return lines
-
-
-def _tokens_at(lines, pipe) -> list[tuple[int, str]]:
-    """(PTX line, protocol token) of the consumer section (fa4gen.check's sm_90a reader), named ids
-    resolved."""
-    from fa4gen.check import _sm90_named_ids, _sm90_tokens
-    role = pipe.replicated[0]
-    named, _ = _sm90_named_ids(lines, pipe, role, role.warps[0] // 4)
-    return _sm90_tokens(lines, role.name, pipe, named)
-
-
-def _role_ends(ptx: str, pipe) -> tuple[list, list]:
-    """The consumer section's protocol tokens before its task loop and after it, each with the instance
-    that runs it: k for a token inside `setp.ne.u32 %p_c, %cw, k; @%p_c bra L; ... L:` (only
-    instance k runs it), None for a token every instance runs."""
-    lines = _consumer_lines(ptx)
-    text = [t.strip() for _, t in lines]
-    head = next(i for i, t in enumerate(text) if re.fullmatch(r"\$L_consumer_task\d+:", t))
-    done = next(i for i, t in enumerate(text) if re.fullmatch(r"\$L_consumer_tasks_done\d+:", t))
-    only = [None] * len(text)  # the instance a line is guarded to
-    for i in range(len(text) - 1):
-        m = re.fullmatch(r"setp\.ne\.u32 %p_c, %cw, (\d+);", text[i])
-        b = re.fullmatch(r"@%p_c bra(?:\.uni)? (\$L\w+);", text[i + 1])
-        if m and b:
-            end = text.index(f"{b.group(1)}:", i + 2)
-            for j in range(i + 2, end):
-                only[j] = int(m.group(1))
-
-    toks = {lines[j][0]: j for j in range(len(lines))}  # PTX line number -> index in the section
-    got = [(toks[ln], tok) for ln, tok in _tokens_at(lines, pipe)]
-    return ([(tok, only[j]) for j, tok in got if j < head],
-            [(tok, only[j]) for j, tok in got if j > done])
+def _role_ends(ptx: str, manifest: dict, pipe) -> tuple[list, list]:
+    """Each consumer instance's protocol events (fa4gen.check's reader, the instance's own branches
+    followed) before its first wait and after its last advance: {instance: [event]} twice."""
+    from fa4gen.check import _Layout, _numbered, _read_roles
+    from fa4gen.lower.sm90 import SPELLING
+    got, _, unreadable = _read_roles(_numbered(ptx), pipe, _Layout.derived(pipe), SPELLING, to_ret=True)
+    assert not unreadable
+    pre, post = {}, {}
+    for name, (events, _) in got.items():
+        if not name.startswith("consumer"):
+            continue
+        kinds = [ev[0] for _, ev in events]
+        first = kinds.index("wait")
+        last = len(kinds) - 1 - kinds[::-1].index("advance")
+        pre[int(name[len("consumer"):])] = [ev for _, ev in events[:first]]
+        post[int(name[len("consumer"):])] = [ev for _, ev in events[last + 1:]]
+    return pre, post
 
 
 CONFIGS = [KernelConfig(arch="sm_90a", head_dim=d, causal=c, gqa_ratio=g)
@@ -71,16 +50,17 @@ def test_consumer_and_producer_follow_the_ir(cfg):
     ptx, manifest = sm90.build_sm90(cfg)
     rep = check_ptx(ptx, manifest)
     assert rep.ok, rep.summary()
-    assert rep.events["consumer"] > 20 and rep.events["producer"] > 10
+    assert all(rep.events[f"consumer{i}"] > 20 for i in range(2)) and rep.events["producer"] > 10
     pipe = build_pipeline(cfg)
     (cons,) = pipe.replicated
     last = cons.instances - 1
     assert last >= 1
     # role-specific ends: the last consumer pre-arrives the ping-pong barrier (consumer 0's turn) before
     # its task loop, consumer 0 takes the last hand-off after it; the IR says the same
-    pre, post = _role_ends(ptx, pipe)
-    assert pre == [("bar.arrive sched[0] 256", last)]
-    assert post == [("bar.sync sched[0] 256", 0), ("tma_store_wait", None)]
+    pre, post = _role_ends(ptx, manifest, pipe)
+    assert pre == {i: ([("bar_arrive", "sched", 0, False, 256)] if i == last else []) for i in range(last + 1)}
+    assert post == {i: ([("bar_sync", "sched", 0, None, 256)] if i == 0 else []) + [("store_wait", True)]
+                    for i in range(last + 1)}
     assert isinstance(cons.program[0], If) and cons.program[0].cond is Cond.LAST_INSTANCE
     assert isinstance(cons.program[-2], If) and cons.program[-2].cond is Cond.FIRST_INSTANCE
     assert isinstance(pipe.role(f"consumer{last}").program[0], NamedArrive)
@@ -96,12 +76,13 @@ def test_consumer_and_producer_follow_the_ir(cfg):
 ])
 def test_role_ends_catch_the_wrong_instance(edit):
     cfg = KernelConfig(arch="sm_90a", head_dim=128)
-    ptx, _ = sm90.build_sm90(cfg)
+    ptx, manifest = sm90.build_sm90(cfg)
     pipe = build_pipeline(cfg)
-    assert _role_ends(ptx, pipe)[0] == [("bar.arrive sched[0] 256", 1)]
+    assert _role_ends(ptx, manifest, pipe)[0][1] == [("bar_arrive", "sched", 0, False, 256)]
     bad = ptx.replace(*edit, 1)
     assert bad != ptx
-    assert _role_ends(bad, pipe)[0] != [("bar.arrive sched[0] 256", 1)]
+    assert _role_ends(bad, manifest, pipe)[0][1] != [("bar_arrive", "sched", 0, False, 256)]
+    assert not check_ptx(bad, manifest).ok
 
 
 def test_readback_catches_a_dropped_wait_group():
@@ -122,3 +103,17 @@ def test_ir_rings_are_the_kernels(cfg):
     slots = {r.name: r.slots for r in pipe.regions}
     assert (slots["Q"], slots["K"], slots["V"]) == (plan.q_stages, plan.kv_stages, plan.kv_stages)
     assert manifest["sm90"]["kv_stages"] == plan.kv_stages
+
+
+def test_the_reader_knows_every_instruction_class_of_the_op_tables():
+    """`fa4gen check` classifies instructions by each target's Spelling (lower/): every class an OP_PTX
+    row names is one it reads, and the shared ones are spelled the same on both targets."""
+    from fa4gen.lower import sm100
+    for mod in (sm90, sm100):
+        classes = [c for c, _, _ in mod.SPELLING.classes]
+        assert len(set(classes)) == len(classes)
+        for row in mod.OP_PTX.values():
+            for cls in row:
+                assert cls.rstrip("*") in classes, (mod.__name__, cls)
+    assert sm90.SPELLING.classify("wgmma.commit_group.sync.aligned") == "wgmma.commit_group"
+    assert sm90.SPELLING.classify("tcgen05.commit.cta_group::1.mbarrier::arrive::one.b64") is None

@@ -141,7 +141,8 @@ RING = {"sched_0": ["1"], "sched_1": (3, 1), "epi_0": ["4"], "pre_arrive": (2, 1
 
 
 def test_lowering_and_ptx_agree_on_three_consumers():
-    from fa4gen.check import _numbered, _section_lines, _sm90_tokens
+    from fa4gen.check import _Layout, _numbered, _read_roles
+    from fa4gen.lower.sm90 import SPELLING
     from fa4gen.lower.walk import smem_layout
 
     cfg = KernelConfig(causal=True, gqa_ratio=4, **WIDE)
@@ -159,8 +160,8 @@ def test_lowering_and_ptx_agree_on_three_consumers():
     lay = smem_layout(pipe)
     assert lay.regions["Q"] == (plan.q, 192 * 64 * 2, 2) and lay.regions["K"][1:] == (128 * 64 * 2, 3)
     assert lay.regions["O_smem"][1:] == (64 * 128, 3)  # one 64-row O staging per consumer
-    producer = _section_lines(_numbered(ptx), "$L_role_producer", "$L_producer_end")
-    assert "expect_tx q_full[q] 24576" in [t for _, t in _sm90_tokens(producer, "producer", pipe, {})]
+    got, _, _ = _read_roles(_numbered(ptx), pipe, _Layout.derived(pipe), SPELLING, to_ret=True)
+    assert ("expect_tx", "q_full", ("q", 0), 24576, True) in [ev for _, ev in got["producer"][0]]
     assert man["tensor_maps"]["q"]["box"] == [64, 4, 1, 48, 1]  # 48 positions x 4 packed heads
     # the ring: 3 turn barriers (ids 1-3: consumer cw waits on 1 + cw, hands off on 1 + (cw + 1) mod 3),
     # epilogue ids 4-6 (4 + cw), consumer 2 pre-arrives on consumer 0's turn (id 1)

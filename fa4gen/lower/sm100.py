@@ -37,7 +37,7 @@ from ..render import render
 from .manifest import ENTRY, GridFacts, manifest, smem_layout_section
 from .walk import LoweringError, SmemLayout, WalkCtx, Walker, dispatch, f32, pairwise, smem_layout, tidy
 
-__all__ = ["ENTRY", "OP_PTX", "Ptx", "Sm100LoweringError", "SmemLayout", "build_sm100",
+__all__ = ["ENTRY", "OP_PTX", "Ptx", "SPELLING", "Sm100LoweringError", "SmemLayout", "build_sm100",
            "lower_sm100", "manifest_sm100", "smem_layout"]
 
 TARGET = "sm_100a"
@@ -106,6 +106,12 @@ OP_PTX: dict[type, tuple[str, ...]] = {
     Advance: (),
     Compute: (),
 }
+
+
+# How this target's instructions read back (fa4gen.check): the tcgen05 classes after the shared ones
+# (walk.COMMON_PTX); `%p_el` is the lane elect.sync picked, the one that issues an elected op.
+TCGEN05_PTX = tuple((p.value, p.value, "") for p in (Ptx.MMA, Ptx.COMMIT, Ptx.TMEM_LD, Ptx.TMEM_ST, Ptx.WAIT_LD,
+                                                     Ptx.WAIT_ST, Ptx.FENCE_BEFORE, Ptx.FENCE_AFTER))
 
 
 def role_issues_tcgen05(role: Role) -> bool:
@@ -850,3 +856,5 @@ def build_sm100(pipe_or_cfg) -> tuple[str, dict]:
         pipe = pipe_or_cfg
     return tidy(render("sm100/fa4_fwd.ptx.j2", lower_sm100(pipe))), manifest_sm100(pipe)
 
+
+SPELLING = _RoleEmitter.spelling(TCGEN05_PTX, single=("%p_el",))

@@ -36,7 +36,7 @@ from ..render import render
 from .manifest import ENTRY, GridFacts, manifest
 from .walk import LoweringError, WalkCtx, Walker, dispatch, f32, pairwise, smem_layout, tidy
 
-__all__ = ["OP_PTX", "Sm90LoweringError", "Sm90Options", "build_sm90", "entry_regs_of", "lower_sm90",
+__all__ = ["OP_PTX", "SPELLING", "Sm90LoweringError", "Sm90Options", "build_sm90", "entry_regs_of", "lower_sm90",
            "manifest_sm90", "threads_of"]
 
 TARGET = "sm_90a"
@@ -70,6 +70,11 @@ OP_PTX: dict[type, tuple[str, ...]] = {
     Advance: (),
     Compute: (),
 }
+# How this target's instructions read back (fa4gen.check): the wgmma classes after the shared ones
+# (walk.COMMON_PTX); the one thread that issues a single-thread op: %p_t0 (the producer role, thread 0
+# of the CTA) and %p_elect (thread 0 of a consumer warpgroup: its O store and the wait for it).
+WGMMA_PTX = (("wgmma.fence", "wgmma.fence", ""), ("wgmma.mma_async", "wgmma.mma_async", ""),
+             ("wgmma.commit_group", "wgmma.commit_group", ""), ("wgmma.wait_group", "wgmma.wait_group", ""))
 
 
 def threads_of(cfg: KernelConfig) -> int:
@@ -542,3 +547,6 @@ def _options_tag(opt: Sm90Options) -> str:
     if (opt.producer_regs, opt.consumer_regs) != (None, None):
         parts.append(f"r{opt.producer_regs}-{opt.consumer_regs}")
     return "_".join(parts) or "opt"
+
+
+SPELLING = Sm90Walker.spelling(WGMMA_PTX, single=("%p_t0", "%p_elect"))

@@ -17,6 +17,8 @@ Also here, because both targets derive them from the Pipeline the same way: the 
 
 from __future__ import annotations
 
+import functools
+import re
 import struct
 from dataclasses import dataclass, field
 
@@ -25,7 +27,8 @@ from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Cond, ExpectTx, F
                        walk_ops)
 from ..plan import REGS_PER_SM, SMEM_ALIGN
 
-__all__ = ["LoweringError", "SmemLayout", "WalkCtx", "Walker", "dispatch", "f32", "pairwise", "smem_layout", "tidy"]
+__all__ = ["COMMON_PTX", "LoweringError", "SmemLayout", "Spelling", "WalkCtx", "Walker", "dispatch", "f32", "pairwise",
+           "smem_layout", "tidy"]
 
 
 class LoweringError(ValueError):
@@ -54,6 +57,60 @@ def pairwise(srcs: list[str], tmp: str, arity: int = 2) -> tuple[list[tuple[str,
         nxt.extend(level[i:])
         level = nxt
     return ops, level[0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# How the protocol is spelled: the table `fa4gen check` reads the PTX back through
+
+# The protocol instructions of the shared macros (templates/common: mbarrier, sync, tma): (class, the
+# mnemonic prefix, an infix the mnemonic must contain). A class is the name an OP_PTX row uses; the TMA
+# copies' direction is the state-space pair of their mnemonic (g2s: shared::cluster <- global, s2g:
+# global <- shared::cta). A target's Spelling adds its machine's classes (tcgen05, wgmma).
+COMMON_PTX: tuple[tuple[str, str, str], ...] = (
+    ("mbarrier.try_wait.parity", "mbarrier.try_wait.parity", ""),
+    ("mbarrier.arrive.expect_tx", "mbarrier.arrive.expect_tx", ""),
+    ("mbarrier.arrive", "mbarrier.arrive", ""),
+    ("cp.async.bulk.tensor.g2s", "cp.async.bulk.tensor.", ".shared::cluster.global."),
+    ("cp.async.bulk.tensor.s2g", "cp.async.bulk.tensor.", ".global.shared::cta."),
+    ("cp.async.bulk.commit_group", "cp.async.bulk.commit_group", ""),
+    ("cp.async.bulk.wait_group.read", "cp.async.bulk.wait_group.read", ""),
+    ("bar.arrive", "bar.arrive", ""),
+    ("bar.sync", "bar.sync", ""),
+    ("fence.proxy.async.shared::cta", "fence.proxy.async.shared::cta", ""),
+)
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How a target spells what its walker emits, for `fa4gen check` to read it back (one reader for
+    both targets, fa4gen.check._read_section): the protocol instruction classes (OP_PTX's names) by
+    mnemonic, the registers a ring state lives in (the walker's own name patterns), and the predicates
+    that pick the one thread or lane that issues (the walker's `elected` ops)."""
+
+    classes: tuple[tuple[str, str, str], ...]  # (class, mnemonic prefix, infix), first match wins
+    state_reg: str  # a ring state's register, "{role}" / "{state}" filled in (Walker.STATE_REG)
+    parity_reg: str | None  # SPLIT_STATES: its parity register (Walker.PARITY_REG); None: from state_reg
+    single: tuple[str, ...]  # predicates of the one issuing thread / lane (`@!P bra` around, or `@P`)
+
+    def classify(self, opcode: str) -> str | None:
+        """The protocol class of an instruction mnemonic (None: not a protocol instruction)."""
+        for cls, prefix, infix in self.classes:
+            if opcode.startswith(prefix) and infix in opcode:
+                return cls
+        return None
+
+    def state_of(self, reg: str, role: str, which: str = "state_reg") -> str | None:
+        """The ring state whose register `reg` is in `role` (None: no state register)."""
+        pat = getattr(self, which)
+        if pat is None:
+            return None
+        m = _reg_pattern(pat, role).fullmatch(reg)
+        return m.group(1) if m else None
+
+
+@functools.lru_cache(maxsize=None)
+def _reg_pattern(pat: str, role: str) -> re.Pattern:
+    return re.compile("%" + re.escape(pat).replace(r"\{role\}", re.escape(role)).replace(r"\{state\}", r"(\w+)"))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -184,6 +241,17 @@ class Walker:
     # (sm_100a). True: %kb holds the block itself, counting down to 0, and the loop tests it at its
     # bottom only (sm_90a: fewer uniform instructions per iteration and one branch, not two).
     COUNT_DOWN = False
+    # the registers of a ring state (Spelling reads them back by these patterns)
+    STATE_REG = "q_{role}_{state}"  # one register q in [0, 2*depth)
+    SLOT_REG = "st_{role}_{state}"  # SPLIT_STATES: the slot register ...
+    PARITY_REG = "ph_{role}_{state}"  # ... and the parity register
+
+    @classmethod
+    def spelling(cls, classes: tuple, single: tuple[str, ...]) -> Spelling:
+        """The target's Spelling: COMMON_PTX then its own classes, its ring-state registers."""
+        if cls.SPLIT_STATES:
+            return Spelling(COMMON_PTX + classes, cls.SLOT_REG, cls.PARITY_REG, single)
+        return Spelling(COMMON_PTX + classes, cls.STATE_REG, None, single)
 
     def __init__(self, ctx: WalkCtx, role: Role):
         self.ctx = ctx
@@ -210,13 +278,14 @@ class Walker:
         """The State's one register q in [0, 2*depth): slot = q mod depth, wait parity = q >= depth
         (q = (start + stride*advances + depth*start_phase) mod 2*depth, see ir.core's convention)."""
         self.role.state(name)
-        return self.r("b32", f"q_{self.p}_{name}")
+        return self.r("b32", self.STATE_REG.format(role=self.p, state=name))
 
     def split_regs(self, name: str) -> tuple[str, str]:
         """SPLIT_STATES: the State's slot register ((start + stride*advances) mod depth, slot_base not
         included) and its parity register ((round + start_phase) mod 2), ir.core's convention."""
         self.role.state(name)
-        return self.r("b32", f"st_{self.p}_{name}"), self.r("b32", f"ph_{self.p}_{name}")
+        return (self.r("b32", self.SLOT_REG.format(role=self.p, state=name)),
+                self.r("b32", self.PARITY_REG.format(role=self.p, state=name)))
 
     def slot(self, s) -> tuple[str, object]:
         """("const", slot) or ("state", State) of a slot operand."""

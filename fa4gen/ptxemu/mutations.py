@@ -563,3 +563,33 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
     PtxMutation("sm90_kvcache_lse_null_guard_off", _SM90K, "KV cache, one split: fa4_fwd's direct LSE store "
                 "guard tests lse_ptr == 1", ("GMEM_OOB",), _lse_guard_off("eq"), protocol=False),
 )
+
+
+# ---- read back only: protocol edits that `fa4gen check` must flag (tests/test_ptxemu.py), kept out of
+# the emulated corpus above (each emulation is minutes of CI). They are the classes the sm_90a reader
+# sees through the instance index and the predicates: a named-barrier id wrong for one consumer only, a
+# branch on %cw that picks the wrong instance, an arrive whose predicate lets too many threads arrive,
+# an mbarrier.init count the arrivals do not reach.
+CHECK_MUTATIONS: tuple[PtxMutation, ...] = (
+    PtxMutation("sm90_named_id_consumer1", _SM90, "consumer 1 alone hands the tensor core to itself: after the "
+                "setup's %nb_sched_1 = 1 + (cw + 1) mod 2, `@(cw == 1) mov %nb_sched_1, 2` (its bar.arrive on "
+                "sched[1], where consumer 0's turn sched[0] is due)", ("DEADLOCK",),
+                _sub(r"(\n(\s*)add\.u32 %nb_sched_1, %tmp0, 1;\n)",
+                     r"\1\2setp.eq.u32 %pp0, %cw, 1;\n\2@%pp0 mov.u32 %nb_sched_1, 2;\n")),
+    PtxMutation("sm90_last_handoff_wrong_instance", _SM90, "after the task loop consumer 1, not consumer 0, "
+                "takes the last ping-pong hand-off (the FIRST_INSTANCE branch tests %cw against 1)",
+                ("DEADLOCK",),
+                _sub(r"(\$L_consumer_tasks_done\d+:\n\s*)setp\.ne\.u32 %p_c, %cw, 0;", r"\1setp.ne.u32 %p_c, %cw, 1;")),
+    PtxMutation("sm90_arrive_predicate_dropped", _SM90, "the steady-state k_empty release is arrived by every "
+                "thread of the consumer (its @%p_lead dropped): 128 arrivals per consumer where 4 are due",
+                ("ARRIVAL_OVERFLOW", "RACE"),
+                lambda t, m: _sub(rf"@%p_lead (mbarrier\.arrive\.shared::cta\.b64 _, \[%qb\+{_sm90_bar(t, 'k_empty')}\];)",
+                                  r"\1", nth=1)(t, m)),
+    PtxMutation("sm90_init_count_q_empty", _SM90, "mbarrier.init of q_empty[1] counts 4 arrivals (one "
+                "consumer's warps) where the two consumers make 8", ("RACE", "mismatch"),
+                _sm90_init_count("q_empty", 4, slot=1)),
+    PtxMutation("sm90_epilogue_dropped_handoff", _SM90, "consumer 0's last ping-pong hand-off after the task "
+                "loop (op NamedSync sched[0] before its final store wait) dropped", ("DEADLOCK",),
+                _sub(r"(\$L_consumer_tasks_done\d+:\n\s*setp\.ne\.u32 %p_c, %cw, 0;\n\s*@%p_c bra \$L\w+;\n)"
+                     r"\s*// op \d+ NamedSync\n\s*bar\.sync 1, 256;\n", r"\1")),
+)
