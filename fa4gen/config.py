@@ -104,6 +104,10 @@ class KernelConfig:
     varlen: bool = False  # packed variable-length batches (cu_seqlens): docs/ABI.md "Varlen"
     kvcache: bool = False  # decode over a KV cache: per-sequence lengths, split-KV, combine: docs/ABI.md "KV cache"
     page_size: int = 0  # kvcache only: 0 = contiguous cache (B, Smax, Hkv, D); else keys per page (16..256, 2^k)
+    # Score modifiers (docs/ABI.md "Windows, softcap, sinks"); their values are run-time arguments:
+    window: bool = False  # a sliding window (window_left, window_right: keys i + Skv - Sq - left .. + right)
+    softcap: bool = False  # scores s become softcap * tanh(s / softcap) before the softmax
+    sinks: bool = False  # a learned logit per query head joins every row's softmax denominator
 
     def __post_init__(self):
         def fix(name, value):
@@ -119,7 +123,7 @@ class KernelConfig:
             v = getattr(self, name)
             if v is not None or name not in ("emu_pairs", "emu_start", "k_split"):
                 fix(name, _exact_int(name, v))
-        for name in ("causal", "varlen", "kvcache"):
+        for name in ("causal", "varlen", "kvcache", "window", "softcap", "sinks"):
             flag = getattr(self, name)
             if type(flag) is not bool:
                 import numpy as np
@@ -207,11 +211,13 @@ class KernelConfig:
             parts.append("varlen")
         if self.kvcache:
             parts.append(f"kvcache_p{self.page_size}" if self.page_size else "kvcache")
+        parts += [tag for flag, tag in ((self.window, "win"), (self.softcap, "cap"), (self.sinks, "sink")) if flag]
         if self.block_m != 128:
             parts.append(f"m{self.block_m}")
         defaults = KernelConfig(arch=self.arch, head_dim=self.head_dim, causal=self.causal,
                                 gqa_ratio=self.gqa_ratio, dtype=self.dtype, varlen=self.varlen,
-                                kvcache=self.kvcache, page_size=self.page_size, block_m=self.block_m)
+                                kvcache=self.kvcache, page_size=self.page_size, block_m=self.block_m,
+                                window=self.window, softcap=self.softcap, sinks=self.sinks)
         if self != defaults:  # tuned variants must never share a name with the default one
             parts.append(self.content_hash[:8])
         return "_".join(parts)

@@ -65,7 +65,22 @@ KVCACHE_ABI_PARAMS: tuple[tuple[str, str], ...] = (
     ("lse_partial", ".param .u64 lse_partial"),  # fp32 [num_splits, R], natural log
     ("o_ptr", ".param .u64 o_ptr"),  # O (B, Sq, Hq, D) contiguous: sm_90a stores it from registers
 )
-ABI_PARAM_NAMES: tuple[str, ...] = tuple(n for n, _ in ABI_PARAMS + VARLEN_ABI_PARAMS + KVCACHE_ABI_PARAMS)
+# Appended for score modifiers (KernelConfig.window / softcap / sinks; docs/ABI.md "Windows, softcap,
+# sinks"), in this order, each only when its flag is set:
+# - window_left, window_right: the sides as s32 in [0, WINDOW_UNBOUNDED] (-1 -> WINDOW_UNBOUNDED; a
+#   causal kernel ignores window_right: it is 0). Query i sees keys j with
+#   i + Skv - Sq - left <= j <= i + Skv - Sq + right (Skv per sequence: varlen's, the cache's k_len).
+# - softcap_in = softmax_scale / softcap: the kernel replaces each raw score x = q.k by
+#   tanh(x * softcap_in) and takes scale_log2 = softcap * log2(e) for what follows.
+# - sink_ptr: fp32 [Hq], query head h's sink logit (natural log units, the scaled-score scale).
+WINDOW_ABI_PARAMS: tuple[tuple[str, str], ...] = (
+    ("window_left", ".param .s32 window_left"),
+    ("window_right", ".param .s32 window_right"),
+)
+SOFTCAP_ABI_PARAMS: tuple[tuple[str, str], ...] = (("softcap_in", ".param .f32 softcap_in"),)
+SINKS_ABI_PARAMS: tuple[tuple[str, str], ...] = (("sink_ptr", ".param .u64 sink_ptr"),)
+ABI_PARAM_NAMES: tuple[str, ...] = tuple(n for n, _ in ABI_PARAMS + VARLEN_ABI_PARAMS + KVCACHE_ABI_PARAMS
+                                         + WINDOW_ABI_PARAMS + SOFTCAP_ABI_PARAMS + SINKS_ABI_PARAMS)
 
 # The combine kernel of a KV-cache module (a second entry beside fa4_fwd; templates/common/combine.ptx.j2):
 # one warp per row r = (b * Sq + pos) * Hq + head merges the num_splits partial rows by their LSE.
@@ -85,8 +100,11 @@ COMBINE_ROWS_PER_CTA = COMBINE_THREADS // 32
 
 
 def abi_params(cfg: KernelConfig) -> tuple[tuple[str, str], ...]:
-    """The entry's parameters, in signature order: the dense ABI, plus the varlen or KV-cache ones."""
-    return ABI_PARAMS + (VARLEN_ABI_PARAMS if cfg.varlen else ()) + (KVCACHE_ABI_PARAMS if cfg.kvcache else ())
+    """The entry's parameters, in signature order: the dense ABI, plus the varlen or KV-cache ones,
+    plus the score modifiers' (window, softcap, sinks: each when set)."""
+    return (ABI_PARAMS + (VARLEN_ABI_PARAMS if cfg.varlen else ()) + (KVCACHE_ABI_PARAMS if cfg.kvcache else ())
+            + (WINDOW_ABI_PARAMS if cfg.window else ()) + (SOFTCAP_ABI_PARAMS if cfg.softcap else ())
+            + (SINKS_ABI_PARAMS if cfg.sinks else ()))
 
 
 # KV-cache rules (one definition; fa4gen/schedule.py kvcache_task / kvcache_key_page and BlockInfo
@@ -335,16 +353,40 @@ def _lo_hi(x, lo, hi):
     return np.minimum(np.maximum(x, lo), hi)
 
 
-def key_end(q, seqlen_q: int, seqlen_k: int, causal: bool):
+WINDOW_UNBOUNDED = 1 << 30  # a window side of -1 (unbounded) in the kernels' registers: with
+# Sq, Skv < 2^30 (validate.py) q + Skv - Sq -/+ it stays inside signed 32-bit arithmetic
+
+
+def key_end(q, seqlen_q: int, seqlen_k: int, causal: bool, right: int | None = None):
     """Exclusive end of the keys query position q sees: Skv, or causally (bottom-right aligned:
     query i sees keys j <= i + Skv - Sq) min(Skv, q + 1 + Skv - Sq), which is <= 0 when q sees no
-    key. The mask's per-row column limit and the block ranges below. Ints or NumPy arrays of q.
-    (Keys start at 0: a sliding window (left, right) would add key_begin = max(0, q + Skv - Sq - left)
-    and take min(.., q + 1 + Skv - Sq + right) here.)"""
-    if not causal:
+    key; with a window's right side (keys j <= i + Skv - Sq + right; causal is right = 0)
+    min(Skv, q + 1 + Skv - Sq + right). The mask's per-row column limit and the block ranges
+    below. Ints or NumPy arrays of q."""
+    if causal:
+        right = 0
+    if right is None:
         return int(seqlen_k) if isinstance(q, (int, np.integer)) else np.full(np.shape(q), int(seqlen_k), np.int64)
-    end = q + 1 + int(seqlen_k) - int(seqlen_q)
+    end = q + 1 + int(seqlen_k) - int(seqlen_q) + int(right)
     return int(min(end, seqlen_k)) if isinstance(q, (int, np.integer)) else np.minimum(end, int(seqlen_k))
+
+
+def key_begin(q, seqlen_q: int, seqlen_k: int, left: int | None = None):
+    """First key query position q sees: 0, or with a window's left side (keys j >= i + Skv - Sq -
+    left) max(0, q + Skv - Sq - left), which is >= Skv when q sees no key. Ints or NumPy arrays."""
+    if left is None:
+        return 0 if isinstance(q, (int, np.integer)) else np.zeros(np.shape(q), np.int64)
+    b = q + int(seqlen_k) - int(seqlen_q) - int(left)
+    return int(max(b, 0)) if isinstance(q, (int, np.integer)) else np.maximum(b, 0)
+
+
+def window_sides(window, causal: bool) -> tuple[int | None, int | None]:
+    """(left, right) of a window_size=(left, right) in flash-attn's convention: -1 (or None) is
+    unbounded (None here); causal makes right 0. Sides are ints >= -1."""
+    if window is None:
+        return None, (0 if causal else None)
+    left, right = (None if w is None or int(w) < 0 else int(w) for w in window)
+    return left, (0 if causal else right)
 
 
 def split_blocks(nblk: int, split: int, num_splits: int) -> tuple[int, int]:
@@ -380,29 +422,42 @@ class BlockInfo:
     one K/V load and one masked block per empty unit or split: rare (the first (Sq - Skv) / rows
     units of a causal Sq > Skv launch, splits beyond a short sequence's blocks).
 
-    A sliding window (left, right) would set first = key_begin(first row) // BLOCK_N and a masked
-    range at the low end too; it is not implemented (`window` must be None).
+    A sliding window (left, right) (keys j in [i + Skv - Sq - left, i + Skv - Sq + right] for query
+    i; None = unbounded; causal is right = 0) moves both ends: first = key_begin of the unit's
+    first row, rounded down; end = key_end of its last row, rounded up; blocks are whole for every
+    row in [unmasked_lo, n_unmasked): unmasked_lo = key_begin of the unit's LAST row rounded up,
+    n_unmasked = key_end of its FIRST row rounded down. Blocks below unmasked_lo or from
+    n_unmasked on take the mask (both column limits). A unit whose window holds no key runs one
+    block, at min(first, end): its keys lie past every row's key_end.
     """
 
-    first: int  # first visible block (0 without a window)
-    end: int  # visible blocks [first, end); end == first: no row sees a key
-    n_unmasked: int  # blocks [0, n_unmasked) need no mask
+    first: int  # first visible block (0 without a left window side)
+    end: int  # visible blocks [first, end); end <= first: no row sees a key
+    n_unmasked: int  # blocks [unmasked_lo, n_unmasked) need no mask
     lo: int  # first block the task runs
     n: int  # blocks the task runs, [lo, lo + n), >= 1
+    unmasked_lo: int = 0  # first block every row sees whole (0 without a left window side)
 
     @classmethod
     def of(cls, m: int, rows: int, seqlen_q: int, seqlen_k: int, causal: bool, split: int = 0,
            num_splits: int = 1, window=None) -> "BlockInfo":
-        if window is not None:
-            raise NotImplementedError("sliding windows: key_begin and the low masked range are not implemented")
+        """window: (left, right) as window_sides gives them (None = unbounded), or None."""
         m, rows, split, num_splits = int(m), int(rows), int(split), int(num_splits)
         if rows <= 0 or m < 0 or num_splits < 1 or not 0 <= split < num_splits or seqlen_k < 0 or seqlen_q < 0:
             raise ValueError(f"BlockInfo.of(m={m}, rows={rows}, Sq={seqlen_q}, Skv={seqlen_k}, split {split} of {num_splits})")
-        last = _lo_hi(key_end((m + 1) * rows - 1, seqlen_q, seqlen_k, causal), 0, seqlen_k)
-        full = _lo_hi(key_end(m * rows, seqlen_q, seqlen_k, causal), 0, seqlen_k)
+        left, right = window if window is not None else (None, None)
+        if any(w is not None and (isinstance(w, bool) or int(w) < 0) for w in (left, right)):
+            raise ValueError(f"BlockInfo.of: window sides must be ints >= 0 or None, got {window!r}")
+        r0, r1 = m * rows, (m + 1) * rows - 1
+        last = _lo_hi(key_end(r1, seqlen_q, seqlen_k, causal, right), 0, seqlen_k)
+        full = _lo_hi(key_end(r0, seqlen_q, seqlen_k, causal, right), 0, seqlen_k)
+        begin = _lo_hi(key_begin(r0, seqlen_q, seqlen_k, left), 0, seqlen_k)
+        begin_last = _lo_hi(key_begin(r1, seqlen_q, seqlen_k, left), 0, seqlen_k)
         end = -(-last // BLOCK_N)
-        lo, hi = split_blocks(end, split, num_splits)
-        return cls(first=0, end=end, n_unmasked=full // BLOCK_N, lo=lo, n=max(hi - lo, 1))
+        first = min(begin // BLOCK_N, end)
+        lo, hi = split_blocks(end - first, split, num_splits)
+        return cls(first=first, end=end, n_unmasked=full // BLOCK_N, lo=first + lo, n=max(hi - lo, 1),
+                   unmasked_lo=-(-begin_last // BLOCK_N))
 
     @property
     def empty(self) -> bool:
@@ -410,7 +465,7 @@ class BlockInfo:
         return self.lo >= self.end
 
     def needs_mask(self, block: int) -> bool:
-        return block >= self.n_unmasked
+        return block >= self.n_unmasked or block < self.unmasked_lo
 
     def blocks(self) -> range:
         """The blocks in the kernels' order: lo + n - 1 down to lo."""
@@ -418,14 +473,26 @@ class BlockInfo:
 
 
 def block_info_ptx(*, causal: bool, rows: int, m: str, sq: str, skv: str, tmp: str, n: str | None = None,
-                   n_unmasked: str | None = None, split: tuple[str, str, str, str] | None = None) -> list[tuple]:
+                   n_unmasked: str | None = None, split: tuple[str, str, str, str] | None = None,
+                   window: tuple[str, str] | None = None, lo: str | None = None,
+                   unmasked_lo: str | None = None) -> list[tuple]:
     """BlockInfo.of in PTX: the instructions, as (opcode, dst, src...) tuples the templates print,
     that compute from registers m (the m unit), sq, skv (both <= 2^31 - 2 BLOCK_N: the causal limits
     are signed 32-bit) what is asked for:
     n_unmasked; n (unsplit: the blocks [0, n) run; split: the split's count, with split =
     (split reg, num_splits reg (>= 1), lo dst, tmp2) writing lo as well). `rows` is the unit's
     query positions (a constant). Only `tmp` (and tmp2) are clobbered; tmp may be m when only one
-    of n / n_unmasked is asked for. Causal limits are signed (Sq > Skv makes them negative)."""
+    of n / n_unmasked is asked for. Causal limits are signed (Sq > Skv makes them negative).
+
+    window = (left reg, right reg) (sides as s32, WINDOW_UNBOUNDED for -1; with Sq, Skv < 2^30;
+    right may be the literal "0", a causal window): the blocks run are [lo, lo + n) with lo (a dst,
+    required with n; split: split's lo, and tmp2 must differ from tmp) the window's first block;
+    unmasked_lo (a dst) the first block every row sees whole."""
+    if window is not None:
+        return _block_info_window_ptx(rows=rows, m=m, sq=sq, skv=skv, tmp=tmp, n=n, n_unmasked=n_unmasked,
+                                      split=split, window=window, lo=lo, unmasked_lo=unmasked_lo)
+    if lo is not None or unmasked_lo is not None:
+        raise ValueError("lo / unmasked_lo are window outputs (without a window: lo = 0, unmasked_lo = 0)")
     if tmp == m and n and n_unmasked:
         raise ValueError("tmp may be m only when one of n / n_unmasked is computed")
     rnd, sh = str(BLOCK_N - 1), str(_BLOCK_SHIFT)
@@ -452,4 +519,49 @@ def block_info_ptx(*, causal: bool, rows: int, m: str, sq: str, skv: str, tmp: s
                     ("shr.s32", n_unmasked, tmp, sh)]
         else:
             ins += [("shr.u32", n_unmasked, skv, sh)]
+    return ins
+
+
+def _block_info_window_ptx(*, rows, m, sq, skv, tmp, n, n_unmasked, split, window, lo, unmasked_lo) -> list[tuple]:
+    """block_info_ptx with a window: BlockInfo.of's formulas with key_begin / key_end of the sides."""
+    wl, wr = window
+    asked = [x for x in (n, n_unmasked, unmasked_lo) if x]
+    if tmp == m and (len(asked) > 1 or n):
+        raise ValueError("tmp may be m only when n_unmasked or unmasked_lo alone is computed")
+    if n and not lo:
+        raise ValueError("a window's block count needs lo (the first block run)")
+    if split and split[3] == tmp:
+        raise ValueError("a window's split needs tmp2 != tmp (tmp holds the window's first block)")
+    rnd, sh = str(BLOCK_N - 1), str(_BLOCK_SHIFT)
+
+    def clip(lst):  # tmp in [0, Skv]
+        return lst + [("max.s32", tmp, tmp, "0"), ("min.s32", tmp, tmp, skv)]
+    ins: list[tuple] = []
+    if n:
+        # first = key_begin(first row) // N; end = ceil(key_end(last row) / N); first = min(first, end)
+        ins += clip([("mul.lo.u32", tmp, m, str(rows)), ("add.s32", tmp, tmp, skv), ("sub.s32", tmp, tmp, sq),
+                     ("sub.s32", tmp, tmp, wl)])
+        ins += [("shr.s32", lo, tmp, sh)]
+        ins += clip([("add.u32", tmp, m, "1"), ("mul.lo.u32", tmp, tmp, str(rows)), ("add.s32", tmp, tmp, skv),
+                     ("sub.s32", tmp, tmp, sq), ("add.s32", tmp, tmp, wr)])
+        ins += [("add.s32", tmp, tmp, rnd), ("shr.s32", n, tmp, sh), ("min.s32", lo, lo, n), ("sub.s32", n, n, lo)]
+        if split:  # the visible count cut as split_blocks, then offset by the first block
+            s, ns, slo, t2 = split
+            ins += [("mov.u32", tmp, lo),
+                    ("add.u32", t2, n, ns), ("sub.u32", t2, t2, "1"), ("div.u32", t2, t2, ns),
+                    ("mul.lo.u32", slo, s, t2), ("min.u32", slo, slo, n), ("add.u32", t2, t2, slo),
+                    ("min.u32", t2, t2, n), ("sub.u32", n, t2, slo), ("max.u32", n, n, "1"),
+                    ("add.u32", slo, slo, tmp)]
+            if slo != lo:
+                raise ValueError("with a window and a split, split's lo dst must be lo")
+        else:
+            ins += [("max.s32", n, n, "1")]
+    if n_unmasked:  # key_end of the unit's first row, clipped, rounded down
+        ins += clip([("mul.lo.u32", tmp, m, str(rows)), ("add.s32", tmp, tmp, skv), ("sub.s32", tmp, tmp, sq),
+                     ("add.s32", tmp, tmp, wr), ("add.s32", tmp, tmp, "1")])
+        ins += [("shr.s32", n_unmasked, tmp, sh)]
+    if unmasked_lo:  # key_begin of the unit's last row, clipped, rounded up
+        ins += clip([("add.u32", tmp, m, "1"), ("mul.lo.u32", tmp, tmp, str(rows)), ("add.s32", tmp, tmp, skv),
+                     ("sub.s32", tmp, tmp, sq), ("sub.s32", tmp, tmp, wl), ("sub.s32", tmp, tmp, "1")])
+        ins += [("add.s32", tmp, tmp, rnd), ("shr.s32", unmasked_lo, tmp, sh)]
     return ins

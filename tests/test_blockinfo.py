@@ -81,7 +81,7 @@ def run_ptx(ins, regs: dict) -> dict:
             out = abs(v[0]) // abs(v[1]) * (1 if (v[0] < 0) == (v[1] < 0) else -1)
         else:
             out = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "min": min, "max": max,
-                   "shr": lambda a, b: a >> (b & 31)}[name](*v)
+                   "shr": lambda a, b: a >> (b & 31), "mov": lambda a: a}[name](*v)
         r[dst] = out & MASK
     return r
 
@@ -265,3 +265,82 @@ def test_simulator_empty_splits_run_one_masked_block():
         seen = np.isfinite(lse_ref[0])
         assert np.array_equal(np.isfinite(res.lse[b]), seen) and np.allclose(res.lse[b][seen], lse_ref[0][seen], atol=1e-3)
     assert np.all(res.lse_partial[2:, :] == -np.inf)  # splits 2 and 3 see no key in any sequence
+
+
+# ---- sliding windows -------------------------------------------------------------------------------------
+WINDOWS = ((None, None), (0, 0), (1, None), (None, 3), (127, 0), (128, None), (129, 5), (300, 300), (5, 1000),
+           (1000, None), (None, 0), (0, None))
+
+
+def brute_window(m: int, rows: int, sq: int, sk: int, left, right):
+    i = np.arange(m * rows, (m + 1) * rows)[:, None]
+    nb = -(-sk // BLOCK_N) + 2
+    j = np.arange(nb * BLOCK_N)[None, :]
+    vis = np.broadcast_to(j < sk, (rows, nb * BLOCK_N))
+    if right is not None:
+        vis = vis & (j <= i + sk - sq + right)
+    if left is not None:
+        vis = vis & (j >= i + sk - sq - left)
+    per_block = vis.reshape(rows, nb, BLOCK_N)
+    return (np.flatnonzero(per_block.any(axis=(0, 2))).tolist(), np.flatnonzero(per_block.all(axis=(0, 2))).tolist(),
+            vis)
+
+
+def window_ptx_values(rows, m, sq, sk, left, right, split, nsplit):
+    """(n_unmasked, unmasked_lo, lo, n) from the window's instruction lists."""
+    from fa4gen.plan import WINDOW_UNBOUNDED
+    wl = WINDOW_UNBOUNDED if left is None else left
+    wr = WINDOW_UNBOUNDED if right is None else right
+    base = {"%m": m, "%sq": sq, "%skv": sk, "%t": 0xDEADBEEF, "%t2": 0xDEADBEEF, "%s": split, "%S": nsplit,
+            "%wl": wl, "%wr": wr}
+    kw = dict(causal=False, rows=rows, window=("%wl", "0" if right == 0 else "%wr"), **REGS)
+    out = run_ptx(block_info_ptx(n="%n", lo="%lo", n_unmasked="%nu", unmasked_lo="%ul",
+                                 split=("%s", "%S", "%lo", "%t2") if nsplit > 1 else None, **kw), base)
+    alone = run_ptx(block_info_ptx(**{**kw, "tmp": "%m"}, unmasked_lo="%ul"), base)
+    assert alone["%ul"] == out["%ul"]
+    return out["%nu"], out["%ul"], out["%lo"], out["%n"]
+
+
+def test_window_blockinfo_equals_the_mask_and_its_ptx():
+    """Windows smaller than a block, crossing blocks, one side unbounded, Sq != Skv: the blocks a
+    unit runs are exactly those holding a visible pair, the unmasked ones exactly those every row
+    sees whole, the splits cut them once each, and the PTX computes the same numbers."""
+    checked = empty = 0
+    for sq, sk, rows, (left, right) in itertools.product((1, 128, 257, 520), (0, 129, 256, 1000), (64, 192),
+                                                         WINDOWS):
+        for m in range(-(-sq // rows)):
+            visible, whole, vis = brute_window(m, rows, sq, sk, left, right)
+            assert visible == list(range(visible[0], visible[-1] + 1)) if visible else True
+            for nsplit in (1, 2, 3):
+                covered = []
+                for split in range(nsplit):
+                    info = BlockInfo.of(m, rows, sq, sk, False, split, nsplit, window=(left, right))
+                    key = (sq, sk, rows, m, left, right, split, nsplit)
+                    assert set(whole) == set(range(info.unmasked_lo, info.n_unmasked)), key
+                    if info.empty or not vis[:, info.lo * BLOCK_N:(info.lo + info.n) * BLOCK_N].any():
+                        assert info.n == 1 and info.needs_mask(info.lo), key
+                        assert not vis[:, info.lo * BLOCK_N:(info.lo + 1) * BLOCK_N].any(), key
+                        empty += 1
+                    else:
+                        covered += list(range(info.lo, info.lo + info.n))
+                    if nsplit != 2 or info.empty:  # the PTX: unsplit, every split of 3, the empty ones
+                        assert window_ptx_values(rows, m, sq, sk, left, right, split, nsplit) == \
+                            (info.n_unmasked, info.unmasked_lo, info.lo, info.n), key
+                    checked += 1
+                assert covered == visible, (sq, sk, rows, m, left, right, nsplit)
+    assert checked > 1000 and empty > 50, (checked, empty)
+
+
+def test_window_sides_follow_flash_attn():
+    from fa4gen.plan import window_sides
+    assert window_sides(None, False) == (None, None) and window_sides(None, True) == (None, 0)
+    assert window_sides((-1, -1), False) == (None, None) and window_sides((128, -1), True) == (128, 0)
+    assert window_sides((4096, 0), False) == (4096, 0) and window_sides((3, 5), False) == (3, 5)
+
+
+def test_causal_window_equals_the_plain_causal_range_when_left_is_unbounded():
+    for sq, sk, rows in itertools.product(SQ, SK, (64, 128, 192)):
+        for m in range(-(-sq // rows)):
+            a, b = BlockInfo.of(m, rows, sq, sk, True), BlockInfo.of(m, rows, sq, sk, True, window=(None, 0))
+            assert (a.first, a.end, a.n_unmasked, a.lo, a.n, a.unmasked_lo) == \
+                (b.first, b.end, b.n_unmasked, b.lo, b.n, b.unmasked_lo), (sq, sk, rows, m)

@@ -53,6 +53,10 @@ BAD_VALUES = [
     ("varlen", "yes"),
     ("kvcache", 1),
     ("kvcache", "yes"),
+    ("window", 1),
+    ("window", (128, 0)),  # the sides are run-time arguments; the config only says the kernel has them
+    ("softcap", 30.0),
+    ("sinks", "yes"),
     ("page_size", 48),
     ("page_size", 512),
     ("page_size", 16.0),
