@@ -115,7 +115,7 @@ def test_tuned_variant_names_carry_the_hash():
 ALTERNATIVES = {
     "arch": "sm_90a", "head_dim": 64, "causal": True, "gqa_ratio": 2, "dtype": "fp16",
     "kv_stages": 2, "rescale_threshold": 0.0, "emu_pairs": 1, "emu_start": 2, "k_split": 32, "varlen": True,
-    "kvcache": True,
+    "kvcache": True, "window": True, "softcap": True, "sinks": True,
 }
 
 
