@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from .plan import ARCH_LIMITS
+
 # The `.version` each target's kernel declares, in one place: both lowerings (fa4gen/lower/sm90.py,
 # fa4gen/lower/sm100.py) print it into the PTX header. Both must be read by the toolchains in play:
 # ptxas/nvJitLink 13.0 here, and on the H200 machines the driver r580 (CUDA 13.0, PTX ISA <= 9.0)
@@ -374,7 +376,7 @@ _SETMAXNREG_WHY = {
     "C7508": ("ptxas ignored setmaxnreg (C7508: unable to determine register count at entry). "
               "setmaxnreg only moves registers between warpgroups when ptxas knows the per-thread "
               "register count the kernel starts with; give the entry `.maxnreg N` (N x threads per "
-              "CTA <= 65536: e.g. 168 for 384 threads) -- `.maxntid` alone is not enough. Without "
+              f"CTA <= {ARCH_LIMITS['sm_90a'].regs_per_sm}: e.g. 168 for 384 threads) -- `.maxntid` alone is not enough. Without "
               "it every warp keeps the entry count and the producer/consumer split is lost."),
     "C7504": ("ptxas ignored setmaxnreg (C7504: to maintain compatibility across compilation units). "
               "The PTX was compiled as relocatable code (`ptxas -c`), which is how nvJitLink always "

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .config import ConfigError, KernelConfig
+from .plan import ARCH_LIMITS
 
 _ARCH = click.Choice(["sm_100a", "sm_90a"])
 
@@ -62,7 +63,7 @@ def _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshol
     if rescale_threshold is not None:
         kw["rescale_threshold"] = rescale_threshold
     try:
-        from .plan import refuse_ignored
+        from .ir import refuse_ignored
         return refuse_ignored(KernelConfig(**kw))
     except ConfigError as e:
         click.echo(f"fa4gen: error: {e}", err=True)
@@ -77,7 +78,7 @@ def _print_summary(s: dict) -> None:
         click.echo(f"  TMEM  {s['tmem_alloc_cols']} columns: " + ", ".join(
             f"{m['region']}[{m['cols'][0]},{m['cols'][1]})" + (f" in {m['alias_of']}" if m["alias_of"] else "")
             for m in s["tmem_map"]))
-    click.echo(f"  regs  {s['registers_per_cta']} / 65536 per CTA: " +
+    click.echo(f"  regs  {s['registers_per_cta']} / {ARCH_LIMITS[s['arch']].regs_per_sm} per CTA: " +
                ", ".join(f"{r['role']} {r['setmaxnreg']}" for r in s["roles"]))
     click.echo("  barriers: " + ", ".join(
         f"{b['name']}[{b['slots']}]:{b['kind']}/{b.get('arrivals', b.get('threads'))}" for b in s["barriers"]))

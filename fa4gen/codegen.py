@@ -215,7 +215,7 @@ def build(cfg: KernelConfig, out_dir=None, emit=("ptx", "cubin"), *, backend: st
 
     if not isinstance(cfg, KernelConfig):
         raise TypeError(f"cfg must be a KernelConfig, got {type(cfg).__name__}")
-    from .plan import refuse_ignored
+    from .ir import refuse_ignored
     refuse_ignored(cfg)
     emit = tuple(emit)
     unknown = [e for e in emit if e not in EMITS]

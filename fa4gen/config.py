@@ -60,6 +60,7 @@ MMA_K = 16  # reduction positions per MMA step for 16-bit inputs (tcgen05 kind::
 EMU_PAIRS_DEFAULT = {"sm_100a": 2, "sm_90a": 0}
 EMU_START_DEFAULT = {False: 1, True: 0}  # keyed by causal
 K_SPLIT_DEFAULT = {False: 6 * MMA_K, True: 4 * MMA_K}  # 96 + 32 non-causal, 64 + 64 causal
+KV_STAGES_MIN, KV_STAGES_MAX = 2, 4  # the K/V ring depths a config may ask for
 
 
 class ConfigError(ValueError):
@@ -149,8 +150,8 @@ class KernelConfig:
             raise ConfigError("block_n", self.block_n, "128 (four 32-column TMEM fragments)")
         if self.q_stages != 2:
             raise ConfigError("q_stages", self.q_stages, "2 (two Q tiles in flight per task)")
-        if isinstance(self.kv_stages, bool) or not isinstance(self.kv_stages, int) or not 2 <= self.kv_stages <= 4:
-            raise ConfigError("kv_stages", self.kv_stages, "an integer in [2, 4]")
+        if isinstance(self.kv_stages, bool) or not isinstance(self.kv_stages, int) or not KV_STAGES_MIN <= self.kv_stages <= KV_STAGES_MAX:
+            raise ConfigError("kv_stages", self.kv_stages, f"an integer in [{KV_STAGES_MIN}, {KV_STAGES_MAX}]")
         thr = self.rescale_threshold
         if isinstance(thr, bool) or not isinstance(thr, numbers.Real) or not math.isfinite(thr) or not 0 <= thr <= 15:
             # P reaches 2^threshold between rescales: fp16 overflows at 2^16

@@ -1,23 +1,44 @@
-"""The plan below the IR and the lowering: facts both read (SMEM layouts, limits, tile geometry).
+"""The plan below the IR and the lowering: facts both read (the arch limits, tile geometry, the ABI).
+The SMEM layout is derived from the Pipeline (fa4gen/ir/layout.py); the sm_90a ring depths are chosen
+by it (fa4gen/ir/sm90.py sm90_stages).
 
-Imports run down the chain only: tiles -> config -> plan -> ir -> passes -> lower. Nothing here
-imports ir/ or lower/, and nothing in the package imports in a circle (tests/test_imports.py holds both).
+Imports run down the chain only: tiles -> config -> plan -> ir -> passes -> lower (and the ISA facts
+of fa4gen/encodings.py, which imports nothing of the package). Nothing here imports ir/ or lower/,
+and nothing in the package imports in a circle (tests/test_imports.py holds both).
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
-from .config import K_SPLIT_DEFAULT, ConfigError, KernelConfig
+from .config import KernelConfig
+from .encodings import TMEM_COLUMNS, Swizzle
 from .tiles import ROWS, PlanError, gqa_pack
 
 HALF_COLS = 64  # 16-bit elements per 128-byte swizzled row: one TMA box's inner extent, one SMEM panel
-SMEM_ALIGN = 1024  # 128B-swizzle patterns (8 rows x 128 B) start 1024-aligned (descriptor base_offset 0)
-SM90_SMEM_LIMIT = 232448  # bytes of dynamic SMEM a CTA may opt into on sm_90 (227 KiB)
-SM100_SMEM_LIMIT = 232448  # the same 227 KiB per CTA on sm_100
-SM90_SMEM_ALIGN = SMEM_ALIGN
+
+
+@dataclass(frozen=True)
+class ArchLimits:
+    """What one CTA of a target may use: every limit the IR, the verifier, the lowerings and the CLI
+    check against reads this table (ARCH_LIMITS); ISA encoding facts stay in fa4gen/encodings.py,
+    which the table reads where the two meet (TMEM columns, the swizzle pattern)."""
+
+    smem_per_cta: int  # bytes of dynamic SMEM a CTA may opt into
+    smem_align: int  # the dynamic SMEM base is aligned to this (the kernel rounds it up; the slack is requested)
+    regs_per_sm: int  # 32-bit registers a CTA's warps share (setmaxnreg budgets x threads stay within)
+    tmem_cols: int  # 32-bit TMEM columns a CTA may allocate (0: no Tensor Memory)
+
+
+# 227 KiB of dynamic SMEM per CTA on both; 128B-swizzle patterns (8 rows x 128 B) start on their
+# 1024-byte boundary (descriptor base_offset 0), so the layouts align the base to it.
+ARCH_LIMITS: dict[str, ArchLimits] = {
+    "sm_90a": ArchLimits(smem_per_cta=232448, smem_align=Swizzle.B128.pattern_bytes, regs_per_sm=65536,
+                         tmem_cols=0),
+    "sm_100a": ArchLimits(smem_per_cta=232448, smem_align=Swizzle.B128.pattern_bytes, regs_per_sm=65536,
+                          tmem_cols=TMEM_COLUMNS),
+}
 
 
 # The kernel ABI (docs/ABI.md): every entry's parameters, in signature order, with their PTX
@@ -242,8 +263,6 @@ def mask_words(cols) -> tuple[list[int], list[tuple[int, int]]]:
     return sorted({w for w, _ in where}), where
 
 
-REGS_PER_SM = 65536  # 32-bit registers per SM partition set a CTA's warps share (both targets)
-
 # Named barriers (bar.sync / bar.arrive ids; 0 is the CTA-wide barrier after mbarrier init).
 SM100_STATS_BAR_ID = 1  # softmax -> correction statistics hand-off (ids 1..8 when paired per warp)
 SM90_SCHED_BAR_ID = 1  # ids 1 .. C: ping-pong turn on the tensor core for consumer i (C consumers)
@@ -261,84 +280,8 @@ def sm90_epi_bar_id(consumers: int) -> int:
 # sm_90a setmaxnreg budgets: the producer warpgroup gives registers to the consumers
 SM90_PRODUCER_REGS, SM90_CONSUMER_REGS = 24, 240
 # by consumer count: the CTA's launch pool is (C + 1) x 128 threads x the entry cap
-# (65536 / threads, a multiple of 8): 24 + 2 x 240 <= 3 x 168, 24 + 3 x 160 <= 4 x 128
+# (ARCH_LIMITS regs_per_sm / threads, a multiple of 8): 24 + 2 x 240 <= 3 x 168, 24 + 3 x 160 <= 4 x 128
 SM90_REGS = {2: (24, 240), 3: (24, 160)}
-
-
-@dataclass(frozen=True)
-class SmemPlan:
-    q: int
-    k: int
-    v: int
-    o: int
-    bar: int
-    tile_bytes: int  # one 128-row x D tile (a K or V stage)
-    q_tile_bytes: int  # one block_m-row x D tile (a Q slot, the O staging)
-    q_stages: int
-    kv_stages: int
-    total: int  # bytes requested at launch, including the slack for aligning the base to 1024
-
-    @property
-    def barriers(self) -> dict[str, int]:
-        q, s = self.q_stages, self.kv_stages
-        return {"q_full": 0, "q_empty": 8 * q, "k_full": 16 * q, "k_empty": 16 * q + 8 * s,
-                "v_full": 16 * q + 16 * s, "v_empty": 16 * q + 24 * s}
-
-    @property
-    def barrier_bytes(self) -> int:
-        return 16 * self.q_stages + 32 * self.kv_stages
-
-
-def smem_plan(cfg: KernelConfig) -> SmemPlan:
-    """SMEM layout. Stages are the config's, capped by what fits (the manifest records the result).
-
-    Q slots (cfg.q_stages, 2) hold consecutive tasks' tiles of a persistent CTA, so the next tile's
-    Q loads while this one finishes; K/V keep at least 2 stages, and Q drops to 1 slot before
-    K/V would (D = 128: 2 Q + 2x2 K/V + O = 224 KiB fits; 3 K/V stages would not).
-
-    KV-cache kernels store O and the split partials from the registers: no O staging. (One Q slot
-    and a third K/V stage at D = 128, 224 KiB, measured the same on contiguous caches and 1.5-4%
-    slower on paged ones on the H200, bench/results/2026-12-02T152230Z_kvcache.json: not taken.)
-    """
-    tile, qtile = tile_bytes(cfg), q_tile_bytes(cfg)
-    staging = 0 if cfg.kvcache else qtile
-
-    def stages_for(q_stages):
-        fixed = q_stages * qtile + staging + 16 * q_stages + 32 * 4  # Q slots + O staging + barriers (<= 4 stages)
-        return min(cfg.kv_stages, (SM90_SMEM_LIMIT - SM90_SMEM_ALIGN - fixed) // (2 * tile))
-
-    q_stages = cfg.q_stages
-    while q_stages > 1 and stages_for(q_stages) < 2:
-        q_stages -= 1
-    stages = stages_for(q_stages)
-    if stages < 2:
-        raise PlanError(f"head_dim {cfg.head_dim}: fewer than 2 K/V stages fit in SMEM")
-    q = 0
-    k = q + q_stages * qtile
-    v = k + stages * tile
-    o = v + stages * tile
-    bar = o + staging
-    plan = SmemPlan(q=q, k=k, v=v, o=o, bar=bar, tile_bytes=tile, q_tile_bytes=qtile, q_stages=q_stages,
-                    kv_stages=stages, total=0)
-    return dataclasses.replace(plan, total=bar + plan.barrier_bytes + SM90_SMEM_ALIGN)
-
-
-
-
-def refuse_ignored(cfg: KernelConfig) -> KernelConfig:
-    """Options the config's arch would ignore are refused, not silently folded into a new name for
-    the same kernel: sm_90a has no TMEM P split (k_split), and its K/V ring takes kv_stages only as
-    far as SMEM allows (the default, 3, is capped to what fits; an explicit other value must fit)."""
-    if cfg.arch != "sm_90a":
-        return cfg
-    if cfg.k_split != K_SPLIT_DEFAULT[cfg.causal]:
-        raise ConfigError("k_split", cfg.k_split, "sm_100a only (the TMEM P split); sm_90a keeps P in registers")
-    default_stages = KernelConfig.__dataclass_fields__["kv_stages"].default
-    fit = smem_plan(cfg.replace(kv_stages=4)).kv_stages
-    if cfg.kv_stages != default_stages and cfg.kv_stages > fit:
-        raise ConfigError("kv_stages", cfg.kv_stages, f"at most {fit} K/V stages fit in sm_90a SMEM beside "
-                                                       f"{smem_plan(cfg).q_stages} Q slots at head_dim {cfg.head_dim}")
-    return cfg
 
 
 # ---- K/V block ranges: the one definition (both targets' PTX, the reference, schedule, simulator) ----

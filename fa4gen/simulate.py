@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import KernelConfig
+from .encodings import TMEM_COLUMNS, TMEM_LANES
 from .ir import build_pipeline
 from .ir.core import Cond, Pipeline, Role
 from .passes.engine import DataModel, Engine, Finding, Scenario
@@ -91,7 +92,7 @@ class NumpyData(DataModel):
         self.sl2 = scale_log2_f32(scale)
         self.tasks = tasks
         self.smem: dict = {}
-        self.tmem = np.full((128, 512), np.nan, np.float32)
+        self.tmem = np.full((TMEM_LANES, TMEM_COLUMNS), np.nan, np.float32)
         self.tmem16 = self.tmem.view(np.uint16)
         self.regs: dict[str, dict] = {r.name: {} for r in pipe.roles}
         self.o = np.full((self.b, self.sq, self.hq, self.d), np.nan, np.float32)

@@ -77,6 +77,19 @@ def test_check_or_raise_carries_the_report():
     assert not ei.value.report.ok
 
 
+def test_smem_budget_counts_the_alignment_slack_the_kernel_requests():
+    """The limit holds for the bytes requested at launch (the layout's total), not the regions' sum:
+    a pipeline 8 bytes short of fitting with its slack is refused by the verifier, not first by the lowering."""
+    import dataclasses
+    from fa4gen.ir.layout import layout_of
+
+    p = build_pipeline(KernelConfig(arch="sm_90a"))
+    lay = layout_of(p)
+    assert verify(dataclasses.replace(p, smem_limit=lay.total), scenarios=((1,),)).ok
+    rep = verify(dataclasses.replace(p, smem_limit=lay.total - 8), scenarios=((1,),))
+    assert rep.codes() == {"SMEM_BUDGET"}, rep.text()
+
+
 def test_smem_over_limit_for_deep_kv_ring():
     rep = verify(build_pipeline(KernelConfig(kv_stages=4)), scenarios=((1,),))
     assert "SMEM_BUDGET" in rep.codes()

@@ -629,3 +629,15 @@ def test_one_cta_runs_several_tasks(causal):
     for seed in (0, 1):
         r = run_once(ptx, man, Shape.parse("1,323,393,2,2"), seed, ctas=1)
         assert r.ok, r.report
+
+
+def test_the_machine_models_limits_agree_with_the_generators():
+    """The emulator keeps its own numbers (a second opinion on the kernels): they must equal the
+    generator's table and the ISA encodings, or one of the two is wrong."""
+    from fa4gen import encodings
+    from fa4gen.plan import ARCH_LIMITS
+    from fa4gen.ptxemu import machine
+
+    assert {lim.regs_per_sm for lim in ARCH_LIMITS.values()} == {machine.REGS_PER_SM}
+    assert (machine.TMEM_LANES, machine.TMEM_COLS, machine.TMEM_ALLOC_MIN) == (
+        encodings.TMEM_LANES, ARCH_LIMITS["sm_100a"].tmem_cols, encodings.TMEM_ALLOC_MIN_COLUMNS)

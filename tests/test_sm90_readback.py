@@ -12,12 +12,15 @@ takes the last hand-off) are read here.
 
 import itertools
 
+import re
+
 import pytest
 
 from fa4gen import KernelConfig
 from fa4gen.check import check_ptx
 from fa4gen.ir import build_pipeline
 from fa4gen.ir.core import Cond, If, Loop, NamedArrive, NamedSync
+from fa4gen.ir.sm90 import sm90_stages
 
 sm90 = pytest.importorskip("fa4gen.lower.sm90")
 
@@ -96,13 +99,15 @@ def test_readback_catches_a_dropped_wait_group():
 @pytest.mark.parametrize("cfg", CONFIGS + [KernelConfig(arch="sm_90a", head_dim=64, kv_stages=4)],
                          ids=lambda c: c.name)
 def test_ir_rings_are_the_kernels(cfg):
-    """The verified pipeline has the Q and K/V ring depths the emitted kernel's SMEM plan uses."""
-    _, manifest = sm90.build_sm90(cfg)
-    plan = sm90.smem_plan(cfg)
+    """The verified pipeline has the Q and K/V ring depths the emitted kernel initialises barriers for."""
+    ptx, manifest = sm90.build_sm90(cfg)
+    nq, kv = sm90_stages(cfg)
     pipe = build_pipeline(cfg)
     slots = {r.name: r.slots for r in pipe.regions}
-    assert (slots["Q"], slots["K"], slots["V"]) == (plan.q_stages, plan.kv_stages, plan.kv_stages)
-    assert manifest["sm90"]["kv_stages"] == plan.kv_stages
+    assert (slots["Q"], slots["K"], slots["V"]) == (nq, kv, kv)
+    assert (manifest["sm90"]["q_stages"], manifest["sm90"]["kv_stages"]) == (nq, kv)
+    # q_full / q_empty per Q slot, k/v full / empty per stage: one mbarrier.init each
+    assert len(re.findall(r"mbarrier\.init\.shared::cta\.b64", ptx)) == 2 * nq + 4 * kv
 
 
 def test_the_reader_knows_every_instruction_class_of_the_op_tables():

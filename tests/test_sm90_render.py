@@ -17,10 +17,12 @@ import pytest
 
 from fa4gen.config import KernelConfig
 from fa4gen.exp2 import hopper_emulated
-from fa4gen.ir.sm90 import build_sm90_pipeline
+from fa4gen.ir.sm90 import build_sm90_pipeline, sm90_stages
 from fa4gen.lower.sm90 import Sm90LoweringError, Sm90Options, build_sm90, entry_regs_of, lower_sm90, manifest_sm90
 from fa4gen.lower.walk import smem_layout
-from fa4gen.plan import SM90_SMEM_LIMIT as SMEM_LIMIT, smem_plan
+from fa4gen.plan import ARCH_LIMITS, q_tile_bytes, tile_bytes
+
+SMEM_LIMIT = ARCH_LIMITS["sm_90a"].smem_per_cta
 
 PTXAS = shutil.which("ptxas")
 ABI_PARAMS = ["tmap_q", "tmap_k", "tmap_v", "tmap_o", "lse_ptr", "batch", "seqlen_q", "seqlen_k",
@@ -84,16 +86,27 @@ def test_abi_signature_and_manifest():
     assert man["dynamic_smem_bytes"] <= SMEM_LIMIT
 
 
-def test_smem_plan_caps_stages_to_fit():
-    p = smem_plan(cfg())  # config asks for 3 K/V stages: only 2 fit next to 2 Q slots at D = 128
-    assert (p.q_stages, p.kv_stages) == (2, 2)
+def test_stages_are_capped_to_fit():
+    assert sm90_stages(cfg()) == (2, 2)  # config asks for 3 K/V stages: only 2 fit next to 2 Q slots at D = 128
     lay = smem_layout(build_sm90_pipeline(cfg()))  # the kernel's layout: derived from the Pipeline
     assert lay.total <= SMEM_LIMIT
     k, v, o = (lay.regions[r][0] for r in ("K", "V", "O_smem"))
-    assert k == 2 * p.q_tile_bytes and v == k + 2 * p.tile_bytes and o == v + 2 * p.tile_bytes
+    assert k == 2 * q_tile_bytes(cfg()) and v == k + 2 * tile_bytes(cfg()) and o == v + 2 * tile_bytes(cfg())
     for off, _, _ in lay.regions.values():
         assert off % 1024 == 0  # 128B-swizzle atoms start 1024-aligned (descriptor base_offset 0)
-    assert smem_plan(cfg(head_dim=64, kv_stages=4)).kv_stages == 4
+    assert lay.total + 2 * tile_bytes(cfg()) > SMEM_LIMIT  # a third K/V stage (a K and a V tile) would not fit
+    assert sm90_stages(cfg(head_dim=64, kv_stages=4)) == (2, 4)
+    # a 192-row tile at D = 128 keeps 2 K/V stages by dropping to one Q slot
+    assert sm90_stages(cfg(block_m=192)) == (1, 2)
+
+
+def test_an_explicit_ring_that_does_not_fit_is_refused():
+    from fa4gen.config import ConfigError
+    from fa4gen.ir import refuse_ignored
+
+    with pytest.raises(ConfigError, match="at most 2 K/V stages fit in sm_90a SMEM beside 2 Q slots"):
+        refuse_ignored(cfg(kv_stages=4))
+    assert refuse_ignored(cfg()) == cfg()  # the default depth is capped, not refused
 
 
 def test_register_budget_is_checked():

@@ -12,3 +12,12 @@ def build_pipeline(cfg: KernelConfig) -> Pipeline:
     from .sm90 import build_sm90_pipeline
 
     return build_sm90_pipeline(cfg)
+
+
+def refuse_ignored(cfg: KernelConfig) -> KernelConfig:
+    """cfg, unless it asks for an option its arch would ignore (ConfigError; sm_90a: ir/sm90.py)."""
+    if cfg.arch != "sm_90a":
+        return cfg
+    from .sm90 import refuse_ignored as refuse_sm90
+
+    return refuse_sm90(cfg)

@@ -9,13 +9,13 @@ so the K walk and the V walk are two States over the same ring with stride 2.
 from __future__ import annotations
 
 from ..config import KernelConfig
-from ..plan import SM100_SMEM_LIMIT, SM100_STATS_BAR_ID, tile_bytes as plan_tile_bytes
+from ..plan import ARCH_LIMITS, SM100_STATS_BAR_ID, tile_bytes as plan_tile_bytes
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
                    FenceProxyAsync, If, Loop, LoopKind, Mma, NamedArrive, NamedSync, Pipeline, Region,
                    PageLookup, Role, Scope, SmemLd, SmemSt, Space, State, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd,
                    TmemSt, Wait, WaitLd, WaitSt)
 
-TMEM_COLS = 512
+LIMITS = ARCH_LIMITS["sm_100a"]  # the kernel allocates all of TMEM
 LD_CHUNK = 32  # softmax reads S and writes P in 32-column tcgen05.ld/st chunks
 RESCALE_CHUNK = 16  # correction rescales O 16 columns at a time (seed: RESCALE_TILE)
 STATS_BAR_ID = SM100_STATS_BAR_ID
@@ -260,5 +260,5 @@ def build_sm100(cfg: KernelConfig) -> Pipeline:
         notes += ("kvcache: split-KV decode over a KV cache (cache_seqlens" + (f", pages of {cfg.page_size} keys"
                   if cfg.page_size else "") + "); num_splits > 1 writes fp32 partial O (StorePartial) and LSE, "
                   "merged by the fa4_combine entry",)
-    return Pipeline(cfg, "sm_100a", 16, regions(cfg), barriers(cfg), roles, TMEM_COLS, SM100_SMEM_LIMIT,
+    return Pipeline(cfg, "sm_100a", 16, regions(cfg), barriers(cfg), roles, LIMITS.tmem_cols, LIMITS.smem_per_cta,
                     notes=notes)

@@ -13,37 +13,31 @@ pre-arrives once so consumer 0 goes first, and consumer 0 takes the last hand-of
 
 from __future__ import annotations
 
-from ..config import KernelConfig
-from ..plan import (SM90_CONSUMER_REGS, SM90_PRODUCER_REGS, SM90_REGS, SM90_SCHED_BAR_ID,
-                    SM90_SMEM_LIMIT, q_tile_bytes, sm90_consumers, sm90_epi_bar_id, smem_plan, tile_bytes)
+from ..config import K_SPLIT_DEFAULT, KV_STAGES_MAX, ConfigError, KernelConfig
+from ..plan import (ARCH_LIMITS, SM90_CONSUMER_REGS, SM90_PRODUCER_REGS, SM90_REGS, SM90_SCHED_BAR_ID, q_tile_bytes,
+                    sm90_consumers, sm90_epi_bar_id, tile_bytes)
+from ..tiles import PlanError
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync,
                    If, InstSlot, Loop, LoopKind, Mma, PageLookup, MmaWait, NamedArrive, NamedSync, Pipeline, Region, Role, Scope,
                    SmemSt, Space, State, StoreRows, TmaLoad, TmaStore, TmaStoreWait, Wait, instantiate)
+from .layout import layout_of
+
+TARGET = "sm_90a"
 
 SCHED_BAR_ID = SM90_SCHED_BAR_ID
 PRODUCER_REGS, CONSUMER_REGS = SM90_PRODUCER_REGS, SM90_CONSUMER_REGS
 
 
-def _stages(cfg: KernelConfig) -> tuple[int, int]:
-    """(Q slots, K/V ring depth): the kernel's SMEM plan decides them (capped by what fits), and
-    the verified pipeline must have exactly the rings the emitted PTX has."""
-    plan = smem_plan(cfg)
-    return plan.q_stages, plan.kv_stages
-
-
-def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
-    if cfg.arch != "sm_90a":
-        raise ValueError(f"build_sm90_pipeline needs arch sm_90a, got {cfg.arch}")
+def _smem(cfg: KernelConfig, nq: int, kv: int) -> tuple[tuple[Region, ...], tuple[Barrier, ...]]:
+    """The regions and barriers of the kernel with nq Q slots and a kv-deep K/V ring."""
     d, tile, qtile = cfg.head_dim, tile_bytes(cfg), q_tile_bytes(cfg)
-    nq, kv = _stages(cfg)
     nc = sm90_consumers(cfg.block_m)
-    producer_regs, consumer_regs = SM90_REGS[nc]
     arrivals = 4 * nc  # one per consumer warp
     regions = (
         Region("Q", Space.SMEM, cfg.dtype, cfg.block_m, slots=nq, bytes_per_slot=qtile),
         Region("K", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=tile),
         Region("V", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=tile),
-        # KV cache: no O staging (O and the split partials leave from the registers; plan.smem_plan)
+        # KV cache: no O staging (O and the split partials leave from the registers)
         *(() if cfg.kvcache else (Region("O_smem", Space.SMEM, cfg.dtype, 64, slots=nc, bytes_per_slot=64 * d * 2),)),
         Region("S", Space.REG, "f32", 64),
         Region("P", Space.REG, cfg.dtype, 64),
@@ -59,6 +53,65 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
         Barrier("sched", BarrierKind.NAMED, nc, 256, named_id=SCHED_BAR_ID),
         *(() if cfg.kvcache else (Barrier("epi", BarrierKind.NAMED, nc, 128, named_id=sm90_epi_bar_id(nc)),)),
     )
+    return regions, barriers
+
+
+def _fits(cfg: KernelConfig, nq: int, kv: int) -> bool:
+    """The layout of the pipeline with these rings (ir/layout.py, the kernel's own) fits the SMEM limit."""
+    limit = ARCH_LIMITS[TARGET].smem_per_cta
+    pipe = Pipeline(cfg, TARGET, 4 * (1 + sm90_consumers(cfg.block_m)), *_smem(cfg, nq, kv), (), 0, limit)
+    return layout_of(pipe).total <= limit
+
+
+def sm90_stages(cfg: KernelConfig, kv_cap: int | None = None) -> tuple[int, int]:
+    """(Q slots, K/V ring depth) of the kernel: the config's, capped by what fits in SMEM (the
+    manifest records the result). kv_cap replaces cfg.kv_stages as the deepest ring asked for.
+
+    Q slots (cfg.q_stages, 2) hold consecutive tasks' tiles of a persistent CTA, so the next tile's
+    Q loads while this one finishes; K/V keep at least 2 stages, and Q drops to 1 slot before
+    K/V would (D = 128: 2 Q + 2x2 K/V + O = 224 KiB fits; 3 K/V stages would not).
+
+    KV-cache kernels store O and the split partials from the registers: no O staging. (One Q slot
+    and a third K/V stage at D = 128, 224 KiB, measured the same on contiguous caches and 1.5-4%
+    slower on paged ones on the H200, bench/results/2026-12-02T152230Z_kvcache.json: not taken.)
+    """
+    cap = cfg.kv_stages if kv_cap is None else kv_cap
+
+    def deepest(nq: int) -> int:
+        return next((kv for kv in range(cap, 1, -1) if _fits(cfg, nq, kv)), 0)
+
+    nq = cfg.q_stages
+    while nq > 1 and deepest(nq) < 2:
+        nq -= 1
+    kv = deepest(nq)
+    if kv < 2:
+        raise PlanError(f"head_dim {cfg.head_dim}: fewer than 2 K/V stages fit in SMEM")
+    return nq, kv
+
+
+def refuse_ignored(cfg: KernelConfig) -> KernelConfig:
+    """Options sm_90a would ignore are refused, not silently folded into a new name for the same
+    kernel: it has no TMEM P split (k_split), and its K/V ring takes kv_stages only as far as SMEM
+    allows (the default, 3, is capped to what fits; an explicit other value must fit)."""
+    if cfg.k_split != K_SPLIT_DEFAULT[cfg.causal]:
+        raise ConfigError("k_split", cfg.k_split, "sm_100a only (the TMEM P split); sm_90a keeps P in registers")
+    default_stages = KernelConfig.__dataclass_fields__["kv_stages"].default
+    fit = sm90_stages(cfg, kv_cap=KV_STAGES_MAX)[1]
+    if cfg.kv_stages != default_stages and cfg.kv_stages > fit:
+        raise ConfigError("kv_stages", cfg.kv_stages, f"at most {fit} K/V stages fit in sm_90a SMEM beside "
+                                                       f"{sm90_stages(cfg)[0]} Q slots at head_dim {cfg.head_dim}")
+    return cfg
+
+
+def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
+    if cfg.arch != TARGET:
+        raise ValueError(f"build_sm90_pipeline needs arch sm_90a, got {cfg.arch}")
+    d, tile, qtile = cfg.head_dim, tile_bytes(cfg), q_tile_bytes(cfg)
+    # the verified pipeline has exactly the rings the emitted PTX has: both read them from here
+    nq, kv = sm90_stages(cfg)
+    nc = sm90_consumers(cfg.block_m)
+    producer_regs, consumer_regs = SM90_REGS[nc]
+    regions, barriers = _smem(cfg, nq, kv)
 
     def load(tensor: str, bar: str, state: str, block: BlockRef, dst: str):
         nbytes = qtile if tensor == "q" else tile
@@ -150,6 +203,6 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
 
     roles = (producer, Role("producer_idle", (1, 2, 3), producer_regs, (), ()),
              *(instantiate(consumer, i) for i in range(nc)))
-    return Pipeline(cfg, "sm_90a", 4 * (1 + nc), regions, barriers, roles, 0, SM90_SMEM_LIMIT,
+    return Pipeline(cfg, TARGET, 4 * (1 + nc), regions, barriers, roles, 0, ARCH_LIMITS[TARGET].smem_per_cta,
                     notes=(f"{kv} K/V stages", "ping-pong consumers" if nc == 2 else f"ping-pong ring of {nc} consumers"),
                     replicated=(consumer,))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..config import GENERATOR_VERSION, KernelConfig
 from ..ir.core import Pipeline
-from ..plan import (HALF_COLS, KVCACHE_ORDER, SMEM_ALIGN, VARLEN_ORDER, abi_params, gqa_manifest, kv_box_rows,
+from ..plan import (HALF_COLS, KVCACHE_ORDER, VARLEN_ORDER, abi_params, gqa_manifest, kv_box_rows,
                     kvcache_manifest, qo_map_dims, varlen_manifest)
 
 __all__ = ["ENTRY", "GridFacts", "grid_section", "manifest", "smem_layout_section", "tensor_maps"]
@@ -98,12 +98,12 @@ def tensor_maps(cfg: KernelConfig, o_rows: int) -> dict:
 
 
 def smem_layout_section(layout) -> dict:
-    """The `smem_layout` section of a lowering that publishes its SMEM layout (walk.SmemLayout)."""
+    """The `smem_layout` section of a lowering that publishes its SMEM layout (ir/layout.py SmemLayout)."""
     return {"smem_layout": {
         "regions": {k: {"offset": v[0], "bytes_per_slot": v[1], "slots": v[2]} for k, v in layout.regions.items()},
         "barriers": dict(layout.barriers),
         "tmem_addr_slot": layout.tmem_slot,
-        "align": SMEM_ALIGN,
+        "align": layout.align,
     }}
 
 

@@ -25,8 +25,8 @@ import struct
 
 from ..assemble import PTX_VERSION_FOR_ARCH
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import (block_info_ptx, combine_context, kv_box_rows, abi_params, HALF_COLS, MASK_AS_WORDS, MASK_WORD_BITS,
-                    REGS_PER_SM, ROWS, mask_words, panel_bytes)
+from ..plan import (ARCH_LIMITS, block_info_ptx, combine_context, kv_box_rows, abi_params, HALF_COLS, MASK_AS_WORDS, MASK_WORD_BITS,
+                    ROWS, mask_words, panel_bytes)
 from ..encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, check_tmem_alloc
 from ..exp2 import EXP2_POLY, FRAG_COLS, ROUND_MAGIC, emulated_mask
 from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, ExpectTx, FenceProxyAsync,
@@ -42,7 +42,6 @@ __all__ = ["ENTRY", "OP_PTX", "Ptx", "SPELLING", "Sm100LoweringError", "SmemLayo
 
 TARGET = "sm_100a"
 THREADS_PER_WARP = 32
-REGS_PER_SM_PARTITION = REGS_PER_SM
 MMA_K = 16  # tcgen05.mma kind::f16 reduction positions per instruction
 NEG_INF = "0fFF800000"
 ONE = "0f3F800000"
@@ -797,7 +796,7 @@ def lower_sm100(pipe: Pipeline) -> dict:
         "entry": ENTRY,
         "param_decls": [decl for _, decl in abi_params(cfg)],
         "threads": pipe.threads,
-        "maxnreg": REGS_PER_SM_PARTITION // pipe.threads,
+        "maxnreg": ARCH_LIMITS[TARGET].regs_per_sm // pipe.threads,
         "causal": cfg.causal,
         "varlen": cfg.varlen,
         "head_dim": cfg.head_dim,

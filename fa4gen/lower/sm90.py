@@ -29,9 +29,10 @@ from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Compute, Cond, Ex
                        Mma, MmaWait, NamedArrive, NamedSync, PageLookup, Pipeline, Role, Scope, SmemSt, StoreRows,
                        TmaLoad, TmaStore, TmaStoreWait, Wait, instantiate, walk_ops)
 from ..ir.sm90 import build_sm90_pipeline
-from ..plan import (HALF_COLS, block_info_ptx, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS, SM90_REGS,
+from ..encodings import DescArch, SmemMatrixDesc
+from ..plan import (ARCH_LIMITS, HALF_COLS, block_info_ptx, MASK_AS_WORDS, MASK_WORD_BITS, ROWS, SM90_REGS,
                     abi_params, combine_context, kv_box_rows, mask_words, panel_bytes, q_panel_bytes,
-                    sm90_consumers, smem_plan)
+                    sm90_consumers)
 from ..render import render
 from .manifest import ENTRY, GridFacts, manifest
 from .walk import LoweringError, WalkCtx, Walker, dispatch, f32, pairwise, smem_layout, tidy
@@ -43,7 +44,7 @@ TARGET = "sm_90a"
 WG_ROWS = 64  # rows per consumer warpgroup (wgmma M)
 NEG_INF = "0fFF800000"
 LN2 = math.log(2.0)
-SWIZZLE_128B = 1
+REGS_PER_SM = ARCH_LIMITS[TARGET].regs_per_sm
 
 
 class Sm90LoweringError(LoweringError):
@@ -131,11 +132,6 @@ def _check_budget(nc: int, producer: int, consumer: int, must_fit_some: bool = F
                             f"({1 + n} warpgroups x the entry cap {cap}), got {producer} + {n} x {consumer}")
 
 
-def _desc_const(lbo: int, sbo: int) -> int:
-    """wgmma SMEM descriptor bits independent of the start address (PTX ISA 9.7.15.5.1)."""
-    return ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (SWIZZLE_128B << 62)
-
-
 class Sm90Walker(Walker):
     OP_PTX = OP_PTX
     Error = Sm90LoweringError
@@ -182,8 +178,9 @@ class Sm90Walker(Walker):
         self.emit("consumer_setup", first_wg=first_wg, ids=ids, wg_bytes=WG_ROWS * 128,
                   q_off=lay.region_offset("Q"), k_off=lay.region_offset("K"), v_off=lay.region_offset("V"),
                   o_off=o[0] if o else None,
-                  desc_k_major=hex(_desc_const(lbo=16, sbo=1024)),
-                  desc_v=hex(_desc_const(lbo=panel_bytes(cfg), sbo=1024)))
+                  # the descriptors' address-independent bits (start 0): the kernel adds each operand's address
+                  desc_k_major=hex(SmemMatrixDesc.k_major_sw128(DescArch.SM90A, 0).encode()),
+                  desc_v=hex(SmemMatrixDesc.mn_major_sw128(DescArch.SM90A, 0, panel_stride=panel_bytes(cfg)).encode()))
 
     def task_begin(self, head: str, done: str) -> None:
         cfg = self.cfg
@@ -528,14 +525,13 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
     dealt to the resident CTAs with odd rounds reversed), and the `sm90` record of the plan and the
     options."""
     opt = options or Sm90Options()
-    plan = smem_plan(cfg)
     pipe = build_sm90_pipeline(cfg)
     producer_regs, consumer_regs = opt.regs(cfg)
     grid = GridFacts(policy="persistent" if opt.persistent else "one_per_task", tiles_per_task=1, deal="",
                      lpt_deal="; snake deal", varlen_lpt=True, mode_keys=False, launch=False)
     return manifest(pipe, smem_bytes=smem_layout(pipe, Sm90LoweringError).total, o_rows=WG_ROWS, grid=grid,
                     variant="" if opt == Sm90Options() else _options_tag(opt),
-                    sections={"sm90": {"kv_stages": plan.kv_stages, "q_stages": plan.q_stages,
+                    sections={"sm90": {"kv_stages": pipe.region("K").slots, "q_stages": pipe.region("Q").slots,
                                        "consumers": sm90_consumers(cfg.block_m), "producer_regs": producer_regs,
                                        "consumer_regs": consumer_regs}})
 

@@ -12,7 +12,8 @@ Ring states: each State lives in one register q in [0, 2*depth): slot = slot_bas
 parity = q >= depth, advanced by stride modulo 2*depth -- exactly ir.core.State's convention.
 
 Also here, because both targets derive them from the Pipeline the same way: the SMEM layout
-(`smem_layout`) and the register bookkeeping shared by a kernel's roles (`WalkCtx`).
+(`smem_layout`, fa4gen/ir/layout.py's rule raising LoweringError) and the register bookkeeping shared
+by a kernel's roles (`WalkCtx`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Cond, ExpectTx, FenceProxyAsync, If, Loop,
-                       LoopKind, NamedArrive, NamedSync, Pipeline, Role, Scope, Space, TmaStoreWait, Wait,
+from ..ir.core import (Advance, Arrive, BlockRef, Cond, ExpectTx, FenceProxyAsync, If, Loop,
+                       LoopKind, NamedArrive, NamedSync, Pipeline, Role, Scope, TmaStoreWait, Wait,
                        walk_ops)
-from ..plan import REGS_PER_SM, SMEM_ALIGN
+from ..ir.layout import SmemLayout, smem_layout as ir_smem_layout
+from ..plan import ARCH_LIMITS
 
 __all__ = ["COMMON_PTX", "LoweringError", "SmemLayout", "Spelling", "WalkCtx", "Walker", "dispatch", "f32", "pairwise",
            "smem_layout", "tidy"]
@@ -114,52 +116,12 @@ def _reg_pattern(pat: str, role: str) -> re.Pattern:
 
 
 # ---------------------------------------------------------------------------------------------------
-# SMEM layout
-
-
-@dataclass(frozen=True)
-class SmemLayout:
-    """Byte offsets from the 1024-aligned dynamic SMEM base."""
-
-    regions: dict  # region name -> (offset of slot 0, bytes per slot, slots)
-    barriers: dict  # barrier name -> offset of slot 0 (8 bytes per slot)
-    tmem_slot: int  # 4 bytes: the TMEM base address written by tcgen05.alloc
-    used: int
-    total: int  # dynamic SMEM bytes to request: used + alignment slack
-
-    def region_offset(self, name: str) -> int:
-        return self.regions[name][0]
-
-    def slot_bytes(self, name: str) -> int:
-        return self.regions[name][1]
+# SMEM layout (ir/layout.py), refused as a lowering error
 
 
 def smem_layout(pipe: Pipeline, error: type[Exception] = LoweringError) -> SmemLayout:
-    """The SMEM regions in declaration order (1024-aligned where their slots are), then 8 bytes per
-    mbarrier slot, then the TMEM address slot; the total includes the alignment slack."""
-    off = 0
-    regions = {}
-    for r in pipe.regions:
-        if r.space is not Space.SMEM:
-            continue
-        if r.bytes_per_slot % SMEM_ALIGN == 0 and off % SMEM_ALIGN:
-            raise error(f"SMEM region {r.name} would start at {off}, not 1024-aligned")
-        regions[r.name] = (off, r.bytes_per_slot, r.slots)
-        off += r.slots * r.bytes_per_slot
-    off = -(-off // 8) * 8
-    bars = {}
-    for b in pipe.barriers:
-        if b.kind is BarrierKind.NAMED:
-            continue
-        bars[b.name] = off
-        off += 8 * b.slots
-    tmem_slot = off
-    off += 8
-    total = off + SMEM_ALIGN
-    if total > pipe.smem_limit:
-        raise error(f"SMEM: {off} bytes + {SMEM_ALIGN} alignment slack = {total} exceed the "
-                    f"{pipe.smem_limit}-byte limit of {pipe.arch} (fewer kv_stages?)")
-    return SmemLayout(regions, bars, tmem_slot, off, total)
+    """The SMEM layout derived from pipe (fa4gen/ir/layout.py); `error` when it does not fit."""
+    return ir_smem_layout(pipe, error)
 
 
 def dispatch(pipe: Pipeline, roles: list[dict], error: type[Exception] = LoweringError) -> list[dict]:
@@ -174,7 +136,7 @@ def dispatch(pipe: Pipeline, roles: list[dict], error: type[Exception] = Lowerin
     by_budget: dict[int, list[int]] = {}
     for wg, regs in sorted(wgs.items()):
         by_budget.setdefault(regs, []).append(wg)
-    entry = REGS_PER_SM // pipe.threads
+    entry = ARCH_LIMITS[pipe.arch].regs_per_sm // pipe.threads
     blocks = []
     # decreasing warpgroups first: their registers return to the pool the increasing ones wait for
     for regs, group in sorted(by_budget.items(), key=lambda kv: kv[0]):

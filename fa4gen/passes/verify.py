@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 
 from ..ir.core import (Arrive, BarrierKind, Commit, Cond, ExpectTx, If, Loop, Mma, NamedArrive, NamedSync, Pipeline,
                        Space, TmaLoad, TmemLd, TmemSt, Wait, walk_ops)
-from ..plan import REGS_PER_SM
+from ..encodings import TMEM_ALLOC_MIN_COLUMNS, TMEM_LANES
+from ..ir.layout import layout_of
+from ..plan import ARCH_LIMITS
+from ..tiles import PlanError
 from .engine import Engine, Finding, Scenario
 
-REGS_PER_CTA = REGS_PER_SM
 DEFAULT_SCENARIOS = ((1,), (2,), (3,), (2, 1, 3))
 
 
@@ -64,15 +66,18 @@ def static_findings(pipe: Pipeline) -> list[Finding]:
     add = lambda code, subj, msg: out.append(Finding(code, subj, msg))  # noqa: E731
 
     # ---- TMEM ----
+    limits = ARCH_LIMITS[pipe.arch]
     tm = [r for r in pipe.regions if r.space is Space.TMEM]
     if tm or pipe.tmem_alloc_cols:
-        a = pipe.tmem_alloc_cols
-        if a > 512 or a < 32 or a & (a - 1):
-            add("TMEM_BUDGET", "tcgen05.alloc", f"allocation of {a} columns: must be a power of two in [32, 512]")
+        a, cols = pipe.tmem_alloc_cols, limits.tmem_cols
+        if a > cols or a < TMEM_ALLOC_MIN_COLUMNS or a & (a - 1):
+            add("TMEM_BUDGET", "tcgen05.alloc", f"allocation of {a} columns: must be a power of two in "
+                                                f"[{TMEM_ALLOC_MIN_COLUMNS}, {cols}]" if cols else
+                                                f"allocation of {a} columns: {pipe.arch} has no Tensor Memory")
         for r in tm:
-            if r.col < 0 or r.col_end > min(a, 512):
+            if r.col < 0 or r.col_end > min(a, cols):
                 add("TMEM_BUDGET", r.name, f"columns [{r.col}, {r.col_end}) lie outside the {a}-column allocation"
-                                           " (TMEM has 512 columns of 128 lanes)")
+                                           f" (TMEM has {cols} columns of {TMEM_LANES} lanes)")
         names = {r.name: r for r in tm}
         for r in tm:
             if r.alias_of is not None:
@@ -89,9 +94,14 @@ def static_findings(pipe: Pipeline) -> list[Finding]:
                         f"{r.name} [{r.col}, {r.col_end}) and {s.name} [{s.col}, {s.col_end}) overlap without"
                         " a declared alias_of")
     # ---- SMEM ----
-    if pipe.smem_bytes > pipe.smem_limit:
-        add("SMEM_BUDGET", "smem", f"{pipe.smem_bytes} bytes of shared memory exceed the {pipe.arch} limit "
-                                   f"of {pipe.smem_limit}")
+    try:
+        lay = layout_of(pipe)  # the kernel's own layout: regions, barriers, TMEM slot, alignment slack
+    except PlanError as e:
+        add("SMEM_LAYOUT", "smem", str(e))
+    else:
+        if lay.total > pipe.smem_limit:
+            add("SMEM_BUDGET", "smem", f"{lay.used} bytes of shared memory + {lay.align} alignment slack exceed "
+                                       f"the {pipe.arch} limit of {pipe.smem_limit}")
     # ---- registers and warps ----
     warp_owner: dict[int, str] = {}
     regs_total = 0
@@ -110,8 +120,9 @@ def static_findings(pipe: Pipeline) -> list[Finding]:
         budgets = {pipe.role(warp_owner[w]).regs for w in range(4 * wg, 4 * wg + 4) if w in warp_owner}
         if len(budgets) > 1:
             add("REG_WARPGROUP", f"warpgroup {wg}", f"roles of one warpgroup ask different setmaxnreg {sorted(budgets)}")
-    if regs_total > REGS_PER_CTA:
-        add("REG_BUDGET", "cta", f"{regs_total} registers per CTA (sum of setmaxnreg x threads) exceed {REGS_PER_CTA}")
+    if regs_total > limits.regs_per_sm:
+        add("REG_BUDGET", "cta", f"{regs_total} registers per CTA (sum of setmaxnreg x threads) exceed "
+                                 f"{limits.regs_per_sm}")
     # ---- declarations, kinds, counts ----
     bars = {b.name: b for b in pipe.barriers}
     regions = {r.name: r for r in pipe.regions}

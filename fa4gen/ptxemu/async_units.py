@@ -12,7 +12,7 @@ import re
 import numpy as np
 
 from . import fp, units
-from .machine import PARAM_BASE, TMEM_COLS, WARP, Block, Fault, _join, distinct_ids
+from .machine import PARAM_BASE, TMEM_ALLOC_MIN, TMEM_COLS, WARP, Block, Fault, _join, distinct_ids
 from .ops import _bcast, _lanes, _uniform, addr_reader, reader, unsupported, writer
 from .parse import Addr, Reg, TmaAddr, Vec
 from .units import UnitError
@@ -220,8 +220,9 @@ def compile_tcgen05(ctx, ins, parts):
         def fn(w, m):
             cta = w.cta
             n = int(_bcast(nr(w))[0])
-            if n < 32 or n > 512 or n & (n - 1):
-                raise Fault("TMEM_ALLOC", f"tcgen05.alloc of {n} columns: a power of two in 32..512", line=ins.line, warp=w.wid)
+            if n < TMEM_ALLOC_MIN or n > TMEM_COLS or n & (n - 1):
+                raise Fault("TMEM_ALLOC", f"tcgen05.alloc of {n} columns: a power of two in {TMEM_ALLOC_MIN}..{TMEM_COLS}",
+                            line=ins.line, warp=w.wid)
             if cta.tmem_relinquished:
                 raise Fault("TMEM_ALLOC", "tcgen05.alloc after relinquish_alloc_permit", line=ins.line, warp=w.wid)
             col = None

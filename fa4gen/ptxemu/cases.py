@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import reference
 from .coverage import Coverage, EntryCoverage
+from .machine import MAX_REGS_PER_THREAD, REGS_PER_SM
 from .parse import manifest_entries
 
 MODEL_LSE_ATOL, MODEL_LSE_RTOL = 5e-5, 2e-5
@@ -129,7 +130,7 @@ def entry_registers(mod, man: dict | None, threads: int) -> int:
         return int((mine or asm)[0]["registers"])
     if mod.maxnreg:
         return int(mod.maxnreg)
-    return min(255, 65536 // max(threads, 1) // 8 * 8)
+    return min(MAX_REGS_PER_THREAD, REGS_PER_SM // max(threads, 1) // 8 * 8)
 
 
 def role_budgets(man: dict) -> dict:

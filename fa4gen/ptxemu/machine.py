@@ -23,8 +23,14 @@ from .parse import Instr, Module
 WARP = 32
 SMEM_BASE = 16  # the dynamic window starts 16 B past a 1024 B boundary: the kernel must align it
 PARAM_BASE = 0x7F00_0000_0000
-TMEM_LANES, TMEM_COLS = 128, 512
-REGS_PER_SM = 65536
+# The machine model's own numbers, deliberately not read from the generator's table (plan.ARCH_LIMITS)
+# nor from fa4gen.encodings: the emulator is a second opinion on the kernels the generator derives
+# from those, so a wrong limit there is not silently accepted here (tests/test_ptxemu.py holds the two
+# equal, so neither drifts unseen).
+TMEM_LANES, TMEM_COLS = 128, 512  # Tensor Memory of one CTA (sm_100a): 128 lanes x 512 32-bit columns
+TMEM_ALLOC_MIN = 32  # tcgen05.alloc: a power of two in [TMEM_ALLOC_MIN, TMEM_COLS]
+REGS_PER_SM = 65536  # 32-bit registers a CTA's warps share (both targets)
+MAX_REGS_PER_THREAD = 255  # what ptxas gives one thread at most
 
 _U32, _S32, _F32, _U64, _S64, _U16, _S16 = (np.uint32, np.int32, np.float32, np.uint64, np.int64,
                                            np.uint16, np.int16)
