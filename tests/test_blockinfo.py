@@ -158,8 +158,9 @@ def test_bad_arguments_are_refused():
         args = dict(m=0, rows=128, seqlen_q=5, seqlen_k=5, causal=True) | kw
         with pytest.raises(ValueError):
             BlockInfo.of(**args)
-    with pytest.raises(NotImplementedError):
-        BlockInfo.of(0, 128, 5, 5, True, window=(4, 0))
+    for window in ((-1, 0), (4, True), (4, -2)):  # sides are ints >= 0 or None (window_sides maps -1)
+        with pytest.raises(ValueError):
+            BlockInfo.of(0, 128, 5, 5, True, window=window)
     with pytest.raises(ValueError):
         block_info_ptx(causal=True, rows=128, m="%t", sq="%sq", skv="%skv", tmp="%t", n="%n", n_unmasked="%nu")
 
