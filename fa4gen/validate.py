@@ -168,7 +168,8 @@ def check_window_size(window_size) -> tuple[int, int]:
 
 def check_softcap(softcap, softmax_scale: float) -> float:
     """softcap as a float: 0 (no cap) or finite > 0, with softmax_scale / softcap and softcap * log2(e)
-    finite non-zero float32 values (the kernel's softcap_in and scale_log2 parameters)."""
+    finite normal float32 values (the kernel's softcap_in and scale_log2 parameters; the kernel flushes
+    subnormals to zero)."""
     if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
         raise InputTypeError(f"softcap must be a real number (0.0 = no cap), got {type(softcap).__name__}")
     c = float(softcap)
@@ -177,8 +178,8 @@ def check_softcap(softcap, softmax_scale: float) -> float:
     if c > 0:
         for what, x in (("softmax_scale / softcap", softmax_scale / c), ("softcap * log2(e)", c * LOG2E)):
             f = _f32(x)
-            if not math.isfinite(f) or f == 0.0:
-                raise InputValueError(f"softcap {c!r}: {what} = {x!r} is not a finite non-zero float32")
+            if not math.isfinite(f) or f < 2.0 ** -126:
+                raise InputValueError(f"softcap {c!r}: {what} = {x!r} is not a finite normal float32")
     return c
 
 
