@@ -372,7 +372,7 @@ class Sm90Walker(Walker):
         if cfg.window:
             test += [("setp.lt.or.s32", "%p_mask", "%nb", "%unlo", "%p_mask")]
         where = "blocks >= %nunm or < %unlo" if cfg.window else "blocks >= %nunm"
-        cap = "S = tanh(S * softcap_in) (tanh.approx.f32), " if cfg.softcap else ""
+        cap = "S = tanh(S * softcap_in), " if cfg.softcap else ""
         self.what(f"softmax of S (block {self.block_note(self.s_block)}): {cap}mask on {where}, row max, "
                   f"conditional rescale (threshold {cfg.rescale_threshold:g}), exp2, row sums; "
                   "%p_rescale = some row of the warp moved its reference")
