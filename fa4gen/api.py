@@ -15,7 +15,10 @@ __all__ = ["attention", "attention_varlen", "attention_with_kvcache", "load", "r
            "Fa4genInputError", "Problem", "RUNTIME_ARCH"]  # the launch's names are the API's too (fa4gen.api.X)
 
 
-def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None, return_lse: bool = False):
+# softcap's default is the int 0, not 0.0: torch.compile(dynamic=True) makes a float default it reads from
+# the function a symbolic float, whose specialisation restarts the frame's analysis (a second compile)
+def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None, return_lse: bool = False,
+              window_size: tuple[int, int] = (-1, -1), softcap: float = 0, learnable_sink=None):
     """Attention forward, flash-attn layout: softmax(q kᵀ * softmax_scale) v per (batch, head).
 
     q: (B, Sq, Hq, D); k, v: (B, Skv, Hkv, D); float16 or bfloat16, all the same, on one CUDA device of
@@ -27,6 +30,16 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
 
     Returns o (B, Sq, Hq, D) in the input dtype, or, when return_lse, (o, lse) with lse (B, Hq, Sq)
     float32: the natural-log logsumexp of each row's scaled scores over the keys it sees.
+
+    Score modifiers, in flash-attn's conventions (docs/ABI.md "Windows, softcap, sinks"):
+    window_size=(left, right): query i sees keys j with i + Skv - Sq - left <= j <= i + Skv - Sq +
+    right (bottom-right aligned like the causal mask; -1 = unbounded side; with causal, right is 0).
+    softcap > 0: the scaled scores s become softcap * tanh(s / softcap) before the softmax.
+    learnable_sink: a (Hq,) float32 tensor on q's device (bfloat16 / float16 are converted): query head
+    h's logit z_h joins every row's softmax denominator and no value, O = sum_j e^s_j v_j /
+    (sum_j e^s_j + e^z_h), and the LSE includes it; a row that sees no key gets O = 0 and LSE = z_h.
+    Each modifier is a flag of the kernel variant (`window`, `softcap`, `sinks` in KernelConfig); its
+    values are run-time arguments, so one kernel serves every window, cap and sink tensor.
 
     Layout: the kernel reads q/k/v through TMA, which needs the last dim contiguous, every other
     stride a multiple of 16 bytes and a 16-byte-aligned base; views meeting that (e.g. q, k, v
@@ -53,13 +66,16 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     if torch.compiler.is_compiling():
         from . import torch_ops
 
-        return torch_ops.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse)
-    return launch.attention_eager(torch, q, k, v, causal, softmax_scale, return_lse)
+        return torch_ops.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
+                                   window_size=window_size, softcap=softcap, learnable_sink=learnable_sink)
+    return launch.attention_eager(torch, q, k, v, causal, softmax_scale, return_lse, window_size=window_size,
+                                  softcap=softcap, learnable_sink=learnable_sink)
 
 
 # ---- varlen ------------------------------------------------------------------------------------
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
-                     softmax_scale: float | None = None, return_lse: bool = False, seqused_k=None):
+                     softmax_scale: float | None = None, return_lse: bool = False, seqused_k=None,
+                     window_size: tuple[int, int] = (-1, -1), softcap: float = 0, learnable_sink=None):
     """Attention over a packed batch of variable-length sequences (flash-attn's varlen conventions).
 
     q: (total_q, Hq, D); k, v: (total_k, Hkv, D); float16 or bfloat16, on one CUDA device of compute
@@ -69,6 +85,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     when seqused_k (int32 (B,)) is given. A sequence may have length 0. GQA as in `attention`.
     causal=True is bottom-right aligned per sequence (query i of a sequence with Lq queries and Lk
     keys sees keys j <= i + Lk - Lq); rows that see no key get O = 0 and LSE = -inf.
+    window_size, softcap and learnable_sink as in `attention`, the window per sequence (Lq, Lk in
+    place of Sq, Skv).
 
     max_seqlen_q / max_seqlen_k: the longest sequence (flash-attn's arguments). The kernel does not
     depend on them (its scheduler reads the lengths on the device); they are checked where the host
@@ -95,14 +113,17 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
 
         return torch_ops.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                           causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
-                                          seqused_k=seqused_k)
+                                          seqused_k=seqused_k, window_size=window_size, softcap=softcap,
+                                          learnable_sink=learnable_sink)
     return launch.attention_varlen_eager(torch, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                                   softmax_scale, return_lse, seqused_k)
+                                         softmax_scale, return_lse, seqused_k, window_size=window_size,
+                                         softcap=softcap, learnable_sink=learnable_sink)
 
 
 # ---- KV cache (decode) ---------------------------------------------------------------------------
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table=None, causal: bool = True,
-                           softmax_scale: float | None = None, num_splits: int = 0, return_lse: bool = False):
+                           softmax_scale: float | None = None, num_splits: int = 0, return_lse: bool = False,
+                           window_size: tuple[int, int] = (-1, -1), softcap: float = 0, learnable_sink=None):
     """Attention of a few new queries over a KV cache (decode, speculative decode, chunked prefill).
 
     q: (B, Sq, Hq, D), Sq >= 1. The cache is contiguous, k_cache / v_cache (B, Smax, Hkv, D), or
@@ -122,13 +143,18 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table=None, 
     by the kernel, which never reads outside the cache: lengths to [0, capacity], page entries to
     the last page) or on the CPU (then their values are checked here, with a clear error, and
     copied to the GPU). Returns o (B, Sq, Hq, D) and, with return_lse, lse (B, Hq, Sq) float32.
+
+    window_size, softcap and learnable_sink as in `attention`, the window aligned to the end of each
+    sequence (cache_seqlens[b] in place of Skv): a decode step with window (W, 0) sees its last W + 1
+    keys, and the kernel reads only the pages of the window. With splits the sink is counted once.
     """
     try:
         import torch
     except ImportError as e:
         raise validate.InputTypeError("fa4gen.attention_with_kvcache needs torch (pip install torch)") from e
     return launch.attention_with_kvcache_eager(torch, q, k_cache, v_cache, cache_seqlens, page_table, causal,
-                                              softmax_scale, num_splits, return_lse)
+                                              softmax_scale, num_splits, return_lse, window_size=window_size,
+                                              softcap=softcap, learnable_sink=learnable_sink)
 
 
 # ---- prebuilt cubins ---------------------------------------------------------------------------
@@ -173,6 +199,12 @@ def read_prebuilt(cubin_path) -> tuple[bytes, dict, KernelConfig]:
     if manifest["arch"] != cfg.arch or manifest["name"] != cfg.name:
         raise KernelLoadError(f"{mpath}: says {manifest['name']} ({manifest['arch']}) but its config is "
                               f"{cfg.name} ({cfg.arch})")
+    from .lower.manifest import score_mods_record
+
+    want_mods = score_mods_record(cfg)
+    if manifest.get("score_mods") != want_mods:
+        raise KernelLoadError(f"{mpath}: its score_mods record {manifest.get('score_mods')!r} is not its config's "
+                              f"({want_mods!r})")
     cubin = path.read_bytes()
     bad = cubin_problem(cubin, cfg.arch)
     if bad:
@@ -188,10 +220,28 @@ def read_prebuilt(cubin_path) -> tuple[bytes, dict, KernelConfig]:
     return cubin, manifest, cfg
 
 
+def score_mods_refusal(cfg: KernelConfig, mods) -> str | None:
+    """Why a prebuilt kernel of config cfg cannot run a call with these validated ScoreMods (None: it
+    can). A windowed kernel runs any window (its sides are run-time values, unbounded included); a
+    softcap or sinks kernel always applies them, so it needs the value, and no kernel ignores one."""
+    flags = dict(mods.flags)
+    if flags["window"] and not cfg.window:
+        return (f"{cfg.name} was built without a sliding window: window_size=({mods.window_left}, "
+                f"{mods.window_right}) needs a kernel built with --window")
+    for flag, what in (("softcap", "softcap > 0"), ("sinks", "a learnable_sink")):
+        if flags[flag] and not getattr(cfg, flag):
+            return f"{cfg.name} was built without --{flag}: the call's {what} needs a kernel built with it"
+        if getattr(cfg, flag) and not flags[flag]:
+            return f"{cfg.name} was built with --{flag}: call it with {what}"
+    return None
+
+
 class PrebuiltKernel:
     """A kernel loaded from a shipped cubin: call it like fa4gen.attention, minus `causal` (fixed at
     build time). Inputs are validated the same way; head_dim, dtype and GQA ratio must be the ones
-    the kernel was built for."""
+    the kernel was built for, and so must the score modifiers: a kernel built with --window takes any
+    window_size (unbounded too), one without refuses a bounded window; --softcap needs softcap > 0
+    and --sinks a learnable_sink, and a kernel without them refuses them."""
 
     def __init__(self, kernel, manifest: dict, config: KernelConfig, path: str):
         self.kernel = kernel
@@ -202,7 +252,8 @@ class PrebuiltKernel:
     def __repr__(self):
         return f"PrebuiltKernel({self.config.name}, {self.path})"
 
-    def __call__(self, q, k, v, softmax_scale: float | None = None, return_lse: bool = False):
+    def __call__(self, q, k, v, softmax_scale: float | None = None, return_lse: bool = False,
+                 window_size: tuple[int, int] = (-1, -1), softcap: float = 0, learnable_sink=None):
         import torch
 
         if self.config.varlen:
@@ -213,13 +264,16 @@ class PrebuiltKernel:
                                            "v_cache, cache_seqlens, page_table=..., ...)")
         metas = validate.tensor_metas(q, k, v)
         cfg = self.config
-        p = validate.check_problem(*metas, causal=cfg.causal, softmax_scale=softmax_scale, return_lse=return_lse)
+        p = validate.check_problem(*metas, causal=cfg.causal, softmax_scale=softmax_scale, return_lse=return_lse,
+                                   window_size=window_size, softcap=softcap,
+                                   learnable_sink=launch.sink_meta(learnable_sink))
         self._check_fits(torch, p, q, k, v)
+        sink = launch.sink_f32(torch, learnable_sink)
 
         def run(q, k, v, o, lse):
-            self.kernel(q, k, v, o, lse=lse, softmax_scale=p.softmax_scale)
+            self.kernel(q, k, v, o, lse=lse, softmax_scale=p.softmax_scale, mods=p.mods, sink=sink)
 
-        o, lse, *_ = launch.answer(torch, p, q, k, v, return_lse, run)
+        o, lse, *_ = launch.answer(torch, p, q, k, v, return_lse, run, sink)
         return (o, lse) if return_lse else o
 
     def _check_fits(self, torch, p, q, k, v) -> None:
@@ -235,10 +289,14 @@ class PrebuiltKernel:
                                        f"{q.device}: load it once per device")
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise validate.InputValueError("fa4gen kernels are forward-only: call under torch.no_grad()")
+        why = score_mods_refusal(cfg, p.mods)
+        if why:
+            raise validate.InputValueError(why)
 
 
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
-               softmax_scale: float | None = None, return_lse: bool = False, seqused_k=None):
+               softmax_scale: float | None = None, return_lse: bool = False, seqused_k=None,
+               window_size: tuple[int, int] = (-1, -1), softcap: float = 0, learnable_sink=None):
         """A prebuilt varlen kernel (`fa4gen build --varlen`), called like fa4gen.attention_varlen
         minus `causal` (fixed at build time); inputs validated the same way."""
         import torch
@@ -250,19 +308,23 @@ class PrebuiltKernel:
                                               else "(q, k, v, ...)"))
         metas = launch.varlen_metas(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
         p = validate.check_varlen_problem(*metas[:5], max_seqlen_q, max_seqlen_k, seqused_k=metas[5],
-                                          causal=cfg.causal, softmax_scale=softmax_scale, return_lse=return_lse)
+                                          causal=cfg.causal, softmax_scale=softmax_scale, return_lse=return_lse,
+                                          window_size=window_size, softcap=softcap,
+                                          learnable_sink=launch.sink_meta(learnable_sink))
         self._check_fits(torch, p, q, k, v)
+        sink = launch.sink_f32(torch, learnable_sink)
 
         def run(q, k, v, o, lse):
             self.kernel.varlen(q, k, v, o, cu_seqlens_q, cu_seqlens_k, p.max_seqlen_q, p.max_seqlen_k, lse=lse,
-                               seqused_k=seqused_k, softmax_scale=p.softmax_scale)
+                               seqused_k=seqused_k, softmax_scale=p.softmax_scale, mods=p.mods, sink=sink)
 
-        o, lse, *_ = launch.answer(torch, p, q, k, v, return_lse, run)
+        o, lse, *_ = launch.answer(torch, p, q, k, v, return_lse, run, sink)
         return (o, lse) if return_lse else o
 
 
     def kvcache(self, q, k_cache, v_cache, cache_seqlens, page_table=None, softmax_scale: float | None = None,
-                num_splits: int = 0, return_lse: bool = False):
+                num_splits: int = 0, return_lse: bool = False, window_size: tuple[int, int] = (-1, -1),
+                softcap: float = 0, learnable_sink=None):
         """A prebuilt KV-cache kernel (`fa4gen build --kvcache [--page-size N]`), called like
         fa4gen.attention_with_kvcache minus `causal` (fixed at build time); inputs validated the same way,
         and the cache's layout (contiguous, or paged with this page size) must be the kernel's."""
@@ -274,7 +336,8 @@ class PrebuiltKernel:
                                            + (".varlen(...)" if cfg.varlen else "(q, k, v, ...)"))
         metas = launch.kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table)
         p = validate.check_kvcache_problem(*metas, causal=cfg.causal, softmax_scale=softmax_scale,
-                                           num_splits=num_splits, return_lse=return_lse)
+                                           num_splits=num_splits, return_lse=return_lse, window_size=window_size,
+                                           softcap=softcap, learnable_sink=launch.sink_meta(learnable_sink))
         self._check_fits(torch, p, q, k_cache, v_cache)
         if p.page_size != cfg.page_size:
             want = f"a paged cache of page size {cfg.page_size} (and a page_table)" if cfg.page_size else \
@@ -282,7 +345,7 @@ class PrebuiltKernel:
             got = f"page size {p.page_size}" if p.page_size else "a contiguous cache"
             raise validate.InputValueError(f"{cfg.name} takes {want}; got {got}")
         o, lse, *_ = launch.kvcache_answer(torch, p, lambda: (self.kernel, None), q, k_cache, v_cache, cache_seqlens,
-                                     page_table, return_lse)
+                                           page_table, return_lse, launch.sink_f32(torch, learnable_sink))
         return (o, lse) if return_lse else o
 
 

@@ -40,6 +40,17 @@ def _config_options(f):
                      help="Q tile rows. auto: what fa4gen.attention runs (fa4gen.tiles.q_tile_rows: 192 for dense "
                           "sm_90a D = 64, three consumer warpgroups; 128 otherwise). 192 is sm_90a-only, dense, "
                           "GQA packs of at most 64 heads."),
+        click.option("--window", is_flag=True,
+                     help="Sliding window (docs/ABI.md \"Windows, softcap, sinks\"): a kernel variant whose window "
+                          "sides are run-time arguments (window_left, window_right; fa4gen.attention's window_size="
+                          "(left, right), -1 unbounded), so one build serves every window size. Tiles visit only "
+                          "the K/V blocks their window reaches."),
+        click.option("--softcap", is_flag=True,
+                     help="Logit softcap: scores s become softcap * tanh(s / softcap) before the softmax; the cap "
+                          "is a run-time argument (softcap > 0 at every call of this variant)."),
+        click.option("--sinks", is_flag=True,
+                     help="Attention sinks: a learnable_sink tensor (float32, one logit per query head, a run-time "
+                          "argument) joins every row's softmax denominator and LSE."),
         click.option("--kv-stages", type=int, default=None, help="K/V SMEM ring depth (default: the arch's)."),
         click.option("--rescale-threshold", type=float, default=None,
                      help="Skip rescaling O while the reference max moved less than this (log2 units, default 8)."),
@@ -50,9 +61,9 @@ def _config_options(f):
 
 
 def _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, varlen=False, kvcache=False,
-                 page_size=0, block_m="auto") -> KernelConfig:
+                 page_size=0, block_m="auto", window=False, softcap=False, sinks=False) -> KernelConfig:
     kw = dict(arch=arch, head_dim=head_dim, dtype=dtype, causal=causal, gqa_ratio=gqa, varlen=varlen, kvcache=kvcache,
-              page_size=page_size)
+              page_size=page_size, window=window, softcap=softcap, sinks=sinks)
     if block_m != "auto":
         kw["block_m"] = int(block_m)
     elif head_dim in (64, 128) and isinstance(gqa, int) and gqa >= 1:  # others: KernelConfig says what is wrong
@@ -138,10 +149,10 @@ def _unusable_out_dir(out_dir: Path) -> str | None:
                    "scripts/regen_generated.py writes).")
 @click.option("--emit", type=click.Choice(["ir", "ptx", "cubin", "sass"]), multiple=True,
               help="Artifacts to write besides the manifest (repeatable). Default: ptx and cubin.")
-def build(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, block_m, kv_stages, rescale_threshold, out,
-          emit):
+def build(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, block_m, window, softcap, sinks, kv_stages,
+          rescale_threshold, out, emit):
     cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, varlen, kvcache, page_size,
-                       block_m)
+                       block_m, window, softcap, sinks)
     out_dir = Path(out)
     problem = _unusable_out_dir(out_dir)
     if problem:
@@ -167,8 +178,8 @@ def build(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, block_
 @_config_options
 @click.option("--mutation", default=None, help="Apply a corpus mutation (see --list-mutations).")
 @click.option("--list-mutations", is_flag=True, help="List the broken-pipeline corpus of --arch and exit.")
-def verify(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, block_m, kv_stages, rescale_threshold, mutation,
-           list_mutations):
+def verify(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, block_m, window, softcap, sinks, kv_stages,
+           rescale_threshold, mutation, list_mutations):
     from .codegen import pipeline_summary
     from .ir import build_pipeline
     from .passes import verify as run_verify
@@ -180,7 +191,7 @@ def verify(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, block
             click.echo(f"{m.name:28s} {m.code:14s} {m.culprit:12s} {m.what}")
         return
     cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, varlen, kvcache, page_size,
-                       block_m)
+                       block_m, window, softcap, sinks)
     if mutation:
         mine = [m for m in corpus[arch] if m.name == mutation]
         if not mine:

@@ -71,7 +71,7 @@ def config_fields(problem) -> tuple[tuple[str, object], ...]:
             ("gqa_ratio", problem.gqa_ratio), ("dtype", problem.dtype), ("varlen", varlen), ("kvcache", kv),
             ("page_size", problem.page_size if kv else 0),
             ("block_m", q_tile_rows(RUNTIME_ARCH, problem.head_dim, problem.gqa_ratio, varlen, kv, problem.causal,
-                                    getattr(problem, "seqlen_q", None))))
+                                    getattr(problem, "seqlen_q", None)))) + problem.mods.flags
 
 
 def config_for(problem) -> KernelConfig:
@@ -156,12 +156,27 @@ def _tma_ready(t, name: str, why: str | None):
     return t if strides == tuple(t.stride()) else t.as_strided(t.shape, strides)
 
 
-def attention_eager(torch, q, k, v, causal, softmax_scale, return_lse, check_grad: bool = True):
+def sink_meta(learnable_sink, meta=None):
+    """The TensorMeta of learnable_sink (None when absent)."""
+    return None if learnable_sink is None else (meta or validate.tensor_meta)(learnable_sink, "learnable_sink")
+
+
+def sink_f32(torch, learnable_sink):
+    """learnable_sink as the kernels read it: contiguous float32 (a copy only when it is not already)."""
+    if learnable_sink is None:
+        return None
+    return learnable_sink.to(torch.float32).contiguous()
+
+
+def attention_eager(torch, q, k, v, causal, softmax_scale, return_lse, check_grad: bool = True, window_size=(-1, -1),
+                    softcap=0.0, learnable_sink=None):
     """`attention` outside a compiled region (and the body of the custom op's real implementation):
     validate, get the kernel, launch on the current stream, record `last_call_info`."""
     t0 = time.perf_counter()
     metas = validate.tensor_metas(q, k, v)  # every argument that is not a dense tensor, in one error
-    problem = validate.check_problem(*metas, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse)
+    problem = validate.check_problem(*metas, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
+                                     window_size=window_size, softcap=softcap,
+                                     learnable_sink=sink_meta(learnable_sink))
     dev = q.device
     if dev.index not in _arch_ok:
         validate.check_arch(torch.cuda.get_device_capability(dev), torch.cuda.get_device_name(dev))
@@ -169,18 +184,21 @@ def attention_eager(torch, q, k, v, causal, softmax_scale, return_lse, check_gra
     if check_grad and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise validate.InputValueError(FORWARD_ONLY)
 
+    sink = sink_f32(torch, learnable_sink)
+
     def launch(q, k, v, o, lse):
         kernel, kinfo = kernel_for(problem, dev)
-        kernel(q, k, v, o, lse=lse, softmax_scale=problem.softmax_scale)
+        kernel(q, k, v, o, lse=lse, softmax_scale=problem.softmax_scale, mods=problem.mods, sink=sink)
         return kinfo
 
-    return _record(problem, t0, *answer(torch, problem, q, k, v, return_lse, launch))
+    return _record(problem, t0, *answer(torch, problem, q, k, v, return_lse, launch, sink))
 
 
-def answer(torch, problem, q, k, v, return_lse, launch):
+def answer(torch, problem, q, k, v, return_lse, launch, sink=None):
     """The outputs of a validated problem (dense or varlen): o and, with return_lse, lse allocated on
-    q's device; empty problems answered as they are and keyless ones with O = 0, LSE = -inf, without
-    a launch; otherwise the inputs TMA cannot read in place copied (problem.relayout) and
+    q's device; empty problems answered as they are and keyless ones with O = 0, LSE = -inf (with
+    sinks: LSE = the query head's sink, float32 `sink`), without a launch; otherwise the inputs TMA
+    cannot read in place copied (problem.relayout) and
     `launch(q, k, v, o, lse)` called on q's device. Returns (o, lse, whether it launched, what
     launch returned, the names of the copied inputs)."""
     dev = q.device
@@ -191,7 +209,10 @@ def answer(torch, problem, q, k, v, return_lse, launch):
     if problem.no_keys:
         o.zero_()
         if lse is not None:
-            lse.fill_(float("-inf"))
+            if sink is None:
+                lse.fill_(float("-inf"))
+            else:  # lse is (..., Hq, S): the head is the second-to-last dim
+                lse.copy_(sink[:, None].expand(lse.shape[-2:]))
         return o, lse, False, None, ()
     why = dict(problem.relayout)
     q, k, v = (_tma_ready(t, n, why.get(n)) for t, n in ((q, "q"), (k, "k"), (v, "v")))
@@ -232,34 +253,40 @@ def _metas_of(items, optional, meta=None):
 
 
 def attention_varlen_eager(torch, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                            softmax_scale, return_lse, seqused_k, check_grad: bool = True):
+                            softmax_scale, return_lse, seqused_k, check_grad: bool = True, window_size=(-1, -1),
+                            softcap=0.0, learnable_sink=None):
     """`attention_varlen` outside a compiled region (and the custom op's real implementation)."""
     t0 = time.perf_counter()
     qm, km, vm, cqm, ckm, sum_ = varlen_metas(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
     problem = validate.check_varlen_problem(qm, km, vm, cqm, ckm, max_seqlen_q, max_seqlen_k, seqused_k=sum_,
-                                            causal=causal, softmax_scale=softmax_scale, return_lse=return_lse)
+                                            causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
+                                            window_size=window_size, softcap=softcap,
+                                            learnable_sink=sink_meta(learnable_sink))
     dev = q.device
     if dev.index not in _arch_ok:
         validate.check_arch(torch.cuda.get_device_capability(dev), torch.cuda.get_device_name(dev))
         _arch_ok.add(dev.index)
     if check_grad and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise validate.InputValueError(FORWARD_ONLY.replace("fa4gen.attention", "fa4gen.attention_varlen"))
+    sink = sink_f32(torch, learnable_sink)
+
     def launch(q, k, v, o, lse):
         kernel, kinfo = kernel_for(problem, dev)
         kernel.varlen(q, k, v, o, cu_seqlens_q, cu_seqlens_k, problem.max_seqlen_q, problem.max_seqlen_k, lse=lse,
-                      seqused_k=seqused_k, softmax_scale=problem.softmax_scale)
+                      seqused_k=seqused_k, softmax_scale=problem.softmax_scale, mods=problem.mods, sink=sink)
         return kinfo
 
-    return _record(problem, t0, *answer(torch, problem, q, k, v, return_lse, launch))
+    return _record(problem, t0, *answer(torch, problem, q, k, v, return_lse, launch, sink))
 
 
 def attention_with_kvcache_eager(torch, q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
-                                 num_splits, return_lse):
+                                 num_splits, return_lse, window_size=(-1, -1), softcap=0.0, learnable_sink=None):
     """`attention_with_kvcache` once torch is imported: validate, get the kernel, launch, record."""
     t0 = time.perf_counter()
     metas = kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table)
     problem = validate.check_kvcache_problem(*metas, causal=causal, softmax_scale=softmax_scale,
-                                             num_splits=num_splits, return_lse=return_lse)
+                                             num_splits=num_splits, return_lse=return_lse, window_size=window_size,
+                                             softcap=softcap, learnable_sink=sink_meta(learnable_sink))
     dev = q.device
     if dev.index not in _arch_ok:
         validate.check_arch(torch.cuda.get_device_capability(dev), torch.cuda.get_device_name(dev))
@@ -267,7 +294,8 @@ def attention_with_kvcache_eager(torch, q, k_cache, v_cache, cache_seqlens, page
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
         raise validate.InputValueError(FORWARD_ONLY.replace("fa4gen.attention", "fa4gen.attention_with_kvcache"))
     return _record(problem, t0, *kvcache_answer(torch, problem, lambda: kernel_for(problem, dev), q, k_cache,
-                                                 v_cache, cache_seqlens, page_table, return_lse))
+                                                 v_cache, cache_seqlens, page_table, return_lse,
+                                                 sink_f32(torch, learnable_sink)))
 
 
 def kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table, meta=None):
@@ -277,7 +305,7 @@ def kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table, meta=None):
                       (page_table, "page_table")), ("page_table",), meta)
 
 
-def kvcache_answer(torch, problem, get_kernel, q, k_cache, v_cache, cache_seqlens, page_table, return_lse):
+def kvcache_answer(torch, problem, get_kernel, q, k_cache, v_cache, cache_seqlens, page_table, return_lse, sink=None):
     """`answer` for a validated KV-cache problem: CPU-held lengths / page entries checked and copied
     to the device, the kernel got (`get_kernel()` -> (Kernel, LoadInfo)), the split count chosen
     (num_splits = 0), the fp32 partials allocated, the kernel (and the combine kernel) launched."""
@@ -292,16 +320,27 @@ def kvcache_answer(torch, problem, get_kernel, q, k_cache, v_cache, cache_seqlen
     def launch(q, k, v, o, lse):
         kernel, kinfo = get_kernel()
         S = problem.num_splits or kernel.kvcache_num_splits(problem.batch, problem.heads_kv, problem.seqlen_q,
-                                                            problem.capacity)
+                                                            window_keys(problem.mods, problem.seqlen_q,
+                                                                        problem.capacity))
         o_part = lse_part = None
         if S > 1:
             rows = problem.batch * problem.seqlen_q * problem.heads_q
             o_part = torch.empty((S, rows, problem.head_dim), dtype=torch.float32, device=dev)
             lse_part = torch.empty((S, rows), dtype=torch.float32, device=dev)
         kernel.kvcache(q, k, v, o, cache_seqlens, page_table, num_splits=S, lse=lse,
-                       softmax_scale=problem.softmax_scale, o_partial=o_part, lse_partial=lse_part)
+                       softmax_scale=problem.softmax_scale, o_partial=o_part, lse_partial=lse_part,
+                       mods=problem.mods, sink=sink)
         return kinfo
 
-    return answer(torch, problem, q, k_cache, v_cache, return_lse, launch)
+    return answer(torch, problem, q, k_cache, v_cache, return_lse, launch, sink)
+
+
+def window_keys(mods, seqlen_q: int, kv_len: int) -> int:
+    """The most keys one tile of seqlen_q queries can see out of kv_len: a bounded window covers at
+    most left + seqlen_q + right of them (the split count's work estimate, not a correctness bound)."""
+    if mods.window_left is None:
+        return kv_len
+    right = kv_len if mods.window_right is None else mods.window_right
+    return max(min(kv_len, mods.window_left + seqlen_q + right), 1)
 
 

@@ -152,6 +152,52 @@ def tensor_map_geometry(role: str, spec: dict, shape: tuple[int, ...], strides: 
     return MapGeometry(dims=dims, strides=tuple(s * elem_bytes for s in estr[1:]), box=box)
 
 
+_SCORE_MOD_FLAGS = ("window", "softcap", "sinks")
+
+
+def score_mod_scalars(config: dict, softmax_scale: float, mods=None, sink=None) -> dict:
+    """`scale_log2` and the score modifiers' parameters (plan.WINDOW/SOFTCAP/SINKS_ABI_PARAMS) of one
+    launch of the kernel whose manifest config is `config`, as ctypes values by parameter name.
+
+    mods: the call's validate.ScoreMods (None: none); sink: its float32 contiguous learnable_sink
+    (anything with data_ptr()). A windowed kernel runs any window (unbounded sides pass
+    plan.WINDOW_UNBOUNDED; a causal kernel's right side is 0); a softcap kernel needs softcap > 0 and
+    a sinks kernel a sink tensor (each always applies them); a call needing a flag its kernel lacks
+    is refused: a windowed call never runs a kernel without the window. Softcap: softcap_in =
+    softmax_scale / softcap and scale_log2 = softcap * log2(e) (the kernel takes tanh of the raw
+    score times softcap_in; docs/ABI.md "Windows, softcap, sinks")."""
+    from .plan import WINDOW_UNBOUNDED
+
+    have = {f: bool(config.get(f, False)) for f in _SCORE_MOD_FLAGS}
+    left = right = None
+    cap = 0.0
+    if mods is not None:
+        left, right, cap = mods.window_left, mods.window_right, mods.softcap
+        need = dict(mods.flags)
+        missing = [f for f in _SCORE_MOD_FLAGS if need[f] and not have[f]]
+        if missing:
+            has = [f for f in _SCORE_MOD_FLAGS if have[f]]
+            raise RuntimeSetupError(f"the call needs a kernel with {', '.join(missing)}; this kernel has "
+                                    f"{', '.join(has) if has else 'no score modifier'} (fa4gen build --window / "
+                                    f"--softcap / --sinks make one)")
+    if have["softcap"] and not cap > 0:
+        raise RuntimeSetupError("a softcap kernel always caps: call it with softcap > 0")
+    if have["sinks"] and sink is None:
+        raise RuntimeSetupError("a sinks kernel reads a learnable_sink: call it with one (float32, one per query head)")
+    if sink is not None and not have["sinks"]:
+        raise RuntimeSetupError("a learnable_sink was given to a kernel without sinks")
+    log2e = math.log2(math.e)
+    out = {"scale_log2": ctypes.c_float(cap * log2e if have["softcap"] else softmax_scale * log2e)}
+    if have["window"]:
+        out["window_left"] = ctypes.c_int32(WINDOW_UNBOUNDED if left is None else int(left))
+        causal = bool(config.get("causal"))
+        out["window_right"] = ctypes.c_int32(0 if causal else WINDOW_UNBOUNDED if right is None else int(right))
+    if have["softcap"]:
+        out["softcap_in"] = ctypes.c_float(softmax_scale / cap)
+    out["sink_ptr"] = ctypes.c_uint64(0 if sink is None else sink.data_ptr())
+    return out
+
+
 class Kernel:
     """One loaded fa4_fwd kernel. Construct with `Kernel.load(cubin, manifest)`."""
 
@@ -171,6 +217,13 @@ class Kernel:
         unknown = [p for p in params if p not in _PARAM_NAMES]
         if unknown:
             raise RuntimeSetupError(f"the manifest names kernel parameters this runtime cannot pass: {unknown}")
+        from .plan import SINKS_ABI_PARAMS, SOFTCAP_ABI_PARAMS, WINDOW_ABI_PARAMS
+
+        for flag, names in (("window", WINDOW_ABI_PARAMS), ("softcap", SOFTCAP_ABI_PARAMS), ("sinks", SINKS_ABI_PARAMS)):
+            takes = [n for n, _ in names if n in params]
+            if (len(takes) == len(names)) != bool(self._cfg.get(flag, False)) or 0 < len(takes) < len(names):
+                raise RuntimeSetupError(f"the manifest's config says {flag}={bool(self._cfg.get(flag, False))} but its "
+                                        f"parameters {'lack' if self._cfg.get(flag) else 'have'} {[n for n, _ in names]}")
         self._params = params
 
     # ---- loading -------------------------------------------------------------------------------
@@ -265,7 +318,7 @@ class Kernel:
         return choice
 
     def varlen(self, q, k, v, o, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, lse=None,
-               seqused_k=None, softmax_scale: float | None = None) -> None:
+               seqused_k=None, softmax_scale: float | None = None, mods=None, sink=None) -> None:
         """Launch a varlen kernel (manifest "varlen") on torch's current stream: q, o (total_q, Hq, D),
         k, v (total_k, Hkv, D), cu_seqlens int32 (B + 1,), seqused_k int32 (B,) or None, lse
         (Hq, total_q) fp32 or None. Validated by the caller (fa4gen.api.attention_varlen); the
@@ -292,13 +345,13 @@ class Kernel:
             "lse_ptr": ctypes.c_uint64(0 if lse is None else lse.data_ptr()),
             "batch": ctypes.c_uint32(B), "seqlen_q": ctypes.c_uint32(max_seqlen_q),
             "seqlen_k": ctypes.c_uint32(max_seqlen_k), "num_heads_kv": ctypes.c_uint32(Hkv),
-            "scale_log2": ctypes.c_float(softmax_scale * math.log2(math.e)),
             "num_m_blocks": ctypes.c_uint32(0), "num_tasks": ctypes.c_uint32(num_tasks),
             "l2_group": ctypes.c_uint32(varlen_l2_rows(self.l2_bytes, D, q.element_size())),
             "cu_seqlens_q": ctypes.c_uint64(cu_seqlens_q.data_ptr()),
             "cu_seqlens_k": ctypes.c_uint64(cu_seqlens_k.data_ptr()),
             "seqused_k": ctypes.c_uint64(0 if seqused_k is None else seqused_k.data_ptr()),
             "o_ptr": ctypes.c_uint64(o.data_ptr()), "total_q": ctypes.c_uint32(Tq), "total_k": ctypes.c_uint32(Tk),
+            **score_mod_scalars(self._cfg, softmax_scale, mods, sink),
         }
         self._launch(maps, scalars, num_tasks, q.device)
 
@@ -319,7 +372,7 @@ class Kernel:
         return hit
 
     def kvcache(self, q, k_cache, v_cache, o, cache_seqlens, page_table=None, num_splits: int = 1, lse=None,
-                softmax_scale: float | None = None, o_partial=None, lse_partial=None) -> None:
+                softmax_scale: float | None = None, o_partial=None, lse_partial=None, mods=None, sink=None) -> None:
         """Launch a KV-cache kernel (manifest "kvcache") and, for num_splits > 1, its combine kernel,
         on torch's current stream. q, o (B, Sq, Hq, D); k_cache, v_cache (B, Smax, Hkv, D), or
         (num_pages, page_size, Hkv, D) with page_table (B, max_pages) int32 for a paged kernel;
@@ -365,7 +418,7 @@ class Kernel:
         scalars = {
             "lse_ptr": ctypes.c_uint64(0 if lse is None else lse.data_ptr()),
             "batch": ctypes.c_uint32(B), "seqlen_q": ctypes.c_uint32(Sq), "seqlen_k": ctypes.c_uint32(capacity),
-            "num_heads_kv": ctypes.c_uint32(Hkv), "scale_log2": ctypes.c_float(softmax_scale * math.log2(math.e)),
+            "num_heads_kv": ctypes.c_uint32(Hkv),
             "num_m_blocks": ctypes.c_uint32(geo.num_m_blocks), "num_tasks": ctypes.c_uint32(num_tasks),
             "l2_group": ctypes.c_uint32(1),
             "cache_seqlens": ctypes.c_uint64(cache_seqlens.data_ptr()),
@@ -375,6 +428,7 @@ class Kernel:
             "o_partial": ctypes.c_uint64(0 if o_partial is None else o_partial.data_ptr()),
             "lse_partial": ctypes.c_uint64(0 if lse_partial is None else lse_partial.data_ptr()),
             "o_ptr": ctypes.c_uint64(o.data_ptr()),
+            **score_mod_scalars(self._cfg, softmax_scale, mods, sink),
         }
         self._launch(maps, scalars, num_tasks, q.device)
         if S > 1:
@@ -384,7 +438,8 @@ class Kernel:
                   "o_ptr": ctypes.c_uint64(o.data_ptr()),
                   "lse_ptr": ctypes.c_uint64(0 if lse is None else lse.data_ptr()),
                   "rows": ctypes.c_uint32(rows), "num_splits": ctypes.c_uint32(S),
-                  "seqlen_q": ctypes.c_uint32(Sq), "num_heads_q": ctypes.c_uint32(Hq)}
+                  "seqlen_q": ctypes.c_uint32(Sq), "num_heads_q": ctypes.c_uint32(Hq),
+                  "sink_ptr": scalars["sink_ptr"]}  # read only if the combine entry declares it (sinks)
             cr = rec["combine"]
             self._launch_fn(self._combine, [ctypes.addressof(cs[p]) for p in cr["params"]],
                             -(-rows // int(cr["rows_per_cta"])), int(cr["threads_per_cta"]), 0, q.device)
@@ -412,7 +467,8 @@ class Kernel:
         config.attrs = []
         _check("cuLaunchKernelEx", drv.cuLaunchKernelEx(config, function, ctypes.addressof(argv), 0))
 
-    def __call__(self, q, k, v, o, lse=None, softmax_scale: float | None = None, l2_group: int | None = None) -> None:
+    def __call__(self, q, k, v, o, lse=None, softmax_scale: float | None = None, l2_group: int | None = None,
+                 mods=None, sink=None) -> None:
         """Launch on torch's current stream. `l2_group` overrides the L2 section size the runtime
         derives from the device's L2 (any value is safe: the kernel clamps it to [1, B*Hkv])."""
         if "varlen" in self.manifest:
@@ -439,8 +495,9 @@ class Kernel:
         scalars = {
             "lse_ptr": ctypes.c_uint64(0 if lse is None else lse.data_ptr()),
             "batch": ctypes.c_uint32(B), "seqlen_q": ctypes.c_uint32(Sq), "seqlen_k": ctypes.c_uint32(Skv),
-            "num_heads_kv": ctypes.c_uint32(Hkv), "scale_log2": ctypes.c_float(softmax_scale * math.log2(math.e)),
+            "num_heads_kv": ctypes.c_uint32(Hkv),
             "num_m_blocks": ctypes.c_uint32(num_m_blocks), "num_tasks": ctypes.c_uint32(num_tasks),
             "l2_group": ctypes.c_uint32(max(min(int(l2_group), 0xFFFFFFFF), 0)),
+            **score_mod_scalars(self._cfg, softmax_scale, mods, sink),
         }
         self._launch(maps, scalars, num_tasks, q.device)

@@ -3,9 +3,11 @@
 Dynamo cannot trace the eager path (`time.perf_counter`, cuda-python's launch, data pointers), so
 under `torch.compile` `fa4gen.attention` calls `attention` below, which calls the op
 
-    torch.ops.fa4gen.attention_fwd(q, k, v, causal, softmax_scale, return_lse) -> (o, lse)
+    torch.ops.fa4gen.attention_fwd(q, k, v, causal, softmax_scale, return_lse, window_left=-1,
+                                   window_right=-1, softcap=0.0, learnable_sink=None) -> (o, lse)
 
-registered with `torch.library.custom_op`. Its fake implementation validates the inputs' metadata
+registered with `torch.library.custom_op` (the window's sides are separate ints: a schema has no
+int pair; learnable_sink is an optional tensor argument). Its fake implementation validates the inputs' metadata
 (the same checks as eager, less the layout checks that need a data pointer) and returns
 o (B, Sq, Hq, D) in q's dtype and lse (B, Hq, Sq) float32, or lse of shape (0,) when return_lse is
 False (an op returns a fixed number of tensors). Its real implementation is the eager path itself
@@ -31,10 +33,15 @@ __all__ = ["attention", "attention_fwd", "attention_varlen", "attention_varlen_f
 
 @torch.library.custom_op("fa4gen::attention_fwd", mutates_args=())
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                  softmax_scale: Optional[float], return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o, lse) of `fa4gen.attention(q, k, v, causal, softmax_scale, return_lse=True)`; lse has shape
-    (0,) when return_lse is False. The grad check was the caller's (`attention` below)."""
-    out = launch.attention_eager(torch, q, k, v, causal, softmax_scale, return_lse, check_grad=False)
+                  softmax_scale: Optional[float], return_lse: bool, window_left: int = -1, window_right: int = -1,
+                  softcap: float = 0.0,
+                  learnable_sink: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse) of `fa4gen.attention(q, k, v, causal, softmax_scale, return_lse=True, window_size=
+    (window_left, window_right), softcap=softcap, learnable_sink=learnable_sink)`; lse has shape (0,)
+    when return_lse is False. The grad check was the caller's (`attention` below)."""
+    out = launch.attention_eager(torch, q, k, v, causal, softmax_scale, return_lse, check_grad=False,
+                                 window_size=(window_left, window_right), softcap=softcap,
+                                 learnable_sink=learnable_sink)
     if return_lse:
         return out
     return out, _no_lse(q)
@@ -53,25 +60,46 @@ def _fake_meta(t: torch.Tensor, name: str) -> validate.TensorMeta:
                                element_size=t.element_size())
 
 
+def _sink_fake_meta(learnable_sink):
+    return None if learnable_sink is None else _fake_meta(learnable_sink, "learnable_sink")
+
+
 @attention_fwd.register_fake
-def _attention_fwd_fake(q, k, v, causal, softmax_scale, return_lse):
+def _attention_fwd_fake(q, k, v, causal, softmax_scale, return_lse, window_left=-1, window_right=-1, softcap=0.0,
+                        learnable_sink=None):
     problem = validate.check_problem(_fake_meta(q, "q"), _fake_meta(k, "k"), _fake_meta(v, "v"), causal=causal,
-                                     softmax_scale=softmax_scale, return_lse=return_lse, layout=False)
+                                     softmax_scale=softmax_scale, return_lse=return_lse, layout=False,
+                                     window_size=(window_left, window_right), softcap=softcap,
+                                     learnable_sink=_sink_fake_meta(learnable_sink))
     o = q.new_empty(problem.out_shape)
     lse = q.new_empty(problem.lse_shape, dtype=torch.float32) if return_lse else _no_lse(q)
     return o, lse
 
 
-def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None, return_lse: bool = False):
-    """`fa4gen.attention` through the op (what it runs under torch.compile; callable eagerly too).
-    Checks the Python arguments the op's schema would otherwise reject with a torch error."""
+def _op_args(causal, return_lse, softmax_scale, window_size, softcap, learnable_sink):
+    """The Python arguments checked as the op's schema would otherwise reject them (with a torch
+    error), converted to its types: (softmax_scale, window_left, window_right, softcap)."""
     validate.check_flags(causal, return_lse)
     if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real)):
         raise validate.InputTypeError(
             f"softmax_scale must be a real number or None, got {type(softmax_scale).__name__}")
+    left, right = validate.check_window_size(window_size)
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise validate.InputTypeError(f"softcap must be a real number (0.0 = no cap), got {type(softcap).__name__}")
+    if learnable_sink is not None and not isinstance(learnable_sink, torch.Tensor):
+        raise validate.InputTypeError(f"learnable_sink must be a torch.Tensor or None, got "
+                                      f"{type(learnable_sink).__name__}")
+    return None if softmax_scale is None else float(softmax_scale), left, right, float(softcap)
+
+
+def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None, return_lse: bool = False,
+              window_size=(-1, -1), softcap: float = 0, learnable_sink=None):
+    """`fa4gen.attention` through the op (what it runs under torch.compile; callable eagerly too).
+    Checks the Python arguments the op's schema would otherwise reject with a torch error."""
+    scale, left, right, cap = _op_args(causal, return_lse, softmax_scale, window_size, softcap, learnable_sink)
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
         raise validate.InputValueError(launch.FORWARD_ONLY)
-    o, lse = attention_fwd(q, k, v, causal, None if softmax_scale is None else float(softmax_scale), return_lse)
+    o, lse = attention_fwd(q, k, v, causal, scale, return_lse, left, right, cap, learnable_sink)
     return (o, lse) if return_lse else o
 
 
@@ -80,10 +108,14 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
 def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                          cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
                          softmax_scale: Optional[float], return_lse: bool,
-                         seqused_k: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                         seqused_k: Optional[torch.Tensor], window_left: int = -1, window_right: int = -1,
+                         softcap: float = 0.0,
+                         learnable_sink: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, lse) of `fa4gen.attention_varlen(...)`; lse has shape (0,) when return_lse is False."""
     out = launch.attention_varlen_eager(torch, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                      causal, softmax_scale, return_lse, seqused_k, check_grad=False)
+                                        causal, softmax_scale, return_lse, seqused_k, check_grad=False,
+                                        window_size=(window_left, window_right), softcap=softcap,
+                                        learnable_sink=learnable_sink)
     if return_lse:
         return out
     return out, _no_lse(q)
@@ -91,27 +123,28 @@ def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_s
 
 @attention_varlen_fwd.register_fake
 def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                               softmax_scale, return_lse, seqused_k):
+                               softmax_scale, return_lse, seqused_k, window_left=-1, window_right=-1, softcap=0.0,
+                               learnable_sink=None):
     qm, km, vm, cqm, ckm, sum_ = launch.varlen_metas(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, meta=_fake_meta)
     problem = validate.check_varlen_problem(qm, km, vm, cqm, ckm, max_seqlen_q, max_seqlen_k, seqused_k=sum_,
-                                            causal=causal, softmax_scale=softmax_scale, return_lse=return_lse)
+                                            causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
+                                            window_size=(window_left, window_right), softcap=softcap,
+                                            learnable_sink=_sink_fake_meta(learnable_sink))
     o = q.new_empty(problem.out_shape)
     lse = q.new_empty(problem.lse_shape, dtype=torch.float32) if return_lse else _no_lse(q)
     return o, lse
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal: bool = False,
-                     softmax_scale: float | None = None, return_lse: bool = False, seqused_k=None):
+                     softmax_scale: float | None = None, return_lse: bool = False, seqused_k=None,
+                     window_size=(-1, -1), softcap: float = 0, learnable_sink=None):
     """`fa4gen.attention_varlen` through the op (what it runs under torch.compile)."""
-    validate.check_flags(causal, return_lse)
-    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real)):
-        raise validate.InputTypeError(
-            f"softmax_scale must be a real number or None, got {type(softmax_scale).__name__}")
+    scale, left, right, cap = _op_args(causal, return_lse, softmax_scale, window_size, softcap, learnable_sink)
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(n, bool) or not isinstance(n, numbers.Integral):
             raise validate.InputTypeError(f"{name} must be an int, got {type(n).__name__}")
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
         raise validate.InputValueError(launch.FORWARD_ONLY.replace("fa4gen.attention", "fa4gen.attention_varlen"))
     o, lse = attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal,
-                                  None if softmax_scale is None else float(softmax_scale), return_lse, seqused_k)
+                                  scale, return_lse, seqused_k, left, right, cap, learnable_sink)
     return (o, lse) if return_lse else o

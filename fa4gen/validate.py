@@ -109,6 +109,115 @@ class _BshdOutputs:
         return self.batch == 0 or self.seqlen_q == 0 or self.heads_q == 0
 
 
+WINDOW_SEQ_LIMIT = 1 << 30  # Sq and Skv with a window: plan.WINDOW_UNBOUNDED keeps their sums in s32
+SINK_DTYPES = ("float32", "bfloat16", "float16")  # learnable_sink: float32 read as is, 16-bit copied to fp32
+
+
+@dataclass(frozen=True)
+class ScoreMods:
+    """A call's sliding window, logit softcap and attention sinks (docs/ABI.md "Windows, softcap,
+    sinks"), validated: the window's sides after causal folding (None = unbounded; causal makes right
+    0), softcap (0.0 = none) and whether a learnable_sink tensor came with the call. The kernel variant
+    follows from it (`flags`); the values are the kernel's run-time arguments."""
+
+    window_left: int | None = None
+    window_right: int | None = None
+    causal: bool = False
+    softcap: float = 0.0
+    sinks: bool = False
+
+    @property
+    def window(self) -> bool:
+        """A windowed kernel is needed: a bounded left side, or a bounded right side without causal
+        (causal already bounds the right side at 0: causal with an unbounded left is the causal kernel)."""
+        return self.window_left is not None or (self.window_right is not None and not self.causal)
+
+    @property
+    def flags(self) -> tuple[tuple[str, bool], ...]:
+        """The KernelConfig flags of this call's kernel variant."""
+        return (("window", self.window), ("softcap", self.softcap > 0), ("sinks", self.sinks))
+
+
+NO_SCORE_MODS = ScoreMods()
+
+
+def _f32(x: float) -> float:
+    """x rounded to float32 (inf when it overflows)."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return math.inf
+
+
+def check_window_size(window_size) -> tuple[int, int]:
+    """flash-attn's window_size=(left, right): two ints >= -1 (-1 = unbounded); a side of 2^30 or more
+    is unbounded too (it reaches past every key of a sequence the windowed kernels take)."""
+    if isinstance(window_size, (str, bytes)) or not hasattr(window_size, "__len__") or len(window_size) != 2:
+        raise InputTypeError(f"window_size must be a pair (left, right) of ints >= -1 (-1 = unbounded), "
+                             f"got {window_size!r}")
+    out = []
+    for side, w in zip(("left", "right"), window_size):
+        if isinstance(w, bool) or not isinstance(w, numbers.Integral):
+            raise InputTypeError(f"window_size's {side} side must be an int >= -1, got {type(w).__name__} {w!r}")
+        if int(w) < -1:
+            raise InputValueError(f"window_size's {side} side must be -1 (unbounded) or >= 0, got {int(w)}")
+        # a side >= 2^30 reaches past every key the kernels take (lengths < 2^30): unbounded
+        out.append(-1 if int(w) >= WINDOW_SEQ_LIMIT else int(w))
+    return out[0], out[1]
+
+
+def check_softcap(softcap, softmax_scale: float) -> float:
+    """softcap as a float: 0 (no cap) or finite > 0, with softmax_scale / softcap and softcap * log2(e)
+    finite normal float32 values (the kernel's softcap_in and scale_log2 parameters; the kernel flushes
+    subnormals to zero)."""
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise InputTypeError(f"softcap must be a real number (0.0 = no cap), got {type(softcap).__name__}")
+    c = float(softcap)
+    if not math.isfinite(c) or c < 0:
+        raise InputValueError(f"softcap must be finite and >= 0 (0.0 = no cap), got {c!r}")
+    if c > 0:
+        for what, x in (("softmax_scale / softcap", softmax_scale / c), ("softcap * log2(e)", c * LOG2E)):
+            f = _f32(x)
+            if not math.isfinite(f) or f < 2.0 ** -126:
+                raise InputValueError(f"softcap {c!r}: {what} = {x!r} is not a finite normal float32")
+    return c
+
+
+def check_sink_meta(m: TensorMeta | None, heads_q: int | None, device: str | None) -> bool:
+    """learnable_sink: None, or a 1-D (Hq,) float32 tensor (bfloat16 / float16 are copied to float32)
+    on q's device. Any stride: a strided one is copied."""
+    if m is None:
+        return False
+    if m.dtype not in SINK_DTYPES:
+        raise InputTypeError(f"learnable_sink must be float32 (bfloat16 and float16 are converted), got {m.dtype}")
+    if len(m.shape) != 1 or (heads_q is not None and m.shape[0] != heads_q):
+        want = f"({heads_q},)" if heads_q is not None else "(Hq,)"
+        raise InputValueError(f"learnable_sink must have shape {want}, one logit per query head; got {m.shape}")
+    if device is not None and m.device != device:
+        raise DeviceError(f"learnable_sink must be on {device} with q, got {m.device} (move it with .to(q.device))")
+    return True
+
+
+def check_score_mods(window_size, softcap, sink: TensorMeta | None, *, causal, heads_q, device, softmax_scale,
+                     lengths=()) -> ScoreMods:
+    """The validated ScoreMods of a call. lengths: (name, value) of the sizes a window needs below 2^30
+    (seqlen_q, seqlen_k, or varlen's totals, the cache's capacity). Every problem in one error."""
+    errors = _Errors()
+    sides = errors.attempt(check_window_size, window_size)
+    cap = errors.attempt(check_softcap, softcap, softmax_scale)
+    sinks = errors.attempt(check_sink_meta, sink, heads_q, device)
+    raise_all(errors)
+    from .plan import window_sides
+
+    left, right = window_sides(sides, bool(causal))
+    mods = ScoreMods(window_left=left, window_right=right, causal=bool(causal), softcap=cap, sinks=sinks)
+    if mods.window:
+        big = [f"{n} = {v}" for n, v in lengths if v >= WINDOW_SEQ_LIMIT]
+        if big:
+            raise InputValueError(f"a sliding window needs lengths below 2^30; got {', '.join(big)}")
+    return mods
+
+
 @dataclass(frozen=True)
 class Problem(_BshdOutputs):
     """A validated attention call: sizes in flash-attn's (B, S, H, D) layout, the dtype and scale."""
@@ -125,10 +234,11 @@ class Problem(_BshdOutputs):
     return_lse: bool
     device: str
     relayout: tuple[tuple[str, str], ...] = ()  # (tensor name, why) for inputs copied for TMA
+    mods: ScoreMods = NO_SCORE_MODS  # window, softcap, sinks
 
     @property
     def no_keys(self) -> bool:
-        """Output rows exist but no key does: O = 0 and LSE = -inf, no launch."""
+        """Output rows exist but no key does: O = 0 and LSE = -inf (the sink's with sinks), no launch."""
         return not self.is_empty and self.seqlen_k == 0
 
 
@@ -311,7 +421,8 @@ def check_arch(capability: tuple[int, int], device_name: str = "this GPU") -> No
 
 
 def check_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, *, causal=False, softmax_scale=None,
-                  return_lse=False, layout=True) -> Problem:
+                  return_lse=False, layout=True, window_size=(-1, -1), softcap=0.0,
+                  learnable_sink: TensorMeta | None = None) -> Problem:
     """Every check that needs no GPU. Each group (devices, dtypes, shapes, flags, scale) runs even
     when an earlier one failed, and every problem found is reported in one error (InputErrors when
     there are several): a CPU user hears of fp32 or head_dim 100 now, not after moving to a GPU.
@@ -327,6 +438,9 @@ def check_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, *, causal=False, 
     attempt(check_flags, causal, return_lse)
     d = shapes[5] if shapes else (q.shape[-1] if q.shape and q.shape[-1] > 0 else HEAD_DIMS[-1])
     scale = attempt(check_softmax_scale, softmax_scale, d)
+    mods = attempt(check_score_mods, window_size, softcap, learnable_sink, causal=causal,
+                   heads_q=shapes[3] if shapes else None, device=device, softmax_scale=scale or 1.0,
+                   lengths=(("seqlen_q", shapes[1]), ("seqlen_k", shapes[2])) if shapes else ())
     raise_all(errors)
     b, sq, skv, hq, hkv, d = shapes
     relayout = []
@@ -336,7 +450,7 @@ def check_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, *, causal=False, 
             relayout.append((m.name, why))
     return Problem(batch=b, seqlen_q=sq, seqlen_k=skv, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=dtype,
                    causal=causal, softmax_scale=scale, return_lse=return_lse, device=device,
-                   relayout=tuple(relayout))
+                   relayout=tuple(relayout), mods=mods)
 
 
 # ---- varlen (fa4gen.attention_varlen) ------------------------------------------------------------
@@ -359,6 +473,7 @@ class VarlenProblem:
     device: str
     has_seqused_k: bool
     relayout: tuple[tuple[str, str], ...] = ()
+    mods: ScoreMods = NO_SCORE_MODS
 
     @property
     def gqa_ratio(self) -> int:
@@ -435,7 +550,8 @@ def _check_max_seqlen(name: str, value, batch: int | None, total: int | None) ->
 
 def check_varlen_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cu_q: TensorMeta | None,
                          cu_k: TensorMeta | None, max_seqlen_q, max_seqlen_k, *, seqused_k: TensorMeta | None = None,
-                         causal=False, softmax_scale=None, return_lse=False) -> VarlenProblem:
+                         causal=False, softmax_scale=None, return_lse=False, window_size=(-1, -1), softcap=0.0,
+                         learnable_sink: TensorMeta | None = None) -> VarlenProblem:
     """Everything the host can check without reading the offsets (no device sync); every problem in
     one error. What it cannot see (non-monotonic or out-of-range offsets on the device) the kernel
     clamps: no sequence reads or writes outside q, k, v, o or lse."""
@@ -473,13 +589,16 @@ def check_varlen_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cu_q: Tens
                 errors.append(InputValueError(
                     f"{batch} sequences of {tq} rows in all with {hq_} query heads make up to {bound} tiles; the "
                     f"kernel's 32-bit task index holds fewer than 2^31: split the batch"))
+    mods = attempt(check_score_mods, window_size, softcap, learnable_sink, causal=causal,
+                   heads_q=shapes[2] if shapes else None, device=device, softmax_scale=scale or 1.0,
+                   lengths=(("total_q", shapes[0]), ("total_k", shapes[1])) if shapes else ())
     raise_all(errors)
     tq, tk, hq, hkv, d = shapes
     relayout = tuple((m.name, why) for m in metas if (why := tma_layout_problem(m)) is not None)
     return VarlenProblem(batch=batch, total_q=tq, total_k=tk, heads_q=hq, heads_kv=hkv, head_dim=d,
                          max_seqlen_q=mq, max_seqlen_k=mk, dtype=dtype, causal=causal, softmax_scale=scale,
                          return_lse=return_lse, device=device, has_seqused_k=seqused_k is not None,
-                         relayout=relayout)
+                         relayout=relayout, mods=mods)
 
 
 # ---- KV cache (fa4gen.attention_with_kvcache) ----------------------------------------------------------
@@ -505,6 +624,7 @@ class KvcacheProblem(_BshdOutputs):
     device: str
     host_index: bool  # cache_seqlens / page_table given on the CPU: checked here, then copied
     relayout: tuple[tuple[str, str], ...] = ()
+    mods: ScoreMods = NO_SCORE_MODS
 
     @property
     def no_keys(self) -> bool:
@@ -531,7 +651,8 @@ def _index_meta(m: TensorMeta | None, name: str, shape: tuple, device: str | Non
 
 def check_kvcache_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cache_seqlens: TensorMeta | None,
                           page_table: TensorMeta | None = None, *, causal=True, softmax_scale=None, num_splits=0,
-                          return_lse=False) -> KvcacheProblem:
+                          return_lse=False, window_size=(-1, -1), softcap=0.0,
+                          learnable_sink: TensorMeta | None = None) -> KvcacheProblem:
     """Everything the host checks before a KV-cache launch, every problem in one error. Values of
     cache_seqlens / page_table on the device are not read (no sync): the kernel clamps them."""
     from .config import PAGE_SIZES
@@ -600,6 +721,9 @@ def check_kvcache_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cache_seq
     elif not 0 <= int(num_splits) <= KVCACHE_MAX_SPLITS:
         errors.append(InputValueError(f"num_splits must be in [0, {KVCACHE_MAX_SPLITS}] (0 = choose), got {num_splits}"))
     scale = attempt(check_softmax_scale, softmax_scale, d if d in HEAD_DIMS else HEAD_DIMS[-1])
+    mods = attempt(check_score_mods, window_size, softcap, learnable_sink, causal=causal, heads_q=hq if ok else None,
+                   device=device, softmax_scale=scale or 1.0,
+                   lengths=(("seqlen_q", sq), ("the cache's capacity", capacity)) if ok else ())
     if ok and b and hkv and hq and not errors:
         from .tiles import gqa_pack
 
@@ -613,7 +737,7 @@ def check_kvcache_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cache_seq
     return KvcacheProblem(batch=b, seqlen_q=sq, capacity=capacity, heads_q=hq, heads_kv=hkv, head_dim=d,
                           page_size=page_size, num_pages=num_pages, max_pages=max_pages, num_splits=int(num_splits),
                           dtype=dtype, causal=causal, softmax_scale=scale, return_lse=return_lse, device=device,
-                          host_index=host, relayout=relayout)
+                          host_index=host, relayout=relayout, mods=mods)
 
 
 def check_kvcache_values(cache_seqlens, page_table, problem: KvcacheProblem) -> None:

@@ -65,6 +65,13 @@ def cases() -> dict:
         causal=True, gqa_ratio=4, block_m=192)
     add("sm_90a d128 bf16 causal gqa4 varlen onepertask", {"persistent": False}, arch="sm_90a", head_dim=128,
         causal=True, gqa_ratio=4, varlen=True)
+    for arch in ("sm_100a", "sm_90a"):  # score modifiers: their params and the score_mods record
+        add(f"{arch} d128 bf16 causal gqa4 dense win cap sink", arch=arch, head_dim=128, causal=True, gqa_ratio=4,
+            window=True, softcap=True, sinks=True)
+        add(f"{arch} d64 bf16 noncausal gqa8 dense cap", arch=arch, head_dim=64, gqa_ratio=8, softcap=True)
+        add(f"{arch} d64 bf16 noncausal gqa1 varlen win", arch=arch, head_dim=64, varlen=True, window=True)
+        add(f"{arch} d128 bf16 causal gqa8 kv64 win sink", arch=arch, head_dim=128, causal=True, gqa_ratio=8,
+            kvcache=True, page_size=64, window=True, sinks=True)
     return out
 
 
@@ -131,7 +138,7 @@ def test_cases_match_the_record(record):
     assert labels == set(record)
     assert len(labels) > 150
     for needle in ("sm_100a d64 fp16", "sm_90a d128 bf16 causal gqa6 varlen", "kv256", "kv64", "kv0", "m192",
-                   "emu_pairs=2", "regs", "onepertask"):
+                   "emu_pairs=2", "regs", "onepertask", "win cap sink", "varlen win", "kv64 win sink"):
         assert any(needle in lab for lab in labels), needle
 
 

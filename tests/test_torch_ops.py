@@ -99,6 +99,28 @@ def test_fake_impl_validates_like_eager():
            torch.empty(1, 4, 2, 64, dtype=torch.float16), False, None, False)
 
 
+def test_fake_impl_takes_the_score_modifiers():
+    with fake_mode():
+        q, k, v = fake_qkv()
+        sink = torch.empty(8, device="cuda", dtype=torch.float32)
+        o, lse = OP(q, k, v, True, None, True, 127, 0, 30.0, sink)
+        assert o.shape == q.shape and lse.shape == (2, 8, 100)
+        with pytest.raises(InputValueError, match=r"learnable_sink must have shape \(8,\)"):
+            OP(q, k, v, True, None, True, -1, -1, 0.0, torch.empty(4, device="cuda", dtype=torch.float32))
+        with pytest.raises(InputValueError, match="softcap must be finite and >= 0"):
+            OP(q, k, v, True, None, True, -1, -1, -2.0, None)
+        with pytest.raises(InputValueError, match="window_size's left side must be -1"):
+            torch_ops.attention(q, k, v, window_size=(-2, 0))
+        with pytest.raises(InputTypeError, match="learnable_sink must be a torch.Tensor or None"):
+            torch_ops.attention(q, k, v, learnable_sink=[0.0] * 8)
+        qv = torch.empty(200, 8, 128, device="cuda", dtype=torch.bfloat16)
+        kv = torch.empty(600, 2, 128, device="cuda", dtype=torch.bfloat16)
+        cu = torch.zeros(3, device="cuda", dtype=torch.int32)
+        o, lse = torch_ops.attention_varlen(qv, kv, kv, cu, cu, 100, 300, window_size=(64, 64), softcap=50.0,
+                                            learnable_sink=sink, return_lse=True)
+        assert o.shape == qv.shape and lse.shape == (8, 200)
+
+
 # ---- CPU: tracing ---------------------------------------------------------------------------------
 def _model(q, k, v):
     o = fa4gen.attention(q, k, v, causal=True)
@@ -123,6 +145,19 @@ def test_explain_one_graph_no_breaks_and_the_op_in_it():
     code = ex.graphs[0].code
     assert code.count("torch.ops.fa4gen.attention_fwd.default") == 2
     assert "perf_counter" not in code
+
+
+def test_fullgraph_trace_passes_the_score_modifiers_to_the_op():
+    def model(q, k, v, sink):
+        return fa4gen.attention(q, k, v, causal=True, window_size=(127, 0), softcap=30.0, learnable_sink=sink,
+                                return_lse=True)
+
+    with fake_mode():
+        q, k, v = fake_qkv(d=64)
+        ex = torch._dynamo.explain(model)(q, k, v, torch.empty(8, device="cuda", dtype=torch.float32))
+    assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex.break_reasons
+    call = [ln for ln in ex.graphs[0].code.splitlines() if "torch.ops.fa4gen.attention_fwd.default" in ln]
+    assert len(call) == 1 and "127, 0, 30.0, l_sink_" in call[0], call
 
 
 def test_dynamic_shapes_compile_once():

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 from ..config import GENERATOR_VERSION, KernelConfig
 from ..ir.core import Pipeline
-from ..plan import (HALF_COLS, KVCACHE_ORDER, VARLEN_ORDER, abi_params, gqa_manifest, kv_box_rows,
-                    kvcache_manifest, qo_map_dims, varlen_manifest)
+from ..plan import (HALF_COLS, KVCACHE_ORDER, SINKS_ABI_PARAMS, SOFTCAP_ABI_PARAMS, VARLEN_ORDER, WINDOW_ABI_PARAMS,
+                    abi_params, gqa_manifest, kv_box_rows, kvcache_manifest, qo_map_dims, varlen_manifest)
 
-__all__ = ["ENTRY", "GridFacts", "grid_section", "manifest", "smem_layout_section", "tensor_maps"]
+__all__ = ["ENTRY", "GridFacts", "grid_section", "manifest", "score_mods_record", "smem_layout_section",
+           "tensor_maps"]
 
 ENTRY = "fa4_fwd"  # the attention kernel's entry on both targets (the KV-cache combine: plan.COMBINE_ENTRY)
 
@@ -97,6 +98,17 @@ def tensor_maps(cfg: KernelConfig, o_rows: int) -> dict:
             "o": tmap(qo_dims, box(o_rows))}
 
 
+def score_mods_record(cfg: KernelConfig) -> dict | None:
+    """The manifest's `score_mods` record (docs/ABI.md "Windows, softcap, sinks"): which score modifiers
+    the kernel applies and the entry parameters that carry their run-time values; None (no record)
+    for a kernel without any, so their manifests are unchanged. Prebuilt-kernel loading checks it."""
+    if not (cfg.window or cfg.softcap or cfg.sinks):
+        return None
+    params = ((WINDOW_ABI_PARAMS if cfg.window else ()) + (SOFTCAP_ABI_PARAMS if cfg.softcap else ())
+              + (SINKS_ABI_PARAMS if cfg.sinks else ()))
+    return {"window": cfg.window, "softcap": cfg.softcap, "sinks": cfg.sinks, "params": [n for n, _ in params]}
+
+
 def smem_layout_section(layout) -> dict:
     """The `smem_layout` section of a lowering that publishes its SMEM layout (ir/layout.py SmemLayout)."""
     return {"smem_layout": {
@@ -128,5 +140,6 @@ def manifest(pipe: Pipeline, *, smem_bytes: int, o_rows: int, grid: GridFacts, v
         **({"varlen": varlen_manifest(cfg)} if cfg.varlen else {}),
         **({"kvcache": kvcache_manifest(cfg)} if cfg.kvcache else {}),
         "params": [n for n, _ in abi_params(cfg)],
+        **({"score_mods": score_mods_record(cfg)} if score_mods_record(cfg) else {}),
         **(sections or {}),
     }

@@ -1,0 +1,283 @@
+"""The host side of sliding windows, softcap and sinks (docs/ABI.md "Windows, softcap, sinks"), on the
+CPU: validation of window_size / softcap / learnable_sink, the kernel variant a call picks, the
+run-time parameters the runtime packs (against plan.abi_params), prebuilt-kernel checks, the manifest
+record and the CLI flags. The kernels themselves: tests/test_gpu_scoremods.py."""
+
+import ctypes
+import json
+import math
+import struct
+
+import pytest
+
+from fa4gen import api, launch
+from fa4gen.config import KernelConfig
+from fa4gen.lower.manifest import score_mods_record
+from fa4gen.plan import WINDOW_UNBOUNDED, abi_params, kvcache_manifest, varlen_manifest
+from fa4gen.runtime import Kernel, RuntimeSetupError, score_mod_scalars
+from fa4gen.validate import (DeviceError, InputErrors, InputTypeError, InputValueError, ScoreMods, TensorMeta,
+                             check_kvcache_problem, check_problem, check_varlen_problem)
+
+from test_api_validation import meta, qkv
+
+
+def sink(n=8, dtype="float32", device="cuda:0", shape=None):
+    return TensorMeta("learnable_sink", shape or (n,), (1,), dtype, device, 1 << 20, 4 if dtype == "float32" else 2)
+
+
+def f32(x):
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+# ---- validation ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("kw,exc,match", [
+    ({"window_size": 5}, InputTypeError, r"window_size must be a pair \(left, right\)"),
+    ({"window_size": (1, 2, 3)}, InputTypeError, "window_size must be a pair"),
+    ({"window_size": "ab"}, InputTypeError, "window_size must be a pair"),
+    ({"window_size": (1.0, 0)}, InputTypeError, "window_size's left side must be an int >= -1, got float"),
+    ({"window_size": (4, True)}, InputTypeError, "window_size's right side must be an int"),
+    ({"window_size": (-2, 0)}, InputValueError, r"window_size's left side must be -1 \(unbounded\) or >= 0, got -2"),
+    ({"softcap": -1.0}, InputValueError, "softcap must be finite and >= 0"),
+    ({"softcap": float("nan")}, InputValueError, "softcap must be finite and >= 0"),
+    ({"softcap": float("inf")}, InputValueError, "softcap must be finite and >= 0"),
+    ({"softcap": "30"}, InputTypeError, "softcap must be a real number"),
+    ({"softcap": True}, InputTypeError, "softcap must be a real number"),
+    ({"softcap": 1e-45}, InputValueError, "softmax_scale / softcap .* not a finite normal float32"),
+    ({"softcap": 3e38}, InputValueError, r"softcap 3e\+38: .* is not a finite normal float32"),
+    ({"learnable_sink": sink(dtype="float64")}, InputTypeError, "learnable_sink must be float32 .*got float64"),
+    ({"learnable_sink": sink(dtype="int32")}, InputTypeError, "learnable_sink must be float32"),
+    ({"learnable_sink": sink(n=4)}, InputValueError, r"learnable_sink must have shape \(8,\), one logit per query "),
+    ({"learnable_sink": sink(shape=(2, 4))}, InputValueError, r"learnable_sink must have shape \(8,\)"),
+    ({"learnable_sink": sink(device="cuda:1")}, DeviceError, "learnable_sink must be on cuda:0 with q, got cuda:1"),
+    ({"learnable_sink": sink(device="cpu")}, DeviceError, "learnable_sink must be on cuda:0"),
+])
+def test_bad_score_mod_arguments_are_named(kw, exc, match):
+    for check in (lambda: check_problem(*qkv(), **kw),
+                  lambda: check_kvcache_problem(*qkv(b=2), meta("cache_seqlens", (2,), "int32"), **kw)):
+        with pytest.raises(exc, match=match):
+            check()
+
+
+def test_several_problems_are_reported_at_once():
+    with pytest.raises(InputErrors) as info:
+        check_problem(*qkv(), window_size=(-3, 0), softcap=-1.0, learnable_sink=sink(dtype="float64"))
+    assert len(info.value.errors) == 3
+
+
+def test_windows_need_lengths_below_2_30():
+    big = 1 << 30
+    with pytest.raises(InputValueError, match=f"sliding window needs lengths below 2\\^30; got seqlen_k = {big}"):
+        check_problem(*qkv(b=1, sq=4, skv=big), window_size=(128, 0))
+    assert not check_problem(*qkv(b=1, sq=4, skv=big), causal=True).mods.window  # no window, no limit
+    # a side of 2^30 or more reaches every key: unbounded, so no window either
+    assert check_problem(*qkv(b=1, sq=4, skv=big), window_size=(big, big)).mods == ScoreMods()
+    q, k, v = (meta("q", (big, 8, 128)), meta("k", (10, 2, 128)), meta("v", (10, 2, 128)))
+    cu = meta("cu_seqlens_q", (2,), "int32"), meta("cu_seqlens_k", (2,), "int32")
+    with pytest.raises(InputValueError, match=f"total_q = {big}"):
+        check_varlen_problem(q, k, v, *cu, big, 10, window_size=(0, 0))
+
+
+def test_sink_dtypes_accepted():
+    for dt in ("float32", "bfloat16", "float16"):
+        assert check_problem(*qkv(), learnable_sink=sink(dtype=dt)).mods.sinks
+
+
+# ---- the kernel variant -------------------------------------------------------------------------
+@pytest.mark.parametrize("causal,window,want", [
+    (False, (-1, -1), (None, None, False)),
+    (True, (-1, -1), (None, 0, False)),  # causal alone: the causal kernel
+    (True, (-1, 7), (None, 0, False)),  # causal makes right 0 whatever is passed
+    (True, (127, 0), (127, 0, True)),
+    (True, (127, 5), (127, 0, True)),
+    (False, (127, 0), (127, 0, True)),
+    (False, (-1, 0), (None, 0, True)),
+    (False, (16, -1), (16, None, True)),
+    (False, (0, 0), (0, 0, True)),
+])
+def test_variant_choice(causal, window, want):
+    mods = check_problem(*qkv(), causal=causal, window_size=window).mods
+    assert (mods.window_left, mods.window_right, mods.window) == want
+
+
+def test_config_flags_follow_the_call():
+    plain = check_problem(*qkv(), causal=True)
+    assert launch.config_for(plain) == KernelConfig(arch="sm_90a", head_dim=128, causal=True, gqa_ratio=4)
+    p = check_problem(*qkv(), causal=True, window_size=(127, 0), softcap=30.0, learnable_sink=sink())
+    cfg = launch.config_for(p)
+    assert (cfg.window, cfg.softcap, cfg.sinks) == (True, True, True) and cfg.name.endswith("_win_cap_sink")
+    assert launch.config_for(check_problem(*qkv(), softcap=50)).replace(softcap=False) == launch.config_for(
+        check_problem(*qkv()))
+    kv = check_kvcache_problem(*qkv(b=2), meta("cache_seqlens", (2,), "int32"), learnable_sink=sink(),
+                               window_size=(4095, 0))
+    assert launch.config_for(kv).name.endswith("_kvcache_win_sink")
+
+
+def test_window_keys_bounds_the_split_choice():
+    mods = ScoreMods(window_left=127, window_right=0, causal=True)
+    assert launch.window_keys(mods, 1, 100_000) == 128
+    assert launch.window_keys(mods, 1, 50) == 50
+    assert launch.window_keys(ScoreMods(), 1, 100_000) == 100_000
+
+
+# ---- run-time parameters ------------------------------------------------------------------------
+def _manifest(cfg):
+    m = {"name": cfg.name, "config": cfg.to_dict(), "params": [n for n, _ in abi_params(cfg)],
+         "grid": {"policy": "persistent", "tiles_per_task": 1}, "threads_per_cta": 384, "dynamic_smem_bytes": 0,
+         "tensor_maps": {}}
+    if cfg.varlen:
+        m["varlen"] = varlen_manifest(cfg)
+    if cfg.kvcache:
+        m["kvcache"] = kvcache_manifest(cfg)
+    return m
+
+
+class _FakeSink:
+    def data_ptr(self):
+        return 0xABC0
+
+
+def _launched(monkeypatch, cfg, mods, sink=None, scale=0.125):
+    """Run the runtime's launch path for cfg on CPU tensors (no driver): the scalars it packs, by name,
+    for the kernel and (KV cache, 2 splits) the combine kernel."""
+    torch = pytest.importorskip("torch")
+    man = _manifest(cfg)
+    kernel = Kernel(None, None, man, sm_count=132, device=None, l2_bytes=50 << 20, combine="combine")
+    got = {}
+    monkeypatch.setattr(Kernel, "_encode", lambda self, role, t: role)
+    monkeypatch.setattr(Kernel, "_launch", lambda self, maps, scalars, n, dev: got.update(maps=maps, scalars=scalars))
+    monkeypatch.setattr(Kernel, "_launch_fn", lambda self, fn, ptrs, *a: got.update(combine=ptrs))
+    d, g = cfg.head_dim, cfg.gqa_ratio
+    if cfg.varlen:
+        q, k = torch.zeros(10, 2 * g, d), torch.zeros(12, 2, d)
+        cu = torch.tensor([0, 10], dtype=torch.int32)
+        kernel.varlen(q, k, k, q, cu, cu, 10, 12, softmax_scale=scale, mods=mods, sink=sink)
+    elif cfg.kvcache:
+        q, kc = torch.zeros(2, 1, 2 * g, d), torch.zeros(8, cfg.page_size or 64, 2, d)
+        table = torch.zeros(2, 4, dtype=torch.int32) if cfg.page_size else None
+        lens = torch.tensor([5, 9], dtype=torch.int32)
+        part = torch.zeros(2, 2 * 2 * g, d)
+        kernel.kvcache(q, kc, kc, q, lens, table, num_splits=2, softmax_scale=scale, o_partial=part,
+                       lse_partial=part[..., 0], mods=mods, sink=sink)
+    else:
+        q, k = torch.zeros(1, 10, 2 * g, d), torch.zeros(1, 12, 2, d)
+        kernel(q, k, k, q, softmax_scale=scale, l2_group=1, mods=mods, sink=sink)
+    missing = [p for p in man["params"] if p not in got["maps"] and p not in got["scalars"]]
+    assert not missing, f"{cfg.name}: no value packed for {missing}"
+    return got
+
+
+@pytest.mark.parametrize("mode", [{}, {"varlen": True}, {"kvcache": True, "page_size": 64}])
+@pytest.mark.parametrize("causal", [False, True])
+def test_params_packed_per_abi(monkeypatch, mode, causal):
+    cfg = KernelConfig(arch="sm_90a", causal=causal, gqa_ratio=2, window=True, softcap=True, sinks=True, **mode)
+    mods = ScoreMods(window_left=100, window_right=None if not causal else 0, causal=causal, softcap=30.0, sinks=True)
+    s = _launched(monkeypatch, cfg, mods, _FakeSink())["scalars"]
+    assert s["window_left"].value == 100
+    assert s["window_right"].value == (0 if causal else WINDOW_UNBOUNDED)
+    assert s["softcap_in"].value == f32(0.125 / 30.0)
+    assert s["scale_log2"].value == f32(30.0 * math.log2(math.e))
+    assert s["sink_ptr"].value == 0xABC0
+
+
+def test_plain_kernels_keep_their_scale_and_take_no_new_param(monkeypatch):
+    cfg = KernelConfig(arch="sm_90a", causal=True)
+    s = _launched(monkeypatch, cfg, ScoreMods(window_right=0, causal=True))["scalars"]
+    assert s["scale_log2"].value == f32(0.125 * math.log2(math.e))
+    assert not {"window_left", "window_right", "softcap_in"} & set(s)
+
+
+def test_window_kernel_runs_unbounded_and_right_sided_windows():
+    cfg = KernelConfig(arch="sm_90a", window=True).to_dict()
+    s = score_mod_scalars(cfg, 0.1, None)
+    assert (s["window_left"].value, s["window_right"].value) == (WINDOW_UNBOUNDED, WINDOW_UNBOUNDED)
+    s = score_mod_scalars(cfg, 0.1, ScoreMods(window_left=None, window_right=3))
+    assert (s["window_left"].value, s["window_right"].value) == (WINDOW_UNBOUNDED, 3)
+
+
+@pytest.mark.parametrize("flags,mods,sink,match", [
+    ({}, ScoreMods(window_left=5), None, "needs a kernel with window; this kernel has no score modifier"),
+    ({"window": True}, ScoreMods(softcap=2.0), None, "needs a kernel with softcap; this kernel has window"),
+    ({}, ScoreMods(sinks=True), _FakeSink(), "needs a kernel with sinks"),
+    ({"softcap": True}, ScoreMods(), None, "a softcap kernel always caps"),
+    ({"sinks": True}, ScoreMods(), None, "a sinks kernel reads a learnable_sink"),
+    ({}, None, _FakeSink(), "a learnable_sink was given to a kernel without sinks"),
+])
+def test_runtime_refuses_a_kernel_without_the_calls_modifier(flags, mods, sink, match):
+    with pytest.raises(RuntimeSetupError, match=match):
+        score_mod_scalars(KernelConfig(arch="sm_90a", **flags).to_dict(), 0.1, mods, sink)
+
+
+def test_combine_takes_the_sink_when_it_declares_it(monkeypatch):
+    """fa4_combine counts a split cache's sink once: the runtime passes it the sink_ptr its manifest names."""
+    cfg = KernelConfig(arch="sm_90a", causal=True, kvcache=True, sinks=True)
+    params = kvcache_manifest(cfg)["combine"]["params"]
+    assert params[-1] == "sink_ptr"
+    got = _launched(monkeypatch, cfg, ScoreMods(window_right=0, causal=True, sinks=True), _FakeSink())
+    assert len(got["combine"]) == len(params)
+    assert ctypes.c_uint64.from_address(got["combine"][-1]).value == 0xABC0
+
+
+def test_manifest_params_must_agree_with_the_flags():
+    cfg = KernelConfig(arch="sm_90a", window=True)
+    man = _manifest(cfg)
+    Kernel(None, None, man, 132, None)
+    for params in (man["params"][:-1], _manifest(KernelConfig(arch="sm_90a"))["params"]):
+        with pytest.raises(RuntimeSetupError, match="config says window=True"):
+            Kernel(None, None, dict(man, params=params), 132, None)
+    with pytest.raises(RuntimeSetupError, match="config says sinks=False but its parameters have"):
+        plain = _manifest(KernelConfig(arch="sm_90a"))
+        Kernel(None, None, dict(plain, params=plain["params"] + ["sink_ptr"]), 132, None)
+
+
+# ---- prebuilt kernels and the manifest record ---------------------------------------------------
+def test_prebuilt_kernel_refusals():
+    win = KernelConfig(arch="sm_90a", causal=True, window=True)
+    assert api.score_mods_refusal(win, ScoreMods(window_right=0, causal=True)) is None  # unbounded on a window kernel
+    assert "built without a sliding window" in api.score_mods_refusal(win.replace(window=False),
+                                                                      ScoreMods(window_left=3, causal=True))
+    cap = KernelConfig(arch="sm_90a", softcap=True)
+    assert "built with --softcap: call it with softcap > 0" in api.score_mods_refusal(cap, ScoreMods())
+    assert "built without --sinks" in api.score_mods_refusal(cap.replace(softcap=False), ScoreMods(sinks=True))
+
+
+def test_score_mods_record():
+    assert score_mods_record(KernelConfig()) is None
+    rec = score_mods_record(KernelConfig(window=True, sinks=True))
+    assert rec == {"window": True, "softcap": False, "sinks": True, "params": ["window_left", "window_right",
+                                                                             "sink_ptr"]}
+    cfg = KernelConfig(softcap=True, sinks=True)
+    assert score_mods_record(cfg)["params"] == [n for n, _ in abi_params(cfg)][-2:]
+
+
+def test_read_prebuilt_checks_the_score_mods_record(tmp_path):
+    cfg = KernelConfig(arch="sm_90a", window=True)
+    man = {"name": cfg.name, "config": cfg.to_dict(), "arch": "sm_90a", "entry": "fa4_fwd", "params": [],
+           "dynamic_smem_bytes": 0, "grid": {}, "tensor_maps": {}, "threads_per_cta": 384}
+    (tmp_path / "k.cubin").write_bytes(b"x")
+    for record in (None, dict(score_mods_record(cfg), window=False)):
+        (tmp_path / "k.json").write_text(json.dumps(dict(man, score_mods=record) if record else man))
+        with pytest.raises(api.KernelLoadError, match="its score_mods record .* is not its config's"):
+            api.read_prebuilt(tmp_path / "k.cubin")
+    (tmp_path / "k.json").write_text(json.dumps(dict(man, score_mods=score_mods_record(cfg))))
+    with pytest.raises(api.KernelLoadError, match="not a cubin"):  # past the record: the next check
+        api.read_prebuilt(tmp_path / "k.cubin")
+
+
+# ---- CLI ----------------------------------------------------------------------------------------
+def test_cli_build_flags_make_the_variant(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from fa4gen import codegen
+    from fa4gen.cli import main
+
+    def fake_build(cfg, **kw):
+        raise RuntimeError(f"built {cfg.name}")
+
+    monkeypatch.setattr(codegen, "build", fake_build)
+    r = CliRunner().invoke(main, ["build", "--arch", "sm_90a", "--causal", "--window", "--softcap", "--sinks",
+                                  "--out", str(tmp_path)])
+    assert "built fa4_sm90a_d128_bf16_causal_gqa1_win_cap_sink" in r.output, r.output
+    r = CliRunner().invoke(main, ["build", "--arch", "sm_90a", "--sinks", "--out", str(tmp_path)])
+    assert "built fa4_sm90a_d128_bf16_noncausal_gqa1_sink\n" in r.output, r.output
+    helptext = " ".join(CliRunner().invoke(main, ["build", "--help"]).output.split())
+    assert "--window" in helptext and "run-time arguments" in helptext and "learnable_sink" in helptext
