@@ -239,7 +239,15 @@ def _load_ptx(path: Path, manifest: str | None, mutation: str | None) -> tuple[s
               help="The build manifest (default: the .json beside the .ptx).")
 @click.option("--shape", "shapes", multiple=True, metavar="B,Sq,Skv,Hq,Hkv",
               help="Problem shape (repeatable). Default: small shapes with tails on both lengths, GQA "
-                   "packing and, for causal kernels, Sq < Skv and Sq > Skv (rows that see no key).")
+                   "packing and, for causal kernels, Sq < Skv and Sq > Skv (rows that see no key). Every kind "
+                   "of shape (--shape, --lens, --kv) takes the score modifiers' run-time values as "
+                   "space-separated suffixes, for kernels built with them: 'w=L,R' (window_size, -1 "
+                   "unbounded; causal kernels use right 0), 'cap=X' (softcap), 'sink=Z' or 'sink=Z0,Z1,...' "
+                   "(one logit for every query head or one each; -inf allowed), e.g. "
+                   "--shape '1,300,500,4,1 w=128,0 cap=30 sink=50,-inf,0.5,2'. Omitted values: w=100,20, "
+                   "cap=30, sinks per head and seed among 50, -inf, 2 and a random one. The defaults of such "
+                   "kernels add windows smaller than a block, crossing tile and split boundaries, on "
+                   "Sq != Skv, softcaps 30 / 5 / 50 with raw scores ~1e4, sinks that dominate and of -inf.")
 @click.option("--lens", "lens", multiple=True, metavar="LQ:LK,...;HQ,HKV",
               help="Varlen kernels: a ragged batch (repeatable), per-sequence query:key lengths then the "
                    "heads, e.g. '131:200,0:17,40:0;4,1'. Default: ragged batches with a zero-length "

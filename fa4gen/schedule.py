@@ -105,13 +105,14 @@ def persistent_task(rnd, cta, nctas: int, causal: bool):
     return rnd * nctas + cta + (nctas - 1 - 2 * cta) * odd
 
 
-def tile_blocks(m_tile, seqlen_q: int, seqlen_k: int, seq_q_per_tile: int, causal: bool):
-    """K/V blocks a Q tile visits (plan.BlockInfo.n: the kernels' %nblk, >= 1). Ints or NumPy
+def tile_blocks(m_tile, seqlen_q: int, seqlen_k: int, seq_q_per_tile: int, causal: bool, window=None):
+    """K/V blocks a Q tile visits (plan.BlockInfo.n: the kernels' %nblk, >= 1; with a window,
+    (left, right) as plan.window_sides gives them, only the window's blocks). Ints or NumPy
     arrays of m_tile (an array back)."""
     if isinstance(m_tile, (int, np.integer)):
-        return BlockInfo.of(m_tile, seq_q_per_tile, seqlen_q, seqlen_k, causal).n
+        return BlockInfo.of(m_tile, seq_q_per_tile, seqlen_q, seqlen_k, causal, window=window).n
     m = np.asarray(m_tile, dtype=np.int64)
-    per = {v: BlockInfo.of(v, seq_q_per_tile, seqlen_q, seqlen_k, causal).n for v in np.unique(m).tolist()}
+    per = {v: BlockInfo.of(v, seq_q_per_tile, seqlen_q, seqlen_k, causal, window=window).n for v in np.unique(m).tolist()}
     return np.vectorize(per.__getitem__, otypes=[np.int64])(m) if m.size else np.zeros(m.shape, np.int64)
 
 
@@ -122,15 +123,16 @@ def l2_group_budget(l2_bytes: int, seqlen_k: int, head_dim: int, elem_bytes: int
 
 
 def cta_work(l2_group: int, *, num_bh: int, m_count: int, nctas: int, seqlen_q: int, seqlen_k: int,
-             seq_q_per_tile: int, tiles_per_task: int = 1) -> np.ndarray:
+             seq_q_per_tile: int, tiles_per_task: int = 1, window=None) -> np.ndarray:
     """Per-CTA work of the causal persistent deal, in K/V blocks plus one per task for its Q load
-    and epilogue: the model `choose_l2_group` balances."""
+    and epilogue: the model `choose_l2_group` balances. window: (left, right) sides (plan.window_sides;
+    None = none): a tile's work is its window's blocks."""
     ntasks = num_bh * m_count
     t = np.arange(ntasks, dtype=np.int64)
     m, _ = task_coords(t, num_bh, m_count, l2_group, True)
     cost = np.ones(ntasks, dtype=np.int64)
     for j in range(tiles_per_task):
-        cost += tile_blocks(tiles_per_task * m + j, seqlen_q, seqlen_k, seq_q_per_tile, True)
+        cost += tile_blocks(tiles_per_task * m + j, seqlen_q, seqlen_k, seq_q_per_tile, True, window)
     rnd, pos = t // nctas, t % nctas
     cta = pos + (nctas - 1 - 2 * pos) * (rnd % 2)  # inverse of persistent_task: the snake is its own inverse
     return np.bincount(cta, weights=cost, minlength=nctas)
@@ -145,7 +147,7 @@ class L2Choice:
 
 def choose_l2_group(*, causal: bool, persistent: bool, l2_bytes: int, batch: int, num_heads_kv: int,
                     seqlen_q: int, seqlen_k: int, head_dim: int, elem_bytes: int, m_count: int, nctas: int,
-                    seq_q_per_tile: int, tiles_per_task: int = 1) -> L2Choice:
+                    seq_q_per_tile: int, tiles_per_task: int = 1, window=None) -> L2Choice:
     """The `l2_group` launch parameter for one problem on one device.
 
     One-CTA-per-task grids take the budget as is (the hardware hands out CTAs as SMs free up, so
@@ -154,7 +156,9 @@ def choose_l2_group(*, causal: bool, persistent: bool, l2_bytes: int, batch: int
     the snake deal pairs two rounds of one slope), then the budget itself and the 3 sizes below
     it, and keeps the first whose most loaded CTA is within the tolerance of the unsectioned order's
     (BALANCE_TOLERANCE, or BALANCE_TOLERANCE_UNSHARED when there are more pairs than half the
-    CTAs); none qualifies -> one section (the unsectioned order).
+    CTAs); none qualifies -> one section (the unsectioned order). window: the sides (plan.window_sides)
+    of a windowed launch: the balance counts each tile's window blocks (the L2 budget still counts a
+    pair's whole K/V).
     """
     num_bh = batch * num_heads_kv
     if num_bh <= 0 or m_count <= 0:
@@ -167,7 +171,7 @@ def choose_l2_group(*, causal: bool, persistent: bool, l2_bytes: int, batch: int
     if not persistent:
         return L2Choice(budget, budget, "one CTA per task: sections of the budget")
     kw = dict(num_bh=num_bh, m_count=m_count, nctas=nctas, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-              seq_q_per_tile=seq_q_per_tile, tiles_per_task=tiles_per_task)
+              seq_q_per_tile=seq_q_per_tile, tiles_per_task=tiles_per_task, window=window)
     tolerance = BALANCE_TOLERANCE_UNSHARED if 2 * num_bh > nctas else BALANCE_TOLERANCE
     limit = cta_work(num_bh, **kw).max() * (1 + tolerance)
     step = nctas // math.gcd(nctas, m_count)  # sections of a multiple of `step` pairs are whole rounds
