@@ -2,7 +2,7 @@
 plan.key_limits_ptx and equal plan.key_begin / key_end; a windowed kernel takes its block range from
 block_info_ptx with the window (both roles) and adds the first block to the block index; the combine
 of a KV-cache kernel with sinks takes sink_ptr. What the kernels compute is judged by the emulator
-(fa4gen emulate; the corpus mutations sm90_window_* / sm90_sink_units)."""
+(fa4gen emulate; the corpus mutations sm90_window_unmasked_lo and sm90_sink_units)."""
 from __future__ import annotations
 
 import itertools

@@ -565,17 +565,14 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
 )
 
 
-# ---- sm_90a score modifiers: a sliding window's left side (block range, unmasked range, per-element
-# limit) and the sinks' units (plan.SINKS_ABI_PARAMS: natural log, the kernel works in log2)
+# ---- sm_90a score modifiers: a sliding window's left side (the unmasked block range) and the sinks'
+# units (plan.SINKS_ABI_PARAMS: natural log, the kernel works in log2)
 _SM90CWS = dict(arch="sm_90a", head_dim=128, causal=True, gqa_ratio=1, dtype="bf16", window=True, sinks=True)
 PTX_MUTATIONS = PTX_MUTATIONS + (
     PtxMutation("sm90_window_unmasked_lo", _SM90CWS, "a window's masked-block test forgets the left side (block >= "
                 "n_unmasked only, not `or block < unmasked_lo`): a block partly left of some row's window runs "
                 "unmasked", ("mismatch",),
                 _sub(r"^\s*setp\.lt\.or\.s32 %p_mask, %nb, %unlo, %p_mask;\n", "", count=0), protocol=False),
-    PtxMutation("sm90_window_key_begin", _SM90CWS, "row 0 of each thread's pair drops the element mask's left limit "
-                "(col >= key_begin): keys left of its window stay visible in masked blocks", ("mismatch",),
-                _sub(r"^\s*setp\.gt\.or\.s32 %pp6, %blim0, \d+, %pp6;\n", "", count=0), protocol=False),
     PtxMutation("sm90_sink_units", _SM90CWS, "row 0's sink is not converted to log2 units (z used where z log2 e "
                 "is due)", ("mismatch",),
                 _sub(r"^\s*mul\.f32 %snk0, %snk0, 0f3FB8AA3B;\n", "", count=0), protocol=False),
