@@ -8,6 +8,7 @@ and nothing in the package imports in a circle (tests/test_imports.py holds both
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -349,6 +350,25 @@ def split_blocks(nblk: int, split: int, num_splits: int) -> tuple[int, int]:
     bps = -(-int(nblk) // int(num_splits))
     lo = min(int(split) * bps, int(nblk))
     return lo, min(lo + bps, int(nblk))
+
+
+def kernel_score_scalars(softmax_scale: float, softcap: float = 0.0) -> dict:
+    """The score scalars a kernel takes (docs/ABI.md "Windows, softcap, sinks"), in float64 (the
+    launch rounds each once to fp32): scale_log2 = softmax_scale * log2(e), or with a softcap > 0
+    scale_log2 = softcap * log2(e) and softcap_in = softmax_scale / softcap (the kernel's
+    t = tanh(x * softcap_in) of the raw score x = q.k is the capped score / softcap)."""
+    log2e = math.log2(math.e)
+    if not softcap:
+        return {"scale_log2": float(softmax_scale) * log2e}
+    return {"scale_log2": float(softcap) * log2e, "softcap_in": float(softmax_scale) / float(softcap)}
+
+
+def kernel_window_args(window, causal: bool) -> dict:
+    """window_left / window_right as a kernel takes them (s32 in [0, WINDOW_UNBOUNDED]): a side of -1
+    (or None) or >= WINDOW_UNBOUNDED is WINDOW_UNBOUNDED; a causal kernel's right side is 0."""
+    left, right = window_sides(window, causal)
+    return {"window_left": WINDOW_UNBOUNDED if left is None else min(left, WINDOW_UNBOUNDED),
+            "window_right": WINDOW_UNBOUNDED if right is None else min(right, WINDOW_UNBOUNDED)}
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import DTYPES, KernelConfig
-from .plan import WINDOW_UNBOUNDED, BlockInfo, key_begin, key_end, window_sides
+from .plan import BlockInfo, kernel_score_scalars, kernel_window_args, key_begin, key_end, window_sides
 from .exp2 import emulated_columns, exp2_emulated, exp2_hardware, fma_f32
 
 __all__ = [
@@ -194,22 +194,8 @@ def softcap_scores(s, softcap: float):
 
 
 def kernel_score_args(softmax_scale: float, softcap: float = 0.0) -> dict:
-    """The fp32 scalars a kernel takes for these values (plan.abi_params; docs/ABI.md): scale_log2 =
-    softmax_scale * log2(e), or with a softcap scale_log2 = softcap * log2(e) and softcap_in =
-    softmax_scale / softcap (the kernel's t = tanh(x * softcap_in) of the raw score x = q.k is the
-    capped score / softcap). Each computed in float64 and rounded once to fp32."""
-    c = _softcap_value(softcap)
-    if c == 0.0:
-        return {"scale_log2": scale_log2_f32(softmax_scale)}
-    return {"scale_log2": np.float32(c * LOG2E), "softcap_in": np.float32(float(softmax_scale) / c)}
-
-
-def kernel_window_args(window, causal: bool) -> dict:
-    """window_left / window_right as a kernel takes them (s32 in [0, plan.WINDOW_UNBOUNDED]): a side
-    of -1 (or None) is WINDOW_UNBOUNDED; a causal kernel's right side is 0 whatever was asked."""
-    left, right = window_sides(window, causal)
-    return {"window_left": WINDOW_UNBOUNDED if left is None else min(left, WINDOW_UNBOUNDED),
-            "window_right": WINDOW_UNBOUNDED if right is None else min(right, WINDOW_UNBOUNDED)}
+    """plan.kernel_score_scalars rounded to fp32 as a launch passes them."""
+    return {k: np.float32(v) for k, v in kernel_score_scalars(softmax_scale, _softcap_value(softcap)).items()}
 
 
 def _sinks_array(sinks, hq: int):

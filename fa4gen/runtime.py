@@ -166,7 +166,7 @@ def score_mod_scalars(config: dict, softmax_scale: float, mods=None, sink=None) 
     is refused: a windowed call never runs a kernel without the window. Softcap: softcap_in =
     softmax_scale / softcap and scale_log2 = softcap * log2(e) (the kernel takes tanh of the raw
     score times softcap_in; docs/ABI.md "Windows, softcap, sinks")."""
-    from .plan import WINDOW_UNBOUNDED
+    from .plan import kernel_score_scalars, kernel_window_args
 
     have = {f: bool(config.get(f, False)) for f in _SCORE_MOD_FLAGS}
     left = right = None
@@ -186,14 +186,12 @@ def score_mod_scalars(config: dict, softmax_scale: float, mods=None, sink=None) 
         raise RuntimeSetupError("a sinks kernel reads a learnable_sink: call it with one (float32, one per query head)")
     if sink is not None and not have["sinks"]:
         raise RuntimeSetupError("a learnable_sink was given to a kernel without sinks")
-    log2e = math.log2(math.e)
-    out = {"scale_log2": ctypes.c_float(cap * log2e if have["softcap"] else softmax_scale * log2e)}
+    scalars = kernel_score_scalars(softmax_scale, cap if have["softcap"] else 0.0)
+    out = {name: ctypes.c_float(v) for name, v in scalars.items()}
     if have["window"]:
-        out["window_left"] = ctypes.c_int32(WINDOW_UNBOUNDED if left is None else int(left))
-        causal = bool(config.get("causal"))
-        out["window_right"] = ctypes.c_int32(0 if causal else WINDOW_UNBOUNDED if right is None else int(right))
-    if have["softcap"]:
-        out["softcap_in"] = ctypes.c_float(softmax_scale / cap)
+        sides = kernel_window_args((-1 if left is None else left, -1 if right is None else right),
+                                   bool(config.get("causal")))
+        out.update({name: ctypes.c_int32(v) for name, v in sides.items()})
     out["sink_ptr"] = ctypes.c_uint64(0 if sink is None else sink.data_ptr())
     return out
 
