@@ -522,6 +522,38 @@ def block_info_ptx(*, causal: bool, rows: int, m: str, sq: str, skv: str, tmp: s
     return ins
 
 
+def row_key_limits_ptx(*, causal: bool, q: str, sq: str, skv: str, end: str, begin: str | None = None,
+                       window: tuple[str, str] | None = None) -> list[tuple]:
+    """key_end (and with a window key_begin) of one query row in PTX: the per-row column limits a
+    masked block's elements are compared against (key column c of row q is visible iff
+    begin <= c < end), as (opcode, dst, src...) tuples the templates print. Registers q (the row's
+    query position in its sequence), sq, skv; dsts end and begin.
+
+    - end = key_end(q, Sq, Skv, causal, right): Skv, or min(Skv, q + 1 + Skv - Sq [+ right]) (signed:
+      <= 0 when the row sees no key);
+    - begin (asked for with a window) = q + Skv - Sq - left, NOT clipped to 0 (columns are >= 0, so
+      key_begin's max(0, .) changes no comparison; signed, >= -2^31 with Sq, Skv, left <= 2^30).
+
+    window = (left reg, right reg) as block_info_ptx takes it (right may be the literal "0": a causal
+    window; WINDOW_UNBOUNDED for an unbounded side). Without a window the instructions are the ones
+    the kernels had before windows (non-causal: end = Skv)."""
+    if window is None and begin is not None:
+        raise ValueError("begin is a window's limit (without a left side every row's first key is 0)")
+    if window is not None and begin is None:
+        raise ValueError("a window asks for both limits: begin and end")
+    right = window[1] if window is not None and not causal else None
+    if causal or right is not None:
+        ins = [("sub.s32", end, skv, sq), ("add.s32", end, end, q), ("add.s32", end, end, "1")]
+        if right is not None and right != "0":
+            ins.append(("add.s32", end, end, right))
+        ins.append(("min.s32", end, end, skv))
+    else:
+        ins = [("mov.u32", end, skv)]
+    if window is not None:
+        ins += [("sub.s32", begin, skv, sq), ("add.s32", begin, begin, q), ("sub.s32", begin, begin, window[0])]
+    return ins
+
+
 def _block_info_window_ptx(*, rows, m, sq, skv, tmp, n, n_unmasked, split, window, lo, unmasked_lo) -> list[tuple]:
     """block_info_ptx with a window: BlockInfo.of's formulas with key_begin / key_end of the sides."""
     wl, wr = window
