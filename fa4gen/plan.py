@@ -531,8 +531,8 @@ def row_key_limits_ptx(*, causal: bool, q: str, sq: str, skv: str, end: str, beg
 
     - end = key_end(q, Sq, Skv, causal, right): Skv, or min(Skv, q + 1 + Skv - Sq [+ right]) (signed:
       <= 0 when the row sees no key);
-    - begin (asked for with a window) = q + Skv - Sq - left, NOT clipped to 0 (columns are >= 0, so
-      key_begin's max(0, .) changes no comparison; signed, >= -2^31 with Sq, Skv, left <= 2^30).
+    - begin (asked for with a window) = key_begin(q, Sq, Skv, left) = max(0, q + Skv - Sq - left)
+      (the clip keeps begin - 128 b, a block's relative limit, inside signed 32-bit arithmetic).
 
     window = (left reg, right reg) as block_info_ptx takes it (right may be the literal "0": a causal
     window; WINDOW_UNBOUNDED for an unbounded side). Without a window the instructions are the ones
@@ -550,7 +550,8 @@ def row_key_limits_ptx(*, causal: bool, q: str, sq: str, skv: str, end: str, beg
     else:
         ins = [("mov.u32", end, skv)]
     if window is not None:
-        ins += [("sub.s32", begin, skv, sq), ("add.s32", begin, begin, q), ("sub.s32", begin, begin, window[0])]
+        ins += [("sub.s32", begin, skv, sq), ("add.s32", begin, begin, q), ("sub.s32", begin, begin, window[0]),
+                ("max.s32", begin, begin, "0")]
     return ins
 
 
