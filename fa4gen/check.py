@@ -147,20 +147,21 @@ def _entry_text(ptx: str, mod, mods: dict) -> str:
 def _check_combine(mod, text: str, manifest: dict, cfg: KernelConfig, rep: CheckReport) -> None:
     """fa4_combine, the split-KV merge of a KV-cache module: no IR describes it, so it is not read back
     against one (the note says so; `fa4gen emulate` judges what it computes). What is checked: its
-    parameters are COMBINE_ABI_PARAMS in order with their declared types (and the manifest's list),
+    parameters are plan.combine_abi_params in order with their declared types (and the manifest's list),
     .maxntid is the manifest's threads_per_cta, it touches no shared memory, mbarrier, named barrier,
     TMA, tensor core or async proxy (it is a plain load/compute/store kernel that runs after fa4_fwd),
     each lane's O store and its LSE store go to global memory, and every ld.param reads a declared
     parameter."""
-    from .plan import COMBINE_ABI_PARAMS
+    from .plan import combine_abi_params
+    params = combine_abi_params(cfg)
     role = mod.entry
     rec = (manifest.get("kvcache") or {}).get("combine", {})
-    want = [n for n, _ in COMBINE_ABI_PARAMS]
+    want = [n for n, _ in params]
     got = [p.name for p in mod.params]
     if got != want or list(rec.get("params", want)) != want:
         rep.differences.append(Difference(role, mod.lines[0], f"parameters {got} (manifest: {rec.get('params')})",
-                                          f"the combine ABI {want} (fa4gen.plan.COMBINE_ABI_PARAMS)"))
-    for p, (name, decl) in zip(mod.params, COMBINE_ABI_PARAMS):
+                                          f"the combine ABI {want} (fa4gen.plan.combine_abi_params)"))
+    for p, (name, decl) in zip(mod.params, params):
         m = re.match(r"\.param\s+(\.\w+)\s+(\w+)$", decl)
         if m and p.name == name and p.type != m.group(1):
             rep.differences.append(Difference(role, mod.lines[0], f"parameter {p.name} {p.type}", decl))

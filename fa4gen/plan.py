@@ -95,6 +95,11 @@ COMBINE_ABI_PARAMS: tuple[tuple[str, str], ...] = (
     ("seqlen_q", ".param .u32 seqlen_q"),
     ("num_heads_q", ".param .u32 num_heads_q"),
 )
+# With sinks (KernelConfig.sinks) the combine takes sink_ptr too (combine_abi_params): a split's partial
+# (S > 1) is normalised WITHOUT the sink, and fa4_combine counts it once, as one more term of the
+# merge, lse = log(sum_s exp(lse_s) + exp(sink[head])), O = sum_s exp(lse_s - lse) O_s (head = r % Hq);
+# with S == 1 fa4_fwd normalises with the sink itself (the partials are untouched).
+COMBINE_SINKS_ABI_PARAMS: tuple[tuple[str, str], ...] = (("sink_ptr", ".param .u64 sink_ptr"),)
 COMBINE_THREADS = 128  # 4 warps, one row each
 COMBINE_ROWS_PER_CTA = COMBINE_THREADS // 32
 
@@ -128,6 +133,11 @@ KVCACHE_ORDER = "kvcache: split fastest, then m_block, then (batch, head group);
 KVCACHE_MAX_SPLITS = 256
 
 
+def combine_abi_params(cfg: KernelConfig) -> tuple[tuple[str, str], ...]:
+    """fa4_combine's parameters, in signature order: COMBINE_ABI_PARAMS, plus sink_ptr with sinks."""
+    return COMBINE_ABI_PARAMS + (COMBINE_SINKS_ABI_PARAMS if cfg.sinks else ())
+
+
 def kvcache_manifest(cfg: KernelConfig) -> dict:
     """The manifest's record of a KV-cache kernel's layout (read by the runtime and the harness)."""
     cache = ("(num_pages, page_size, Hkv, D) through page_table (B, max_pages) int32" if cfg.page_size
@@ -137,13 +147,14 @@ def kvcache_manifest(cfg: KernelConfig) -> dict:
             "seqlens": "k_len = min(max(cache_seqlens[b], 0), seqlen_k)",
             "partials": "o_partial fp32 [S, B*Sq*Hq, D], lse_partial fp32 [S, B*Sq*Hq]; row (b*Sq + pos)*Hq + head",
             "combine": {"entry": COMBINE_ENTRY, "threads_per_cta": COMBINE_THREADS,
-                        "rows_per_cta": COMBINE_ROWS_PER_CTA, "params": [n for n, _ in COMBINE_ABI_PARAMS]}}
+                        "rows_per_cta": COMBINE_ROWS_PER_CTA, "params": [n for n, _ in combine_abi_params(cfg)]}}
 
 
 def combine_context(cfg: KernelConfig) -> dict:
     """What templates/common/combine.ptx.j2 prints from (both targets)."""
-    return {"entry": COMBINE_ENTRY, "param_decls": [d for _, d in COMBINE_ABI_PARAMS], "threads": COMBINE_THREADS,
-            "rows_per_cta": COMBINE_ROWS_PER_CTA, "head_dim": cfg.head_dim, "vec": cfg.head_dim // 32}
+    return {"entry": COMBINE_ENTRY, "param_decls": [d for _, d in combine_abi_params(cfg)], "threads": COMBINE_THREADS,
+            "rows_per_cta": COMBINE_ROWS_PER_CTA, "head_dim": cfg.head_dim, "vec": cfg.head_dim // 32,
+            "sinks": cfg.sinks}
 
 
 def kv_box_rows(cfg: KernelConfig) -> int:
@@ -522,39 +533,6 @@ def block_info_ptx(*, causal: bool, rows: int, m: str, sq: str, skv: str, tmp: s
     return ins
 
 
-def row_key_limits_ptx(*, causal: bool, q: str, sq: str, skv: str, end: str, begin: str | None = None,
-                       window: tuple[str, str] | None = None) -> list[tuple]:
-    """key_end (and with a window key_begin) of one query row in PTX: the per-row column limits a
-    masked block's elements are compared against (key column c of row q is visible iff
-    begin <= c < end), as (opcode, dst, src...) tuples the templates print. Registers q (the row's
-    query position in its sequence), sq, skv; dsts end and begin.
-
-    - end = key_end(q, Sq, Skv, causal, right): Skv, or min(Skv, q + 1 + Skv - Sq [+ right]) (signed:
-      <= 0 when the row sees no key);
-    - begin (asked for with a window) = key_begin(q, Sq, Skv, left) = max(0, q + Skv - Sq - left)
-      (the clip keeps begin - 128 b, a block's relative limit, inside signed 32-bit arithmetic).
-
-    window = (left reg, right reg) as block_info_ptx takes it (right may be the literal "0": a causal
-    window; WINDOW_UNBOUNDED for an unbounded side). Without a window the instructions are the ones
-    the kernels had before windows (non-causal: end = Skv)."""
-    if window is None and begin is not None:
-        raise ValueError("begin is a window's limit (without a left side every row's first key is 0)")
-    if window is not None and begin is None:
-        raise ValueError("a window asks for both limits: begin and end")
-    right = window[1] if window is not None and not causal else None
-    if causal or right is not None:
-        ins = [("sub.s32", end, skv, sq), ("add.s32", end, end, q), ("add.s32", end, end, "1")]
-        if right is not None and right != "0":
-            ins.append(("add.s32", end, end, right))
-        ins.append(("min.s32", end, end, skv))
-    else:
-        ins = [("mov.u32", end, skv)]
-    if window is not None:
-        ins += [("sub.s32", begin, skv, sq), ("add.s32", begin, begin, q), ("sub.s32", begin, begin, window[0]),
-                ("max.s32", begin, begin, "0")]
-    return ins
-
-
 def _block_info_window_ptx(*, rows, m, sq, skv, tmp, n, n_unmasked, split, window, lo, unmasked_lo) -> list[tuple]:
     """block_info_ptx with a window: BlockInfo.of's formulas with key_begin / key_end of the sides."""
     wl, wr = window
@@ -566,6 +544,7 @@ def _block_info_window_ptx(*, rows, m, sq, skv, tmp, n, n_unmasked, split, windo
     if split and split[3] == tmp:
         raise ValueError("a window's split needs tmp2 != tmp (tmp holds the window's first block)")
     rnd, sh = str(BLOCK_N - 1), str(_BLOCK_SHIFT)
+    right = [] if wr == "0" else [("add.s32", tmp, tmp, wr)]  # a causal window adds no right side
 
     def clip(lst):  # tmp in [0, Skv]
         return lst + [("max.s32", tmp, tmp, "0"), ("min.s32", tmp, tmp, skv)]
@@ -576,7 +555,7 @@ def _block_info_window_ptx(*, rows, m, sq, skv, tmp, n, n_unmasked, split, windo
                      ("sub.s32", tmp, tmp, wl)])
         ins += [("shr.s32", lo, tmp, sh)]
         ins += clip([("add.u32", tmp, m, "1"), ("mul.lo.u32", tmp, tmp, str(rows)), ("add.s32", tmp, tmp, skv),
-                     ("sub.s32", tmp, tmp, sq), ("add.s32", tmp, tmp, wr)])
+                     ("sub.s32", tmp, tmp, sq)] + right)
         ins += [("add.s32", tmp, tmp, rnd), ("shr.s32", n, tmp, sh), ("min.s32", lo, lo, n), ("sub.s32", n, n, lo)]
         if split:  # the visible count cut as split_blocks, then offset by the first block
             s, ns, slo, t2 = split
@@ -590,11 +569,36 @@ def _block_info_window_ptx(*, rows, m, sq, skv, tmp, n, n_unmasked, split, windo
         else:
             ins += [("max.s32", n, n, "1")]
     if n_unmasked:  # key_end of the unit's first row, clipped, rounded down
-        ins += clip([("mul.lo.u32", tmp, m, str(rows)), ("add.s32", tmp, tmp, skv), ("sub.s32", tmp, tmp, sq),
-                     ("add.s32", tmp, tmp, wr), ("add.s32", tmp, tmp, "1")])
+        ins += clip([("mul.lo.u32", tmp, m, str(rows)), ("add.s32", tmp, tmp, skv), ("sub.s32", tmp, tmp, sq)]
+                    + right + [("add.s32", tmp, tmp, "1")])
         ins += [("shr.s32", n_unmasked, tmp, sh)]
     if unmasked_lo:  # key_begin of the unit's last row, clipped, rounded up
         ins += clip([("add.u32", tmp, m, "1"), ("mul.lo.u32", tmp, tmp, str(rows)), ("add.s32", tmp, tmp, skv),
                      ("sub.s32", tmp, tmp, sq), ("sub.s32", tmp, tmp, wl), ("sub.s32", tmp, tmp, "1")])
         ins += [("add.s32", tmp, tmp, rnd), ("shr.s32", unmasked_lo, tmp, sh)]
+    return ins
+
+
+def key_limits_ptx(*, causal: bool, q: str, sq: str, skv: str, end: str, begin: str | None = None,
+                   window: tuple[str, str] | None = None) -> list[tuple]:
+    """key_end (and key_begin) of the query position in register q, in PTX (the per-row column limits
+    of the element mask: key c of the row is visible iff begin <= c < end), as (opcode, dst, src...)
+    tuples: end = key_end(q, Sq, Skv, causal, right) (signed: <= 0 when the row sees no key);
+    with window = (left reg, right reg or "0") also begin = key_begin(q, Sq, Skv, left) (>= 0, >= Skv
+    when the row sees no key; needs Sq, Skv < 2^30 as block_info_ptx's window)."""
+    if window is None:
+        if begin is not None:
+            raise ValueError("key_limits_ptx: begin is a window's limit (0 without one)")
+        if not causal:
+            return [("mov.u32", end, skv)]
+        return [("sub.s32", end, skv, sq), ("add.s32", end, end, q), ("add.s32", end, end, "1"),
+                ("min.s32", end, end, skv)]
+    wl, wr = window
+    ins = [("sub.s32", end, skv, sq), ("add.s32", end, end, q), ("add.s32", end, end, "1")]
+    if wr != "0":
+        ins += [("add.s32", end, end, wr)]
+    ins += [("min.s32", end, end, skv)]
+    if begin is not None:
+        ins += [("sub.s32", begin, skv, sq), ("add.s32", begin, begin, q), ("sub.s32", begin, begin, wl),
+                ("max.s32", begin, begin, "0")]
     return ins

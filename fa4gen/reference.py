@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import DTYPES, KernelConfig
-from .plan import BlockInfo, key_end
+from .plan import WINDOW_UNBOUNDED, BlockInfo, key_begin, key_end, window_sides
 from .exp2 import emulated_columns, exp2_emulated, exp2_hardware, fma_f32
 
 __all__ = [
@@ -36,13 +36,20 @@ __all__ = [
     "attention_exact",
     "block_needs_mask",
     "block_update",
+    "col_begins",
     "col_limits",
+    "kernel_score_args",
+    "kernel_window_args",
     "fa4_forward",
     "n_block_max",
     "online_softmax_step",
     "round_to_dtype",
     "scale_log2_f32",
+    "softcap_scores",
+    "tanh_approx_f32",
+    "TANH_APPROX_MAX_REL_ERR",
     "tile_block_info",
+    "visible_keys",
 ]
 
 LOG2E = math.log2(math.e)
@@ -151,33 +158,120 @@ def _check_shapes(q, k, v) -> tuple[int, int, int, int, int, int]:
     return b, sq, hq, skv, hkv, d
 
 
+# ---- score modifiers: window, softcap, sinks -------------------------------------------------------
+
+# tanh.approx.f32 (sm_75+, the MUFU.TANH unit), the softcap's tanh in the kernels. The PTX ISA
+# documents its maximum relative error as about 2^-11 (2^-10.987) over the whole range; measured
+# on sm_75 it is 1.113e-5 relative, 134 ulp (N. Juffa, NVIDIA developer forums, "Hardware-accelerated
+# tanh() on Turing", 2021). fa4_forward and the emulator (ptxemu fp.tanh_approx) model it as the
+# correctly rounded fp32 tanh, NOT bit-exact to the hardware: judging a GPU's output takes
+# this bound (see ptxemu.cases.softcap_score_err), judging the models' takes fp32 rounding.
+TANH_APPROX_MAX_REL_ERR = 2.0 ** -10.987
+
+
+def tanh_approx_f32(x) -> np.ndarray:
+    """The model of tanh.approx.f32: float32(tanh(float64(x))) for fp32 x (correctly rounded; the
+    hardware is within TANH_APPROX_MAX_REL_ERR of it). NaN stays NaN, +-inf -> +-1."""
+    x32 = np.asarray(x, np.float32)
+    return np.tanh(x32.astype(np.float64)).astype(np.float32)
+
+
+def _softcap_value(softcap) -> float:
+    c = float(softcap or 0.0)
+    if not math.isfinite(c) or c < 0:
+        raise ValueError(f"softcap must be a finite number >= 0 (0 = off), got {softcap!r}")
+    return c
+
+
+def softcap_scores(s, softcap: float):
+    """float64 scaled scores s -> softcap * tanh(s / softcap) (flash-attn's convention); softcap 0:
+    s unchanged. -inf stays -inf (masked entries are masked after the cap)."""
+    c = _softcap_value(softcap)
+    if c == 0.0:
+        return s
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isneginf(s), -np.inf, c * np.tanh(np.asarray(s, np.float64) / c))
+
+
+def kernel_score_args(softmax_scale: float, softcap: float = 0.0) -> dict:
+    """The fp32 scalars a kernel takes for these values (plan.abi_params; docs/ABI.md): scale_log2 =
+    softmax_scale * log2(e), or with a softcap scale_log2 = softcap * log2(e) and softcap_in =
+    softmax_scale / softcap (the kernel's t = tanh(x * softcap_in) of the raw score x = q.k is the
+    capped score / softcap). Each computed in float64 and rounded once to fp32."""
+    c = _softcap_value(softcap)
+    if c == 0.0:
+        return {"scale_log2": scale_log2_f32(softmax_scale)}
+    return {"scale_log2": np.float32(c * LOG2E), "softcap_in": np.float32(float(softmax_scale) / c)}
+
+
+def kernel_window_args(window, causal: bool) -> dict:
+    """window_left / window_right as a kernel takes them (s32 in [0, plan.WINDOW_UNBOUNDED]): a side
+    of -1 (or None) is WINDOW_UNBOUNDED; a causal kernel's right side is 0 whatever was asked."""
+    left, right = window_sides(window, causal)
+    return {"window_left": WINDOW_UNBOUNDED if left is None else min(left, WINDOW_UNBOUNDED),
+            "window_right": WINDOW_UNBOUNDED if right is None else min(right, WINDOW_UNBOUNDED)}
+
+
+def _sinks_array(sinks, hq: int):
+    if sinks is None:
+        return None
+    z = np.asarray(sinks, np.float64).reshape(-1)
+    if z.shape != (hq,):
+        raise ValueError(f"sinks must hold one logit per query head ({hq}), got shape {np.shape(sinks)}")
+    if np.isnan(z).any() or np.isposinf(z).any():
+        raise ValueError("sinks must be finite or -inf (no NaN, no +inf)")
+    return z
+
+
+def visible_keys(sq: int, skv: int, causal: bool, window) -> np.ndarray:
+    """bool [Sq, Skv]: key j visible to query i (bottom-right aligned causal mask and window)."""
+    left, right = window_sides(window, causal)
+    i = np.arange(sq)[:, None]
+    j = np.arange(skv)[None, :]
+    return (j >= key_begin(i, sq, skv, left)) & (j < key_end(i, sq, skv, False, right))
+
+
 # ---- exact attention ----------------------------------------------------------------------------
 
-def masked_scores(q, k, causal: bool, scale: float) -> np.ndarray:
-    """float64 logits q k^T * scale as [B, Hkv, G, Sq, Skv] (query head h = kv_head * G + g), -inf
-    where the bottom-right causal mask hides key j from query i (j > i + Skv - Sq)."""
+def masked_scores(q, k, causal: bool, scale: float, *, window=None, softcap: float = 0.0) -> np.ndarray:
+    """float64 logits q k^T * scale as [B, Hkv, G, Sq, Skv] (query head h = kv_head * G + g), capped
+    to softcap * tanh(s / softcap) when softcap > 0, -inf where the bottom-right causal mask or the
+    window (flash-attn's (left, right), -1 unbounded) hides key j from query i: visible iff
+    i + Skv - Sq - left <= j <= i + Skv - Sq + right (causal: right = 0)."""
     b, sq, hq, d = q.shape
     skv, hkv = k.shape[1], k.shape[2]
     qg = q.astype(np.float64).reshape(b, sq, hkv, hq // hkv, d)
-    s = np.einsum("bihgd,bjhd->bhgij", qg, k.astype(np.float64)) * scale
-    if causal:
-        allowed = np.arange(skv)[None, :] <= np.arange(sq)[:, None] + (skv - sq)
-        s = np.where(allowed, s, -np.inf)
+    s = softcap_scores(np.einsum("bihgd,bjhd->bhgij", qg, k.astype(np.float64)) * scale, softcap)
+    if causal or window is not None:
+        s = np.where(visible_keys(sq, skv, causal, window), s, -np.inf)
     return s
 
 
-def attention_exact(q, k, v, causal: bool, softmax_scale=None):
+def attention_exact(q, k, v, causal: bool, softmax_scale=None, *, window=None, softcap: float = 0.0,
+                    sinks=None):
     """float64 softmax(q k^T * scale) v with GQA (q head h reads kv head h // (Hq // Hkv)) and the
-    bottom-right causal mask (query i sees keys j <= i + Skv - Sq). Rows without a valid key:
-    O = 0, LSE = -inf. Returns (o [B, Sq, Hq, D] float64, lse [B, Hq, Sq] float64)."""
+    bottom-right causal mask (query i sees keys j <= i + Skv - Sq).
+
+    window = (left, right) (flash-attn's convention, -1 unbounded; causal makes right 0): query i
+    sees keys j with i + Skv - Sq - left <= j <= i + Skv - Sq + right. softcap > 0: the scaled
+    scores s become softcap * tanh(s / softcap) before the softmax. sinks: float [Hq] (-inf = none
+    for that head), one logit z_h per query head joining every row's denominator and no value:
+    O = sum_j e^{s_j} v_j / (sum_j e^{s_j} + e^{z_h}), LSE = log(sum_j e^{s_j} + e^{z_h}).
+    Rows without a valid key: O = 0, LSE = z_h (-inf without a sink).
+    Returns (o [B, Sq, Hq, D] float64, lse [B, Hq, Sq] float64)."""
     q, k, v = (np.asarray(t) for t in (q, k, v))
     b, sq, hq, skv, hkv, d = _check_shapes(q, k, v)
     scale = _default_scale(d, softmax_scale)
-    s = masked_scores(q, k, causal, scale)
+    z = _sinks_array(sinks, hq)
+    s = masked_scores(q, k, causal, scale, window=window, softcap=softcap)
     m = s.max(axis=-1, initial=-np.inf)
+    if z is not None:  # the sink joins the max: a dominant sink (z >> s) stays finite
+        m = np.maximum(m, z.reshape(hkv, hq // hkv)[None, :, :, None])
     m_safe = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(s - m_safe[..., None])
     denom = e.sum(axis=-1)
+    if z is not None:
+        denom = denom + np.exp(z.reshape(hkv, hq // hkv)[None, :, :, None] - m_safe)
     num = np.einsum("bhgij,bjhd->bhgid", e, v.astype(np.float64))
     with np.errstate(invalid="ignore", divide="ignore"):
         o = np.where(denom[..., None] > 0, num / denom[..., None], 0.0)
@@ -188,27 +282,38 @@ def attention_exact(q, k, v, causal: bool, softmax_scale=None):
 
 # ---- tile geometry (shared with the simulator and the lowering) ---------------------------------
 
-def tile_block_info(cfg: KernelConfig, m_block: int, seqlen_q: int, seqlen_k: int) -> BlockInfo:
-    """The K/V blocks of Q tile m_block (plan.BlockInfo over its seq_q_per_tile positions)."""
-    return BlockInfo.of(m_block, cfg.seq_q_per_tile, seqlen_q, seqlen_k, cfg.causal)
+def tile_block_info(cfg: KernelConfig, m_block: int, seqlen_q: int, seqlen_k: int, window=None) -> BlockInfo:
+    """The K/V blocks of Q tile m_block (plan.BlockInfo over its seq_q_per_tile positions); window:
+    flash-attn's (left, right) (-1 unbounded), or None."""
+    sides = window_sides(window, cfg.causal) if window is not None else None
+    return BlockInfo.of(m_block, cfg.seq_q_per_tile, seqlen_q, seqlen_k, cfg.causal, window=sides)
 
 
-def n_block_max(cfg: KernelConfig, m_block: int, seqlen_q: int, seqlen_k: int) -> int:
+def n_block_max(cfg: KernelConfig, m_block: int, seqlen_q: int, seqlen_k: int, window=None) -> int:
     """Exclusive end of the K/V blocks holding a key some row of the Q tile sees (BlockInfo.end;
     0 when no row does: the tile then runs one fully masked block)."""
-    return tile_block_info(cfg, m_block, seqlen_q, seqlen_k).end
+    return tile_block_info(cfg, m_block, seqlen_q, seqlen_k, window).end
 
 
-def block_needs_mask(cfg: KernelConfig, m_block: int, n_block: int, seqlen_q: int, seqlen_k: int) -> bool:
+def block_needs_mask(cfg: KernelConfig, m_block: int, n_block: int, seqlen_q: int, seqlen_k: int,
+                     window=None) -> bool:
     """True when some element of the block must be masked (BlockInfo.needs_mask): it runs past Skv
-    (TMA zero-fills K, so the scores there are 0, not -inf), or (causal) it crosses the tile's first
-    row's diagonal."""
-    return tile_block_info(cfg, m_block, seqlen_q, seqlen_k).needs_mask(n_block)
+    (TMA zero-fills K, so the scores there are 0, not -inf), (causal) it crosses the tile's first
+    row's diagonal, or (window) it holds a key below some row's window."""
+    return tile_block_info(cfg, m_block, seqlen_q, seqlen_k, window).needs_mask(n_block)
 
 
-def col_limits(cfg: KernelConfig, seq: np.ndarray, seqlen_q: int, seqlen_k: int) -> np.ndarray:
-    """Per row, the exclusive key limit: Skv, or causally min(Skv, seq + Skv - Sq + 1) (may be <= 0)."""
-    return key_end(np.asarray(seq).astype(np.int64), seqlen_q, seqlen_k, cfg.causal)
+def col_limits(cfg: KernelConfig, seq: np.ndarray, seqlen_q: int, seqlen_k: int, window=None) -> np.ndarray:
+    """Per row, the exclusive key limit: Skv, or causally min(Skv, seq + Skv - Sq + 1) (may be <= 0);
+    with a window's right side min(Skv, seq + Skv - Sq + right + 1)."""
+    _, right = window_sides(window, cfg.causal)
+    return key_end(np.asarray(seq).astype(np.int64), seqlen_q, seqlen_k, False, right)
+
+
+def col_begins(cfg: KernelConfig, seq: np.ndarray, seqlen_q: int, seqlen_k: int, window=None) -> np.ndarray:
+    """Per row, the first key it sees: 0, or with a window's left side max(0, seq + Skv - Sq - left)."""
+    left, _ = window_sides(window, cfg.causal)
+    return key_begin(np.asarray(seq).astype(np.int64), seqlen_q, seqlen_k, left)
 
 
 # ---- one softmax step -----------------------------------------------------------------------------
@@ -341,7 +446,21 @@ def _bump(stats, key, n):
         stats[key] = stats.get(key, 0) + int(n)
 
 
-def fa4_forward(q, k, v, cfg: KernelConfig, softmax_scale=None, stats: dict | None = None):
+def _score_mods_for(cfg: KernelConfig, hq: int, window, softcap, sinks):
+    """Check the values against the kernel's flags; (window or None, softcap, sinks float64 or None)."""
+    if window is not None and not cfg.window:
+        raise ValueError(f"a window was given but {cfg.name} has no window (KernelConfig.window)")
+    c = _softcap_value(softcap)
+    if cfg.softcap != (c > 0):
+        raise ValueError(f"{cfg.name}: softcap {softcap!r} " + ("must be > 0 (the kernel caps its scores)"
+                                                               if cfg.softcap else "given to a kernel without softcap"))
+    if sinks is not None and not cfg.sinks:
+        raise ValueError(f"sinks were given but {cfg.name} has no sinks (KernelConfig.sinks)")
+    return window, c, _sinks_array(sinks, hq)
+
+
+def fa4_forward(q, k, v, cfg: KernelConfig, softmax_scale=None, stats: dict | None = None, *, window=None,
+                softcap: float = 0.0, sinks=None):
     """The FA4 forward as the generated kernel computes it. Returns (o, lse): o [B, Sq, Hq, D] in
     cfg.dtype's array convention, lse [B, Hq, Sq] float32 (LSE = ln(row_sum) + ref * scale, with
     row_sum relative to the final reference ref; -inf where no key is valid).
@@ -349,10 +468,21 @@ def fa4_forward(q, k, v, cfg: KernelConfig, softmax_scale=None, stats: dict | No
     Per (batch, kv_head, head group j, m_block) Q tile of block_m rows (fa4gen.tiles.gqa_pack: P
     heads per tile, G / P head groups per kv head): row r holds sequence position
     m_block * seq_q_per_tile + r // P of head kv_head * G + j * P + r % P (rows past Sq are padding
-    the kernel computes and never stores; skipped here). K/V blocks plan.BlockInfo.blocks() (end - 1 down to
-    0; one fully masked block when no row sees a key); masked blocks
+    the kernel computes and never stores; skipped here). K/V blocks plan.BlockInfo.blocks() (lo + n - 1
+    down to lo; one fully masked block when no row sees a key); masked blocks
     all use hardware ex2, others split per ``emulated_columns``. O = O * (1 / row_sum) in fp32
     (0 where row_sum is 0), then rounded to cfg.dtype.
+
+    Score modifiers (the kernel's flags cfg.window / softcap / sinks; values as attention_exact's):
+    - window (left, right): BlockInfo's window range; a masked block hides column c of a row unless
+      key_begin(row) <= c < key_end(row) (both per-row limits).
+    - softcap: each raw fp32 score x becomes t = tanh.approx(fp32(x * softcap_in)) (modelled by
+      tanh_approx_f32: correctly rounded, not bit-exact to the hardware), before the mask and the
+      row max; scale_log2 = fp32(softcap * log2 e) (kernel_score_args), the rest unchanged.
+    - sinks z_h, at the final normalisation (fp32): m2 = ref * scale_log2 (-inf if no key),
+      z2 = z_h * fp32(log2 e), M = max(m2, z2), a = ex2(m2 - M), l' = fma(row_sum, a, ex2(z2 - M)),
+      O = O * (a * (1 / l')), LSE = (M + log2 l') * ln 2 (float64 from the fp32 M, l'); M = -inf
+      (no key, no sink) keeps O = 0, LSE = -inf.
     """
     if not isinstance(cfg, KernelConfig):
         raise TypeError(f"cfg must be a KernelConfig, got {type(cfg).__name__}")
@@ -362,12 +492,15 @@ def fa4_forward(q, k, v, cfg: KernelConfig, softmax_scale=None, stats: dict | No
         raise ValueError(f"head_dim {d} does not match cfg.head_dim {cfg.head_dim}")
     if hq != hkv * cfg.gqa_ratio:
         raise ValueError(f"Hq / Hkv = {hq} / {hkv} does not match cfg.gqa_ratio {cfg.gqa_ratio}")
+    window, cap, z = _score_mods_for(cfg, hq, window, softcap, sinks)
     q64, k64, v64 = (_as_compute(t, cfg.dtype, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
     scale = _default_scale(d, softmax_scale)
-    sl2 = scale_log2_f32(scale)
+    args = kernel_score_args(scale, cap)
+    sl2 = args["scale_log2"]
     g, pk, sqt, bm, bn = cfg.gqa_ratio, cfg.gqa_pack, cfg.seq_q_per_tile, cfg.block_m, cfg.block_n
     emu_cols = emulated_columns(cfg, apply_mask=False)
     n_emu = int(emu_cols.sum())
+    win = (window if window is not None else (-1, -1)) if cfg.window else None
 
     o_out = np.zeros((b, sq, hq, d), np.float32)
     lse_out = np.full((b, hq, sq), -np.inf, np.float32)
@@ -382,12 +515,15 @@ def fa4_forward(q, k, v, cfg: KernelConfig, softmax_scale=None, stats: dict | No
                 valid = seq < sq
                 seq_v, head_v, warp_v = seq[valid], (kvh * g + j * pk + rows % pk)[valid], (rows // 32)[valid]
                 _bump(stats, "tiles", 1)
-                info = tile_block_info(cfg, m, sq, skv)
+                info = tile_block_info(cfg, m, sq, skv, win)
                 # a tile whose rows see no key runs one block its mask hides whole: O = 0, LSE = -inf
                 _bump(stats, "tiles_without_blocks", info.empty)
                 r = seq_v.size
                 s_all = (q64[bi, seq_v, head_v, :] @ k_bh.T).astype(np.float32)  # fp32 accumulate, one rounding
-                limits = col_limits(cfg, seq_v, sq, skv)
+                if cap:
+                    s_all = tanh_approx_f32(s_all * args["softcap_in"])  # mul.f32 then tanh.approx.f32
+                limits = col_limits(cfg, seq_v, sq, skv, win)
+                begins = col_begins(cfg, seq_v, sq, skv, win)
                 state = RowState.initial(r, d)
                 for i, n in enumerate(info.blocks()):
                     c0 = n * bn
@@ -395,7 +531,8 @@ def fa4_forward(q, k, v, cfg: KernelConfig, softmax_scale=None, stats: dict | No
                     s[:, :max(0, min(bn, skv - c0))] = s_all[:, c0:c0 + bn]
                     masked = info.needs_mask(n)
                     if masked:
-                        s[c0 + np.arange(bn)[None, :] >= limits[:, None]] = -np.inf
+                        col = c0 + np.arange(bn)[None, :]
+                        s[(col >= limits[:, None]) | (col < begins[:, None])] = -np.inf
                     first = i == 0
                     v_blk = v_pad[c0:c0 + bn] if c0 < v_pad.shape[0] else np.zeros((bn, d))  # TMA zero fill
                     upd = block_update(state, s, v_blk, sl2, cfg.rescale_threshold,
@@ -416,11 +553,33 @@ def fa4_forward(q, k, v, cfg: KernelConfig, softmax_scale=None, stats: dict | No
                             warps = np.unique(warp_v)
                             _bump(stats, "warp_block_updates", warps.size)
                             _bump(stats, "warp_rescales", np.unique(warp_v[upd.acc_scale < 1]).size)
-                pos = state.row_sum > 0
-                inv = np.zeros(r, np.float32)
-                inv[pos] = np.float32(1) / state.row_sum[pos]
-                o_out[bi, seq_v, head_v, :] = state.o * inv[:, None]
-                with np.errstate(divide="ignore"):
-                    lse = np.log(state.row_sum.astype(np.float64)) + state.ref.astype(np.float64) * float(sl2) * LN2
-                lse_out[bi, head_v, seq_v] = np.where(pos, lse, -np.inf).astype(np.float32)
+                if z is not None:
+                    o_rows, lse_rows = _sink_epilogue(state, z[head_v], sl2)
+                else:
+                    pos = state.row_sum > 0
+                    inv = np.zeros(r, np.float32)
+                    inv[pos] = np.float32(1) / state.row_sum[pos]
+                    o_rows = state.o * inv[:, None]
+                    with np.errstate(divide="ignore"):
+                        lse = np.log(state.row_sum.astype(np.float64)) + state.ref.astype(np.float64) * float(sl2) * LN2
+                    lse_rows = np.where(pos, lse, -np.inf)
+                o_out[bi, seq_v, head_v, :] = o_rows
+                lse_out[bi, head_v, seq_v] = lse_rows.astype(np.float32)
     return round_to_dtype(o_out, cfg.dtype), lse_out
+
+
+def _sink_epilogue(state: RowState, z: np.ndarray, sl2) -> tuple[np.ndarray, np.ndarray]:
+    """The final normalisation with a sink logit per row (fa4_forward's docstring), fp32."""
+    f32 = np.float32
+    with np.errstate(invalid="ignore", over="ignore"):
+        m2 = np.where(state.ref == -np.inf, f32(-np.inf), state.ref * f32(sl2)).astype(f32)
+        z2 = (z.astype(f32) * f32(LOG2E)).astype(f32)
+        big = np.maximum(m2, z2)
+        live = big > -np.inf
+        safe = np.where(live, big, f32(0))
+        a = exp2_hardware((m2 - safe).astype(f32))
+        l2 = fma_f32(state.row_sum, a, exp2_hardware((z2 - safe).astype(f32)))
+        inv = np.where(live & (l2 > 0), f32(1) / np.where(l2 > 0, l2, f32(1)), f32(0)).astype(f32)
+        o = state.o * (a * inv)[:, None]
+        lse = (safe.astype(np.float64) + np.log2(np.where(live, l2, 1).astype(np.float64))) * LN2
+    return o.astype(f32), np.where(live, lse, -np.inf)

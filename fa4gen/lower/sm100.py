@@ -26,7 +26,7 @@ import struct
 from ..assemble import PTX_VERSION_FOR_ARCH
 from ..config import GENERATOR_VERSION, KernelConfig
 from ..plan import (block_info_ptx, combine_context, kv_box_rows, abi_params, HALF_COLS, MASK_AS_WORDS, MASK_WORD_BITS,
-                    REGS_PER_SM, ROWS, mask_words, panel_bytes, row_key_limits_ptx)
+                    REGS_PER_SM, ROWS, WINDOW_UNBOUNDED, mask_words, panel_bytes, key_limits_ptx)
 from ..encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, check_tmem_alloc
 from ..exp2 import EXP2_POLY, FRAG_COLS, ROUND_MAGIC, emulated_mask
 from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, ExpectTx, FenceProxyAsync,
@@ -234,13 +234,16 @@ class _RoleEmitter(Walker):
         self.task_prologue()
 
     def window_regs(self) -> tuple[list[tuple], tuple[str, str]]:
-        """(instructions loading the window's sides, the (left, right) operands block_info_ptx and
-        row_key_limits_ptx take): right is the literal 0 in a causal kernel (plan.abi_params)."""
-        wl = self.r("b32", "wl")
-        if self.cfg.causal:
-            return [("ld.param.s32", wl, "[window_left]")], (wl, "0")
-        wr = self.r("b32", "wr")
-        return [("ld.param.s32", wl, "[window_left]"), ("ld.param.s32", wr, "[window_right]")], (wl, wr)
+        """(instructions loading the window's sides, clamped to the ABI's [0, WINDOW_UNBOUNDED], the
+        (left, right) operands block_info_ptx and key_limits_ptx take): right is the literal 0 in a
+        causal kernel (plan.abi_params). Loaded where used (per task): no register kept across loops."""
+        win = (self.r("b32", "wl"), "0" if self.cfg.causal else self.r("b32", "wr"))
+        ins = []
+        for reg, name in zip(win, ("window_left", "window_right")):
+            if reg != "0":
+                ins += [("ld.param.s32", reg, f"[{name}]"), ("max.s32", reg, reg, "0"),
+                        ("min.s32", reg, reg, str(WINDOW_UNBOUNDED))]
+        return ins, win
 
     def if_args(self, st) -> dict:
         return {"acc": self.scalar("acc_scale")}
@@ -253,19 +256,19 @@ class _RoleEmitter(Walker):
         computes = [op for op in walk_ops(role.program) if isinstance(op, Compute)]
         if any(c.fn == "softmax_max" for c in computes):
             lse = any(c.fn == "store_lse" for c in computes)
-            # this thread's row limits (plan.row_key_limits_ptx: keys [%cbegin, %climit) with a
+            # this thread's row limits (plan.key_limits_ptx: keys [%cbegin, %climit) with a
             # window, [0, %climit) without) and the blocks of this role's Q tile that need no mask
             # (plan.BlockInfo over the tile, %tmp1 holding its index): [%unmlo, %nunm) with a
             # window, [0, %nunm) without
             if cfg.window:
                 load, win = self.window_regs()
-                limits = load + row_key_limits_ptx(causal=cfg.causal, q="%seq", sq="%sq", skv="%skv", end="%climit",
+                limits = load + key_limits_ptx(causal=cfg.causal, q="%seq", sq="%sq", skv="%skv", end="%climit",
                                                    begin=self.r("b32", "cbegin"), window=win)
                 nunm = block_info_ptx(causal=cfg.causal, rows=cfg.seq_q_per_tile, m="%tmp1", sq="%sq", skv="%skv",
                                       tmp="%tmp0", n_unmasked="%nunm", unmasked_lo=self.r("b32", "unmlo"),
                                       window=win)
             else:
-                limits = row_key_limits_ptx(causal=cfg.causal, q="%seq", sq="%sq", skv="%skv", end="%climit")
+                limits = key_limits_ptx(causal=cfg.causal, q="%seq", sq="%sq", skv="%skv", end="%climit")
                 nunm = block_info_ptx(causal=cfg.causal, rows=cfg.seq_q_per_tile, m="%tmp1", sq="%sq", skv="%skv",
                                       tmp="%tmp1", n_unmasked="%nunm")
             self.emit("softmax_task_setup", tile=role.qtile, limits=limits, sqt=cfg.seq_q_per_tile, nunm=nunm,

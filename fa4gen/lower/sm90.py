@@ -30,8 +30,8 @@ from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Compute, Cond, Ex
                        TmaLoad, TmaStore, TmaStoreWait, Wait, instantiate, walk_ops)
 from ..ir.sm90 import build_sm90_pipeline
 from ..plan import (HALF_COLS, block_info_ptx, MASK_AS_WORDS, MASK_WORD_BITS, REGS_PER_SM, ROWS, SM90_REGS,
-                    abi_params, combine_context, kv_box_rows, mask_words, panel_bytes, q_panel_bytes,
-                    sm90_consumers, smem_plan)
+                    WINDOW_UNBOUNDED, abi_params, combine_context, key_limits_ptx, kv_box_rows, mask_words,
+                    panel_bytes, q_panel_bytes, sm90_consumers, smem_plan)
 from ..render import render
 from .manifest import ENTRY, GridFacts, manifest
 from .walk import LoweringError, WalkCtx, Walker, dispatch, f32, pairwise, smem_layout, tidy
@@ -190,12 +190,27 @@ class Sm90Walker(Walker):
         consumer = any(isinstance(op, Mma) for op in walk_ops(self.role.program))
         # the task's K/V blocks (plan.BlockInfo over the Q tile): %nunm, %n >= 1 (KV cache: the split's,
         # from %nlo); printed by the scheduler macros after the task decode
+        # a sliding window: the window's blocks [%nlo, %nlo + %n), unmasked [%unlo, %nunm)
+        window = self.ctx.window
         blocks = block_info_ptx(causal=cfg.causal, rows=cfg.seq_q_per_tile, m="%mb", sq="%sq", skv="%skv",
                                 tmp="%tmp0", n="%n", n_unmasked="%nunm",
-                                split=("%split", "%nsplit", "%nlo", "%tmp0") if cfg.kvcache else None)
+                                split=("%split", "%nsplit", "%nlo", "%tmp1" if window else "%tmp0")
+                                if cfg.kvcache else None, window=window,
+                                lo="%nlo" if window else None,
+                                unmasked_lo=self.r("b32", "unlo") if window else None)
+        # per row: the first invisible key (and with a window the first visible one), minus this
+        # thread's column base 2 (lane % 4): the element mask's limits (plan.key_limits_ptx)
+        limits = []
+        if consumer:
+            for r in range(2):
+                end, begin = f"%climit{r}", self.r("b32", f"cbeg{r}") if window else None
+                limits += key_limits_ptx(causal=cfg.causal, q=f"%seq{r}", sq="%sq", skv="%skv", end=end,
+                                         begin=begin, window=window)
+                limits += [("shl.b32", "%tmp0", "%q4", "1"), ("sub.s32", end, end, "%tmp0")]
+                limits += [("sub.s32", begin, begin, "%tmp0")] if begin else []
         self.emit("task_begin", head=head, done=done, uid=self.p[0], consumer=consumer, blocks=blocks,
                   sqt=cfg.seq_q_per_tile, log2_sqt=cfg.seq_q_per_tile.bit_length() - 1,
-                  log2_p=cfg.gqa_pack.bit_length() - 1, p=cfg.gqa_pack, causal=cfg.causal,
+                  log2_p=cfg.gqa_pack.bit_length() - 1, p=cfg.gqa_pack, limits=limits,
                   o_regs=self.ctx.o_regs if consumer else [], neg_inf=NEG_INF)
 
     def if_args(self, st: If) -> dict:
@@ -351,12 +366,19 @@ class Sm90Walker(Walker):
     def compute_softmax(self, op: Compute) -> None:
         if self.s_block is None:
             raise self.Error(f"{self.p}: softmax before any QK MMA")
-        self.what(f"softmax of S (block {self.block_note(self.s_block)}): mask on blocks >= %nunm, row max, "
-                  f"conditional rescale (threshold {self.cfg.rescale_threshold:g}), exp2, row sums; "
+        cfg = self.cfg
+        # plan.BlockInfo.needs_mask: block >= n_unmasked, or (a window) block < unmasked_lo
+        test = [("setp.ge.s32", "%p_mask", "%nb", "%nunm")]
+        if cfg.window:
+            test += [("setp.lt.or.s32", "%p_mask", "%nb", "%unlo", "%p_mask")]
+        where = "blocks >= %nunm or < %unlo" if cfg.window else "blocks >= %nunm"
+        cap = "S = tanh(S * softcap_in) (tanh.approx.f32), " if cfg.softcap else ""
+        self.what(f"softmax of S (block {self.block_note(self.s_block)}): {cap}mask on {where}, row max, "
+                  f"conditional rescale (threshold {cfg.rescale_threshold:g}), exp2, row sums; "
                   "%p_rescale = some row of the warp moved its reference")
-        self.emit("softmax", pre=self.block_reg(self.s_block, "%nb"), rows=self.ctx.rows,
-                  masked=self.label("masked"), done=self.label("sm_done"),
-                  threshold=f32(-self.cfg.rescale_threshold), poly=[f32(c) for c in EXP2_POLY])
+        self.emit("softmax", pre=self.block_reg(self.s_block, "%nb"), rows=self.ctx.rows, mask_test=test,
+                  softcap=self.ctx.softcap_in, masked=self.label("masked"), done=self.label("sm_done"),
+                  threshold=f32(-cfg.rescale_threshold), poly=[f32(c) for c in EXP2_POLY])
 
     def compute_pack_p(self, op: Compute) -> None:
         self.emit("pack_p", p_pack=self.ctx.p_pack)
@@ -365,10 +387,38 @@ class Sm90Walker(Walker):
         self.emit("rescale_o", o_rescale=self.ctx.o_rescale)
 
     def compute_normalize(self, op: Compute) -> None:
-        self.what("normalize: O *= 1 / row_sum (0 for a row that saw no key); LSE = (ref * scale_log2 + "
-                  "log2(row_sum)) * ln 2 (-inf then)")
+        cfg = self.cfg
+        sink = [self.sink_normalize(r) for r in range(2)] if cfg.sinks else None
+        if sink:
+            self.what("normalize with the row's sink z (sink_ptr[head], log2 units z2 = z log2 e; KV cache: "
+                      "none in a split's partial, fa4_combine adds it): m = ref * scale_log2, M = max(m, z2), "
+                      "l = row_sum 2^(m - M) + 2^(z2 - M), O *= 2^(m - M) / l, LSE = (M + log2 l) ln 2 "
+                      "(M = -inf: O = 0, LSE = -inf)")
+        else:
+            self.what("normalize: O *= 1 / row_sum (0 for a row that saw no key); LSE = (ref * scale_log2 + "
+                      "log2(row_sum)) * ln 2 (-inf then)")
         self.emit("normalize", o_scale=[(reg, f"%inv{(i >> 1) & 1}") for i, reg in enumerate(self.ctx.o_regs)],
-                  ln2=f32(LN2), neg_inf=NEG_INF)
+                  ln2=f32(LN2), neg_inf=NEG_INF, sink=sink)
+
+    def sink_normalize(self, r: int) -> list[tuple]:
+        """Row half r's normalisation with its sink (plan.SINKS_ABI_PARAMS; the spec's robust form):
+        after the row sum's reduction, %inv<r> = 2^(m - M) / l and %lsev<r> = (M + log2 l) ln 2."""
+        sink, m, big = (self.r("f32", f"{n}{r}") for n in ("snk", "smr", "smx"))
+        ssum, inv, lse = f"%sum{r}", f"%inv{r}", f"%lsev{r}"
+        ins = [("ld.param.u64", "%rda", "[sink_ptr]"), ("mul.wide.u32", "%rdt", f"%head{r}", "4"),
+               ("add.s64", "%rdt", "%rdt", "%rda"), ("ld.global.nc.f32", sink, "[%rdt]"),
+               ("mul.f32", sink, sink, f32(1.0 / LN2))]
+        if self.cfg.kvcache:  # several splits: the partials leave the sink to fa4_combine (counted once)
+            ins += [("setp.gt.u32", "%pp2", "%nsplit", "1"), ("@%pp2 mov.f32", sink, NEG_INF)]
+        ins += [("mul.f32", m, f"%ref{r}", "%scale"), ("max.f32", big, m, sink),
+                ("sub.f32", m, m, big), ("ex2.approx.ftz.f32", m, m),
+                ("sub.f32", sink, sink, big), ("ex2.approx.ftz.f32", sink, sink),
+                ("fma.rn.f32", ssum, ssum, m, sink),
+                ("rcp.approx.ftz.f32", inv, ssum), ("mul.f32", inv, inv, m),
+                ("lg2.approx.ftz.f32", lse, ssum), ("add.f32", lse, lse, big), ("mul.f32", lse, lse, f32(LN2)),
+                ("setp.eq.f32", "%pp2", big, NEG_INF), ("@%pp2 mov.f32", inv, "0f00000000"),
+                ("@%pp2 mov.f32", lse, NEG_INF)]
+        return ins
 
     def compute_store_lse(self, op: Compute) -> None:
         self.emit("store_lse", varlen=self.cfg.varlen, g=self.cfg.gqa_ratio)
@@ -398,6 +448,12 @@ class Sm90Ctx(WalkCtx):
         super().__init__(pipe, layout, tmem_warp=-1)
         cfg = pipe.config
         D = cfg.head_dim
+        # score modifiers' run-time values, loaded once at the entry (score_params): the window's
+        # sides (block_info_ptx / key_limits_ptx; a causal window's right side is 0), softcap_in
+        self.window = (self.reg("b32", "%wl"), "0" if cfg.causal else self.reg("b32", "%wr")) if cfg.window else None
+        self.softcap_in = self.reg("f32", "%capin") if cfg.softcap else None
+        if cfg.window and not cfg.kvcache:  # the window's first block (KV-cache kernels declare %nlo already)
+            self.reg("b32", "%nlo")
         self.s_regs = [f"%s{i}" for i in range(ROWS // 2)]  # m64n128 f32 accumulator: 64 per thread
         self.o_regs = [f"%o{i}" for i in range(D // 2)]
         self.p_regs = [f"%pk{i}" for i in range(ROWS // 4)]  # 8 k16 steps x 4 .b32 A fragments
@@ -424,6 +480,9 @@ class Sm90Ctx(WalkCtx):
             rows.append({"elems": elems, "max_ops": max_ops, "max_res": max_res, "sum_ops": sum_ops,
                          "sum_res": sum_res, "ref": f"%ref{r}", "nrs": f"%nrs{r}", "sum": f"%sum{r}",
                          "acc": f"%acc{r}", "lim": f"%lim{r}", "bmax": f"%bmax{r}", "idx": r,
+                         # a window: the first visible column's limit (visible iff blim <= col < lim)
+                         "blim": self.reg("b32", f"%blim{r}") if cfg.window else None,
+                         "cbeg": f"%cbeg{r}" if cfg.window else None,
                          "mask_words": [{"reg": f"%mw{w}", "base": w * MASK_WORD_BITS} for w in words],
                          "mtmp": "%mt"})
         self.rows = rows
@@ -467,6 +526,7 @@ def lower_sm90(pipe: Pipeline) -> dict:
             inits.append({"addr": f"%bar+{layout.barriers[b.name] + 8 * s}", "count": b.count,
                           "what": f"init {b.name}[{s}]: {b.kind.value}, {b.count} arrival{'s' if b.count != 1 else ''} per phase"})
     P = cfg.gqa_pack
+    score_params = _score_params(ctx)
     return {
         "generator_version": GENERATOR_VERSION,
         "name": cfg.name,
@@ -474,6 +534,7 @@ def lower_sm90(pipe: Pipeline) -> dict:
         "target": TARGET,
         "entry": ENTRY,
         "param_decls": [decl for _, decl in abi_params(cfg)],
+        "score_params": score_params,
         "threads": pipe.threads,
         "block_m": cfg.block_m,
         "consumers": pipe.replicated[0].instances,
@@ -494,6 +555,21 @@ def lower_sm90(pipe: Pipeline) -> dict:
         "cmb": combine_context(cfg),
         "regs_per_sm": REGS_PER_SM,
     }
+
+
+def _score_params(ctx: Sm90Ctx) -> list[tuple]:
+    """The score modifiers' parameters (plan.WINDOW_ABI_PARAMS, SOFTCAP_ABI_PARAMS) into the registers
+    the kernel reads them from; window sides clamped to the ABI's [0, WINDOW_UNBOUNDED]. sink_ptr is
+    read where the normalisation loads a sink."""
+    ins = []
+    if ctx.window:
+        for reg, name in zip(ctx.window, ("window_left", "window_right")):
+            if reg != "0":
+                ins += [("ld.param.s32", reg, f"[{name}]"), ("max.s32", reg, reg, "0"),
+                        ("min.s32", reg, reg, str(WINDOW_UNBOUNDED))]
+    if ctx.softcap_in:
+        ins += [("ld.param.f32", ctx.softcap_in, "[softcap_in]")]
+    return ins
 
 
 def _with_regs(pipe: Pipeline, producer: int, consumer: int) -> Pipeline:

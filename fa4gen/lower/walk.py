@@ -547,8 +547,8 @@ class Walker:
 
     def block_reg(self, ref: BlockRef, dst: str) -> list[tuple]:
         """Instructions computing the K/V block index (blocks visited in reverse: n-1, n-2, ...).
-        KV cache and windows: the task's blocks are [%nlo, %nlo + n) (the split's; the window's
-        first block), so the index is %nlo + that."""
+        KV cache (the split's blocks) and sliding windows (the window's blocks) run [%nlo, %nlo + n)
+        (plan.BlockInfo's lo), so the index is %nlo + that."""
         ins = self._block_rel(ref, dst)
         if self.cfg.kvcache or self.cfg.window:
             ins = [("mov.u32", dst, "%nlo")] if ins == [("mov.u32", dst, "0")] else ins + [("add.u32", dst, dst, "%nlo")]

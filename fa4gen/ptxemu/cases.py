@@ -4,6 +4,7 @@ launcher (kvcache.py), which both read it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +36,124 @@ def split_nolse(text: str, sep: str) -> tuple[list[str], bool]:
     return (fields if with_lse else fields[:-1]), with_lse
 
 
+@dataclass(frozen=True)
+class ScoreMods:
+    """The run-time values of a kernel's score modifiers for one launch (KernelConfig.window /
+    softcap / sinks say which the kernel takes). On the command line a shape takes them as
+    space-separated suffixes after its fields (every kind: --shape, --lens, --kv):
+      w=L,R      window_size in flash-attn's convention (-1 unbounded; a causal kernel's right is 0)
+      cap=X      softcap X > 0 (the scaled scores become X * tanh(s / X))
+      sink=Z     the sink logit of every query head, or sink=Z0,Z1,... one per query head (-inf allowed)
+    e.g. --shape '1,300,500,4,1 w=128,0 cap=30 sink=50,-inf,0.5,2'. A value the kernel does not take is
+    a usage error; one it takes but the shape omits gets DEFAULT_MODS' (sinks: default_sinks)."""
+    window: tuple | None = None
+    softcap: float = 0.0
+    sinks: tuple | None = None  # one value (every head) or one per query head
+
+    def __str__(self):
+        parts = []
+        if self.window is not None:
+            parts.append(f"w={self.window[0]},{self.window[1]}")
+        if self.softcap:
+            parts.append(f"cap={self.softcap:g}")
+        if self.sinks is not None:
+            parts.append("sink=" + ",".join(f"{z:g}" for z in self.sinks))
+        return " ".join(parts)
+
+    @classmethod
+    def parse(cls, tokens, what: str) -> "ScoreMods | None":
+        if not tokens:
+            return None
+        usage = f"{what}: score-modifier suffixes are w=L,R cap=X sink=Z[,Z...] (space-separated)"
+        vals = {}
+        for tok in tokens:
+            key, eq, val = tok.partition("=")
+            if not eq or key not in ("w", "cap", "sink") or key in vals:
+                raise UsageError(f"{usage}, got {tok!r}")
+            try:
+                if key == "w":
+                    w = tuple(int(x) for x in val.split(","))
+                    if len(w) != 2 or min(w) < -1:
+                        raise ValueError
+                    vals[key] = w
+                elif key == "cap":
+                    c = float(val)
+                    if not (math.isfinite(c) and c > 0):
+                        raise ValueError
+                    vals[key] = c
+                else:
+                    z = tuple(float(x) for x in val.split(","))
+                    if any(math.isnan(x) or x == math.inf for x in z):
+                        raise ValueError
+                    vals[key] = z
+            except ValueError:
+                raise UsageError(f"{usage}: w takes two ints >= -1, cap a number > 0, sink numbers or -inf; "
+                                 f"got {tok!r}") from None
+        return cls(vals.get("w"), vals.get("cap", 0.0), vals.get("sink"))
+
+
+# the values a launch of a kernel with the flag gets when its shape gives none
+DEFAULT_MODS = ScoreMods(window=(100, 20), softcap=30.0)
+
+
+def default_sinks(hq: int, seed: int) -> np.ndarray:
+    """Sink logits [Hq] for a launch that names none: per head, by seed, one of a dominant sink
+    (50: the row's keys get ~e^-50 of the weight), none (-inf), a moderate one (2) and one drawn
+    from N(0, 1)."""
+    rng = np.random.default_rng([seed, 4099])
+    pool = (50.0, -np.inf, 2.0)
+    return np.array([pool[(h + seed) % 4] if (h + seed) % 4 < 3 else rng.standard_normal() for h in range(hq)])
+
+
+def shape_mods(cfg: dict, shape, seed: int) -> dict:
+    """The score-modifier values of one launch as attention_exact's keywords (window, softcap, sinks
+    [Hq]), from the shape's suffixes or the defaults; {} for a kernel without the flags."""
+    mods = getattr(shape, "mods", None) or ScoreMods()
+    flags = {"w": bool(cfg.get("window")), "cap": bool(cfg.get("softcap")), "sink": bool(cfg.get("sinks"))}
+    given = {"w": mods.window is not None, "cap": bool(mods.softcap), "sink": mods.sinks is not None}
+    extra = [k for k in flags if given[k] and not flags[k]]
+    if extra:
+        raise UsageError(f"shape {shape}: the kernel takes no {', '.join(extra)} value (its config lacks the flag)")
+    out = {}
+    if flags["w"]:
+        out["window"] = tuple(mods.window if mods.window is not None else DEFAULT_MODS.window)
+    if flags["cap"]:
+        out["softcap"] = float(mods.softcap or DEFAULT_MODS.softcap)
+    if flags["sink"]:
+        if mods.sinks is None:
+            out["sinks"] = default_sinks(shape.hq, seed)
+        elif len(mods.sinks) in (1, shape.hq):
+            out["sinks"] = np.broadcast_to(np.asarray(mods.sinks, np.float64), (shape.hq,)).copy()
+        else:
+            raise UsageError(f"shape {shape}: sink= takes one value or Hq = {shape.hq}, got {len(mods.sinks)}")
+    return out
+
+
+def mods_scalars(cfg: dict, values: dict, scale: float, gmem, hq: int) -> dict:
+    """The ABI scalars (plan.abi_params) for the values, as the runtime passes them: window_left /
+    window_right (reference.kernel_window_args), scale_log2 and softcap_in (kernel_score_args), and
+    sink_ptr -> an fp32 [Hq] buffer "sinks" in gmem. scale_log2 is always in the dict."""
+    args = reference.kernel_score_args(scale, values.get("softcap", 0.0))
+    out = {"scale_log2": ("<f", args["scale_log2"])}
+    if "softcap_in" in args:
+        out["softcap_in"] = ("<f", args["softcap_in"])
+    if cfg.get("window"):
+        w = reference.kernel_window_args(values["window"], bool(cfg["causal"]))
+        out.update({n: ("<i", int(x)) for n, x in w.items()})
+    if cfg.get("sinks"):
+        out["sink_ptr"] = ("<Q", gmem.add("sinks", np.asarray(values["sinks"], np.float32).reshape(hq)))
+    return out
+
+
+def parse_suffixes(text: str, what: str):
+    """A shape spelled on the command line -> (its fields, ScoreMods or None): the fields are the first
+    whitespace-separated word, the score-modifier suffixes the rest."""
+    words = text.split()
+    if not words:
+        raise UsageError(f"{what}: empty")
+    return words[0], ScoreMods.parse(words[1:], f"{what} {text!r}")
+
+
 @dataclass
 class Shape:
     b: int
@@ -43,12 +162,15 @@ class Shape:
     hq: int
     hkv: int
     with_lse: bool = True  # False: lse_ptr = 0, the API's default launch (nothing may be written through it)
+    mods: ScoreMods | None = None  # window / softcap / sink values (None: the defaults, shape_mods)
 
     def __str__(self):
-        return f"B={self.b} Sq={self.sq} Skv={self.skv} Hq={self.hq} Hkv={self.hkv}" + ("" if self.with_lse else " no-LSE")
+        return (f"B={self.b} Sq={self.sq} Skv={self.skv} Hq={self.hq} Hkv={self.hkv}" + ("" if self.with_lse else " no-LSE")
+                + (f" {self.mods}" if self.mods else ""))
 
     @classmethod
     def parse(cls, s: str) -> "Shape":
+        s, mods = parse_suffixes(s, "--shape")
         items, with_lse = split_nolse(s, ",")
         try:
             vals = [int(x) for x in items]
@@ -56,7 +178,7 @@ class Shape:
             raise UsageError(f"--shape {s!r}: five integers B,Sq,Skv,Hq,Hkv[,nolse]") from None
         if len(vals) != 5 or any(v < 1 for v in vals):
             raise UsageError(f"--shape {s!r}: five positive integers B,Sq,Skv,Hq,Hkv[,nolse]")
-        return cls(*vals, with_lse=with_lse)
+        return cls(*vals, with_lse=with_lse, mods=mods)
 
 
 @dataclass
@@ -75,10 +197,15 @@ class RunResult:
     coverage: Coverage | None = None  # the paths this run took (coverage.py), also of a failed run
 
 
-def make_inputs(shape: Shape, dtype: str, head_dim: int, seed: int):
+HUGE_ROWS = 400.0  # query rows scaled so their raw scores q.k reach ~1e4 (softcap kernels)
+
+
+def make_inputs(shape: Shape, dtype: str, head_dim: int, seed: int, huge: bool = False):
     """Random q, k, v in the kernel dtype (NumPy: float16, or float32 holding bf16 values): one
     K/V block of larger keys so the reverse visit order raises the row maximum by more than the
-    rescale threshold (O rescales), and a few rows of x30 queries (large logits)."""
+    rescale threshold (O rescales), and a few rows of x30 queries (large logits). huge (softcap
+    kernels): a few more rows x HUGE_ROWS, raw scores |q.k| ~ 1e4 (400 * 3 * sqrt(D) on block 0),
+    deep in tanh's saturation."""
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((shape.b, shape.sq, shape.hq, head_dim))
     k = rng.standard_normal((shape.b, shape.skv, shape.hkv, head_dim))
@@ -86,6 +213,9 @@ def make_inputs(shape: Shape, dtype: str, head_dim: int, seed: int):
     k[:, : min(128, shape.skv)] *= 3.0  # block 0 is visited last: its larger scores force rescales
     rows = rng.choice(shape.sq, size=max(1, shape.sq // 16), replace=False)
     q[:, rows] *= 30.0
+    rest = np.setdiff1d(np.arange(shape.sq), rows)  # not the x30 rows: fp16 q stays finite
+    if huge and rest.size:
+        q[:, rng.choice(rest, size=max(1, rest.size // 8), replace=False)] *= HUGE_ROWS
     return tuple(reference.round_to_dtype(x, dtype) for x in (q, k, v))
 
 
@@ -102,22 +232,31 @@ def _from_dtype_bytes(dtype: str, buf: np.ndarray, shape) -> np.ndarray:
     return (u16.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
-def tolerance(o_ref, pv_abs, vsum, dtype):
+def softcap_score_err(softcap: float, tanh_rel_err: float = 2.0 ** -24) -> float:
+    """A bound on the error a softcap kernel adds to a scaled score (natural-log units), beyond an
+    uncapped kernel's. The kernel's t = tanh(fp32(x * softcap_in)) and exponent t * scale_log2:
+    - the argument carries 2 roundings (softcap_in, the product): relative 2^-23, moving t by at
+      most max_a(a sech^2 a) 2^-23 = 0.45 * 2^-23;
+    - tanh itself: |t| tanh_rel_err <= tanh_rel_err (2^-24: the emulator's and the model's
+      correctly rounded tanh; reference.TANH_APPROX_MAX_REL_ERR, about 2^-11, for hardware);
+    - scale_log2 = fp32(softcap log2 e): relative 2^-24 of |t| softcap.
+    Times softcap (the scaled score is softcap * t). The raw score's own fp32 error is not
+    amplified: d/dx softcap tanh(x scale / softcap) <= scale."""
+    return float(softcap) * (0.45 * 2.0 ** -23 + tanh_rel_err + 2.0 ** -24) if softcap else 0.0
+
+
+def tolerance(o_ref, pv_abs, vsum, dtype, score_err: float = 0.0):
+    """O's bound. score_err: a further bound d on each scaled score's error (softcap_score_err): each
+    P element moves by a factor e^{+-d}, O = sum p v / sum p by at most (e^{2d} - 1) P|V|."""
     u = UNIT_ROUNDOFF[dtype]
-    return (2 * u + EMU_AND_LOGITS) * pv_abs + 2 * u * np.abs(o_ref) + SUBNORMAL_HALF_SPACING[dtype] * vsum + 1e-6
+    return ((2 * u + EMU_AND_LOGITS + math.expm1(2 * score_err)) * pv_abs + 2 * u * np.abs(o_ref)
+            + SUBNORMAL_HALF_SPACING[dtype] * vsum + 1e-6)
 
 
-def _pv_abs(q, k, v, causal, scale):
-    """P |V| in float64 ([B, Sq, Hq, D]): the bound on what rounding P can move in O."""
-    b, sq, hq, d = q.shape
-    s = reference.masked_scores(q, k, causal, scale)
-    m = s.max(axis=-1, initial=-np.inf)
-    e = np.exp(s - np.where(np.isfinite(m), m, 0)[..., None])
-    den = e.sum(-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        p = np.where(den[..., None] > 0, e / den[..., None], 0.0)
-    pv = np.einsum("bhgij,bjhd->bhgid", p, np.abs(v.astype(np.float64)))
-    return pv.transpose(0, 3, 1, 2, 4).reshape(b, sq, hq, d)
+def _pv_abs(q, k, v, causal, scale, **mods):
+    """P |V| in float64 ([B, Sq, Hq, D]): the bound on what rounding P can move in O (P with the
+    score modifiers: window, softcap, and a sink in the denominator)."""
+    return reference.attention_exact(q, k, np.abs(np.asarray(v, np.float64)), causal, scale, **mods)[0]
 
 
 def entry_registers(mod, man: dict | None, threads: int) -> int:
@@ -157,24 +296,28 @@ def role_of(man: dict, warp: int) -> str:
     return f"warp {warp}"
 
 
-def _model_lse(q, k, v, cfg, scale):
+def _model_lse(q, k, v, cfg, scale, mods=None):
     """LSE of reference.fa4_forward for the manifest's config (None when it does not build one)."""
     from ..config import ConfigError, KernelConfig
     try:
         kc = KernelConfig(**cfg)
     except (TypeError, ValueError, ConfigError):
         return None
-    return reference.fa4_forward(q, k, v, kc, softmax_scale=scale)[1]
+    return reference.fa4_forward(q, k, v, kc, softmax_scale=scale, **(mods or {}))[1]
 
 
-def judge(o, lse, q, k, v, cfg, scale):
+def judge(o, lse, q, k, v, cfg, scale, mods: dict | None = None):
+    """O and LSE of a launch against reference.attention_exact; mods: the score modifiers' values
+    (shape_mods: window, softcap, sinks), {} / None for a kernel without them."""
     causal = bool(cfg["causal"])
     dtype = cfg["dtype"]
-    o_ref, lse_ref = reference.attention_exact(q, k, v, causal, scale)
-    pv = _pv_abs(q, k, v, causal, scale)
+    mods = dict(mods or {})
+    o_ref, lse_ref = reference.attention_exact(q, k, v, causal, scale, **mods)
+    pv = _pv_abs(q, k, v, causal, scale, **mods)
     g = q.shape[2] // k.shape[2]
     vsum = np.repeat(np.abs(v.astype(np.float64)).sum(axis=1), g, axis=1)[:, None]
-    tol = tolerance(o_ref, pv, vsum, dtype)
+    score_err = softcap_score_err(mods.get("softcap", 0.0))
+    tol = tolerance(o_ref, pv, vsum, dtype, score_err)
     err = np.abs(o - o_ref)
     nan = np.isnan(o)
     bad = nan | (err > tol)
@@ -201,7 +344,7 @@ def judge(o, lse, q, k, v, cfg, scale):
         with np.errstate(invalid="ignore"):
             lerr = np.abs(np.where(seen, lse - lse_ref, 0))
         u = UNIT_ROUNDOFF[dtype]
-        lbad |= seen & ~(lerr <= u + 5e-4 + 1e-6 * np.abs(np.where(seen, lse_ref, 0)))
+        lbad |= seen & ~(lerr <= u + 5e-4 + score_err + 1e-6 * np.abs(np.where(seen, lse_ref, 0)))
         if lbad.any():
             first = tuple(int(i) for i in np.argwhere(lbad)[0])
             msgs.append(f"LSE: {int(lbad.sum())} of {lse.size} wrong; first (b, h, s) = {first}: got {lse[first]:.6g}, "
@@ -216,7 +359,7 @@ def judge(o, lse, q, k, v, cfg, scale):
         # p(0) = 1 is exact (the fit's endpoint error), and that element dominates the row sum.
         # With emu_pairs = 0 the two agree to 3 ulp. An exponential computed wrongly moves LSE by
         # 1e-3 and more (exp2_round_to_nearest: 3.7e-3) while O stays inside the dtype's tolerance.
-        lse_model = _model_lse(q, k, v, cfg, scale)
+        lse_model = _model_lse(q, k, v, cfg, scale, mods)
         if lse_model is not None:
             with np.errstate(invalid="ignore"):
                 merr = np.abs(np.where(seen, lse - lse_model, 0))
@@ -228,10 +371,10 @@ def judge(o, lse, q, k, v, cfg, scale):
                             f"(max {float(np.nanmax(merr)):.3g}); first (b, h, s) = {first}: got {lse[first]:.8g}, "
                             f"model {lse_model[first]:.8g} (an exponential or the softmax state computed "
                             "differently from the model)")
-        if masked.any():
-            rows = masked.transpose(0, 2, 1)  # (B, Sq, Hq)
-            if not (o[rows] == 0).all():
-                msgs.append("O: rows that see no key are not exactly 0")
+    # rows that see no key (LSE -inf, or the sink's): O exactly 0
+    sees = reference.visible_keys(q.shape[1], k.shape[1], causal, mods.get("window")).any(axis=1)
+    if not sees.all() and not (o[:, ~sees] == 0).all():
+        msgs.append("O: rows that see no key are not exactly 0")
     return (not msgs), "\n".join(msgs), max_err
 
 

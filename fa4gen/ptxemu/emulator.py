@@ -72,7 +72,7 @@ def compile_instr(ctx: Ctx, ins) -> Op:
     elif head in ("tcgen05", "cp", "prefetch", "wgmma"):
         fn = au.compile_async(ctx, ins, parts)
     elif head in ("mov", "add", "sub", "mul", "mad", "fma", "max", "min", "neg", "abs", "div", "rem", "rcp",
-                  "ex2", "lg2", "sqrt", "and", "or", "xor", "not", "shl", "shr", "selp"):
+                  "ex2", "lg2", "tanh", "sqrt", "and", "or", "xor", "not", "shl", "shr", "selp"):
         fn = compile_alu(ctx, ins, parts)
     else:
         raise unsupported(ins)

@@ -3,7 +3,7 @@
 Products and sums of two f32 values are computed in float64 with the exact error term (TwoSum);
 rounding the pair to f32 in the requested mode is then exact, including fma (one rounding) and the
 directed modes .rm/.rp/.rz. Division and reciprocal in float64 then f32 are exact (53 >= 2*24 + 2).
-The .approx functions (ex2, lg2, rcp.approx) are the correctly rounded values: the hardware's are
+The .approx functions (ex2, lg2, rcp.approx, tanh) are the correctly rounded values: the hardware's are
 within its documented error (2 ulp class), which the emulator does not reproduce bit for bit.
 """
 from __future__ import annotations
@@ -173,6 +173,16 @@ def lg2_approx(x, flush=True):
     with _ignore(divide="ignore", invalid="ignore"):
         r = np.log2(x32.astype(F64)).astype(F32)
     return r
+
+
+def tanh_approx(x):
+    """tanh.approx.f32 (sm_75+): the correctly rounded fp32 tanh of the fp32 input (tanh(+-inf) =
+    +-1, NaN stays NaN, subnormals kept). The hardware's MUFU.TANH is within a relative error of
+    about 2^-11 (reference.TANH_APPROX_MAX_REL_ERR; measured 1.1e-5): the emulator, like
+    reference.tanh_approx_f32, is not bit-exact to it, so a kernel judged here is judged on its
+    use of tanh, not on the unit's error (the GPU tests take that bound)."""
+    with _ignore(invalid="ignore"):
+        return np.tanh(np.asarray(x, F32).astype(F64)).astype(F32)
 
 
 def rcp(x, approx: bool, flush=False, mode="rn"):

@@ -22,8 +22,9 @@ from . import units
 from .kvcache import KvShape, KvUsageError, default_kv_shapes, run_kvcache_once  # noqa: F401 (KvShape re-exported)
 from .emulator import Emulator
 from .machine import SMEM_BASE, Fault, GlobalMemory
-from .cases import (RunResult, Shape, UsageError, _from_dtype_bytes, _np_dtype_bytes, _pv_abs,  # noqa: F401
-                    entry_registers, judge, make_inputs, role_budgets, role_of, run_coverage, split_nolse,
+from .cases import (RunResult, ScoreMods, Shape, UsageError, _from_dtype_bytes, _np_dtype_bytes,  # noqa: F401
+                    _pv_abs, entry_registers, judge, make_inputs, mods_scalars, parse_suffixes, role_budgets,
+                    role_of, run_coverage, shape_mods, softcap_score_err, split_nolse,
                     tolerance)  # (re-exported: harness.X)
 from .coverage import Coverage
 from .parse import manifest_entries, parse, parse_for_manifest
@@ -38,6 +39,7 @@ class VarShape:
     hkv: int
     seqused_k: tuple | None = None
     with_lse: bool = True  # False: lse_ptr = 0 (the API's default launch)
+    mods: ScoreMods | None = None  # window / softcap / sink values (None: the defaults, cases.shape_mods)
 
     def __post_init__(self):
         self.lens_q, self.lens_k = tuple(int(x) for x in self.lens_q), tuple(int(x) for x in self.lens_k)
@@ -58,11 +60,13 @@ class VarShape:
     def __str__(self):
         pairs = " ".join(f"{a}:{b}" for a, b in zip(self.lens_q, self.lens_k))
         used = f" seqused_k={','.join(map(str, self.seqused_k))}" if self.seqused_k is not None else ""
-        return f"varlen [{pairs}] Hq={self.hq} Hkv={self.hkv}{used}" + ("" if self.with_lse else " no-LSE")
+        return (f"varlen [{pairs}] Hq={self.hq} Hkv={self.hkv}{used}" + ("" if self.with_lse else " no-LSE")
+                + (f" {self.mods}" if self.mods else ""))
 
     @classmethod
     def parse(cls, s: str) -> "VarShape":
-        """'LQ:LK,LQ:LK,...;HQ,HKV[;nolse]' (e.g. '131:200,0:17,40:0;4,1')."""
+        """'LQ:LK,LQ:LK,...;HQ,HKV[;nolse][ w=L,R cap=X sink=Z]' (e.g. '131:200,0:17,40:0;4,1')."""
+        s, mods = parse_suffixes(s, "--lens")
         fields, with_lse = split_nolse(s, ";")
         try:
             seqs, heads = fields
@@ -72,7 +76,7 @@ class VarShape:
             raise UsageError(f"--lens {s!r}: LQ:LK,LQ:LK,...;HQ,HKV[;nolse] (e.g. 131:200,0:17,40:0;4,1)") from None
         if not pairs or any(len(p) != 2 or min(p) < 0 for p in pairs) or hq < 1 or hkv < 1:
             raise UsageError(f"--lens {s!r}: lengths >= 0 as LQ:LK pairs, then HQ,HKV >= 1")
-        return cls(tuple(p[0] for p in pairs), tuple(p[1] for p in pairs), hq, hkv, with_lse=with_lse)
+        return cls(tuple(p[0] for p in pairs), tuple(p[1] for p in pairs), hq, hkv, with_lse=with_lse, mods=mods)
 
 
 @dataclass
@@ -145,11 +149,12 @@ def default_shapes(man: dict) -> list:
     return [no_lse, Shape(1, sq, 203, g * hkv, hkv)]
 
 
-def make_varlen_inputs(shape: VarShape, dtype: str, head_dim: int, seed: int):
+def make_varlen_inputs(shape: VarShape, dtype: str, head_dim: int, seed: int, huge: bool = False):
     """Packed q (total_q, Hq, D), k, v (total_k, Hkv, D): each sequence drawn like make_inputs."""
     qs, ks, vs = [], [], []
     for i, (lq, lk) in enumerate(zip(shape.lens_q, shape.lens_k)):
-        q, k, v = make_inputs(Shape(1, max(lq, 1), max(lk, 1), shape.hq, shape.hkv), dtype, head_dim, seed * 1009 + i)
+        q, k, v = make_inputs(Shape(1, max(lq, 1), max(lk, 1), shape.hq, shape.hkv), dtype, head_dim, seed * 1009 + i,
+                              huge=huge)
         qs.append(q[0, :lq])
         ks.append(k[0, :lk])
         vs.append(v[0, :lk])
@@ -187,6 +192,7 @@ class Launch:
             raise UsageError(f"the PTX declares parameters {[p.name for p in mod.params]}, the manifest lists "
                              f"{man['params']}: they must agree")
         scale = 1.0 / math.sqrt(d)
+        self.mods = shape_mods(cfg, shape, seed)  # the score modifiers' values (window, softcap, sinks)
         if varlen:
             lg = launch_geometry(man, 1, shape.hkv, 1)
             num_tasks = varlen_num_tasks(man, shape.b, shape.hkv, q.shape[0])  # the runtime's own bound
@@ -217,6 +223,7 @@ class Launch:
                 "l2_group": ("<I", l2_group if l2_group is not None else 1 + seed % max(lg.num_bh, 1)),
             }
         self.scale = scale
+        scalars.update(mods_scalars(cfg, self.mods, scale, self.gmem, shape.hq))  # scale_log2 with a softcap
         for p in mod.params:
             align = max(p.align, 1)
             while len(blob) % align:
@@ -322,7 +329,8 @@ def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2
     d = int(cfg["head_dim"])
     varlen = isinstance(shape, VarShape)
     if inputs is None:
-        inputs = (make_varlen_inputs if varlen else make_inputs)(shape, cfg["dtype"], d, seed)
+        inputs = (make_varlen_inputs if varlen else make_inputs)(shape, cfg["dtype"], d, seed,
+                                                                   huge=bool(cfg.get("softcap")))
     q, k, v = inputs
     launch = Launch(mod, man, shape, q, k, v, ctas=ctas, seed=seed, l2_group=l2_group, with_lse=shape.with_lse)
     entry_regs = entry_registers(mod, man, int(man["threads_per_cta"]))
@@ -350,13 +358,13 @@ def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2
     o, lse = launch.output()
     res.o, res.lse = o, lse
     if varlen:
-        res.ok, res.report, res.max_err = judge_varlen(o, lse, q, k, v, cfg, launch.scale, shape)
+        res.ok, res.report, res.max_err = judge_varlen(o, lse, q, k, v, cfg, launch.scale, shape, launch.mods)
     else:
-        res.ok, res.report, res.max_err = judge(o, lse, q, k, v, cfg, launch.scale)
+        res.ok, res.report, res.max_err = judge(o, lse, q, k, v, cfg, launch.scale, launch.mods)
     res.kind = "ok" if res.ok else "mismatch"
     res.finding = "" if res.ok else "mismatch"
     if not res.ok and not varlen:
-        res.report += "\n" + _writer_report(emu, man, o, q, k, v, cfg, launch.scale)
+        res.report += "\n" + _writer_report(emu, man, o, q, k, v, cfg, launch.scale, launch.mods)
     if emu.findings:
         uniq = list({str(f): f for f in emu.findings}.values())
         extra = "\n".join(f"{f}" + (f" [{role_of(man, f.warp)}]" if f.warp is not None else "") for f in uniq)
@@ -378,12 +386,14 @@ def _describe_writer(emu, man, entry) -> str:
     return text
 
 
-def _writer_report(emu, man, o, q, k, v, cfg, scale) -> str:
-    o_ref, _ = reference.attention_exact(q, k, v, bool(cfg["causal"]), scale)
-    pv = _pv_abs(q, k, v, bool(cfg["causal"]), scale)
+def _writer_report(emu, man, o, q, k, v, cfg, scale, mods=None) -> str:
+    mods = mods or {}
+    o_ref, _ = reference.attention_exact(q, k, v, bool(cfg["causal"]), scale, **mods)
+    pv = _pv_abs(q, k, v, bool(cfg["causal"]), scale, **mods)
     g = q.shape[2] // k.shape[2]
     vsum = np.repeat(np.abs(v.astype(np.float64)).sum(axis=1), g, axis=1)[:, None]
-    bad = np.isnan(o) | (np.abs(o - o_ref) > tolerance(o_ref, pv, vsum, cfg["dtype"]))
+    bad = np.isnan(o) | (np.abs(o - o_ref) > tolerance(o_ref, pv, vsum, cfg["dtype"],
+                                                        softcap_score_err(mods.get("softcap", 0.0))))
     if not bad.any():
         return ""
     flat = int(np.flatnonzero(bad.reshape(-1))[0])
@@ -394,16 +404,17 @@ def _writer_report(emu, man, o, q, k, v, cfg, scale) -> str:
 
 
 
-def judge_varlen(o, lse, q, k, v, cfg, scale, shape: VarShape):
+def judge_varlen(o, lse, q, k, v, cfg, scale, shape: VarShape, mods: dict | None = None):
     """judge() per sequence on its own rows (a dense batch of one), keys capped by seqused_k; every
-    row of o and lse belongs to exactly one sequence, so an unwritten or stray row shows up there."""
+    row of o and lse belongs to exactly one sequence, so an unwritten or stray row shows up there.
+    mods: the score modifiers' values (a window is per sequence: its own Sq, Skv)."""
     msgs, worst = [], 0.0
     q0 = k0 = 0
     for i, (lq, lk, uk) in enumerate(zip(shape.lens_q, shape.lens_k, shape.used_k)):
         if lq:
             sl = slice(q0, q0 + lq)
             ok, rep_, err = judge(o[None, sl], None if lse is None else lse[None, :, sl], q[None, sl],
-                                  k[None, k0:k0 + uk], v[None, k0:k0 + uk], cfg, scale)
+                                  k[None, k0:k0 + uk], v[None, k0:k0 + uk], cfg, scale, mods)
             worst = max(worst, err)
             if not ok:
                 msgs.append(f"sequence {i} (rows {q0}-{q0 + lq - 1}, {lq} queries, {uk} keys):")

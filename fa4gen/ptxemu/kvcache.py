@@ -27,8 +27,9 @@ from ..plan import COMBINE_ABI_PARAMS, kvcache_num_tasks
 from ..runtime import launch_geometry, manifest_gqa, tensor_map_geometry
 from ..schedule import kvcache_k_len, kvcache_page
 from . import units
-from .cases import (RunResult, Shape, UsageError, _from_dtype_bytes, _np_dtype_bytes, entry_registers, judge,
-                    make_inputs, role_budgets, role_of, run_coverage, split_nolse)
+from .cases import (RunResult, ScoreMods, Shape, UsageError, _from_dtype_bytes, _np_dtype_bytes, entry_registers,
+                    judge, make_inputs, mods_scalars, parse_suffixes, role_budgets, role_of, run_coverage, shape_mods,
+                    split_nolse)
 from .emulator import Emulator
 from .machine import SMEM_BASE, Fault, GlobalMemory
 from .parse import manifest_entries
@@ -54,6 +55,7 @@ class KvShape:
     extra_pages: int = 3  # paged: pages of the cache no sequence's table row points at
     stride_pad: int = 1  # paged: page_table_stride = max_pages + stride_pad (the last row has no padding)
     with_lse: bool = True  # False: lse_ptr = 0 for both kernels (nothing may be written through it)
+    mods: ScoreMods | None = None  # window / softcap / sink values (None: the defaults, cases.shape_mods)
 
     def __post_init__(self):
         self.seqlens = tuple(int(x) for x in self.seqlens)
@@ -75,11 +77,16 @@ class KvShape:
 
     def __str__(self):
         return (f"kvcache lens={','.join(map(str, self.seqlens))} Sq={self.sq} Hq={self.hq} Hkv={self.hkv} "
-                f"splits={self.num_splits} capacity={self.capacity}" + ("" if self.with_lse else " no-LSE"))
+                f"splits={self.num_splits} capacity={self.capacity}" + ("" if self.with_lse else " no-LSE")
+                + (f" {self.mods}" if self.mods else ""))
 
     @classmethod
     def parse(cls, s: str) -> "KvShape":
-        """'L,L,...;SQ;HQ,HKV;SPLITS[;CAPACITY][;nolse]' (e.g. '129,1,-3,1000;3;4,1;3;600')."""
+        """'L,L,...;SQ;HQ,HKV;SPLITS[;CAPACITY][;nolse][ w=L,R cap=X sink=Z]' (e.g. '129,1,-3,1000;3;4,1;3;600')."""
+        try:
+            s, mods = parse_suffixes(s, "--kv")
+        except UsageError as e:
+            raise KvUsageError(str(e)) from None
         usage = (f"--kv {s!r}: LENS;SQ;HQ,HKV;SPLITS[;CAPACITY][;nolse], e.g. '129,1,-3,1000;3;4,1;3;600' "
                  "(cache_seqlens as the device reads them, clamped to [0, capacity]; nolse: lse_ptr = 0)")
         parts, with_lse = split_nolse(s, ";")
@@ -97,7 +104,7 @@ class KvShape:
             raise KvUsageError(usage + ": Sq, heads, capacity >= 1, splits in [1, 256]")
         if any(not -(1 << 31) <= x < (1 << 31) for x in lens):
             raise KvUsageError(usage + ": lengths are int32")
-        return cls(lens, sq, hq, hkv, splits, cap, with_lse=with_lse)
+        return cls(lens, sq, hq, hkv, splits, cap, with_lse=with_lse, mods=mods)
 
 
 def default_kv_shapes(man: dict) -> list:
@@ -146,14 +153,14 @@ class KvInputs:
         return self.k_cache[pages, rows], self.v_cache[pages, rows]
 
 
-def make_kv_inputs(shape: KvShape, dtype: str, head_dim: int, page_size: int, seed: int) -> KvInputs:
+def make_kv_inputs(shape: KvShape, dtype: str, head_dim: int, page_size: int, seed: int, huge: bool = False) -> KvInputs:
     rng = np.random.default_rng([seed, 7919])
     b, d = shape.b, head_dim
     cap = shape.cap(page_size)
     k_lens = shape.k_lens(page_size)
     qs, ks, vs = [], [], []
     for i, n in enumerate(k_lens):
-        q, k, v = make_inputs(Shape(1, shape.sq, max(n, 1), shape.hq, shape.hkv), dtype, d, seed * 1009 + i)
+        q, k, v = make_inputs(Shape(1, shape.sq, max(n, 1), shape.hq, shape.hkv), dtype, d, seed * 1009 + i, huge=huge)
         qs.append(q[0])
         ks.append(k[0, :n])
         vs.append(v[0, :n])
@@ -231,6 +238,7 @@ class KvLaunch:
         lg = launch_geometry(man, B, shape.hkv, shape.sq)
         self.num_tasks = kvcache_num_tasks(B, shape.hkv, lg.head_groups, lg.num_m_blocks, S)
         self.scale = 1.0 / math.sqrt(d)
+        self.mods = shape_mods(cfg, shape, seed)  # the score modifiers' values (window, softcap, sinks)
         scalars = {
             "lse_ptr": ("<Q", self.addr["lse"]), "batch": ("<I", B), "seqlen_q": ("<I", shape.sq),
             "seqlen_k": ("<I", inp.cap), "num_heads_kv": ("<I", shape.hkv),
@@ -243,6 +251,7 @@ class KvLaunch:
             "o_partial": ("<Q", self.addr["o_partial"]), "lse_partial": ("<Q", self.addr["lse_partial"]),
             "o_ptr": ("<Q", self.addr["o"]),
         }
+        scalars.update(mods_scalars(cfg, self.mods, self.scale, gm, shape.hq))  # scale_log2 with a softcap
         if [p.name for p in self.fwd.params] != list(man["params"]):
             raise UsageError(f"the PTX's {self.fwd_entry} declares parameters {[p.name for p in self.fwd.params]}, "
                              f"the manifest lists {man['params']}: they must agree")
@@ -265,6 +274,8 @@ class KvLaunch:
         cscalars = {"o_partial": ("<Q", self.addr["o_partial"]), "lse_partial": ("<Q", self.addr["lse_partial"]),
                     "o_ptr": ("<Q", self.addr["o"]), "lse_ptr": ("<Q", self.addr["lse"]), "rows": ("<I", R),
                     "num_splits": ("<I", S), "seqlen_q": ("<I", shape.sq), "num_heads_q": ("<I", shape.hq)}
+        if "sink_ptr" in scalars:  # should the combine take the sinks (docs/ABI.md): the same buffer
+            cscalars["sink_ptr"] = scalars["sink_ptr"]
         self.comb_params, self.comb_offsets, self.comb_sizes = _pack(self.comb, cscalars, None, UsageError)
         comb = man["kvcache"]["combine"]
         self.comb_threads = int(comb["threads_per_cta"])
@@ -315,7 +326,7 @@ def run_kvcache_once(mods: dict, man: dict, shape: KvShape, seed: int, *, ctas: 
                      delays=None, options: dict | None = None):
     cfg = man["config"]
     ps = int(man["kvcache"].get("page_size", 0))
-    inp = inputs or make_kv_inputs(shape, cfg["dtype"], int(cfg["head_dim"]), ps, seed)
+    inp = inputs or make_kv_inputs(shape, cfg["dtype"], int(cfg["head_dim"]), ps, seed, huge=bool(cfg.get("softcap")))
     launch = KvLaunch(mods, man, shape, inp, ctas=ctas, seed=seed)
     res = RunResult(False, shape, seed)
     t0 = time.perf_counter()
@@ -357,7 +368,7 @@ def run_kvcache_once(mods: dict, man: dict, shape: KvShape, seed: int, *, ctas: 
     res.seconds = time.perf_counter() - t0
     o, lse = launch.output()
     res.o, res.lse = o, lse
-    ok, rep, res.max_err = judge_kvcache(o, lse, inp, cfg, launch.scale, shape, judge)
+    ok, rep, res.max_err = judge_kvcache(o, lse, inp, cfg, launch.scale, shape, judge, launch.mods)
     uniq = list({str(f): (st, f) for st, f in findings}.values())
     faults = [f"{st}: {f}" + (f" [{role_of(man, f.warp)}]" if f.warp is not None and st == launch.fwd_entry else "")
               for st, f in uniq]
@@ -408,14 +419,15 @@ def _partial_coverage(emu, launch: KvLaunch, S: int) -> list:
     return notes
 
 
-def judge_kvcache(o, lse, inp: KvInputs, cfg: dict, scale: float, shape: KvShape, judge):
-    """judge() per sequence on its own rows against its gathered keys (causal: the Sq queries end-
-    aligned with its k_len keys); every element of O and LSE belongs to exactly one sequence."""
+def judge_kvcache(o, lse, inp: KvInputs, cfg: dict, scale: float, shape: KvShape, judge, mods: dict | None = None):
+    """judge() per sequence on its own rows against its gathered keys (causal and a window: the Sq
+    queries end-aligned with its k_len keys); every element of O and LSE belongs to exactly one
+    sequence. mods: the score modifiers' values."""
     msgs, worst = [], 0.0
     for b in range(shape.b):
         k, v = inp.gather(b)
         ok, rep, err = judge(o[b:b + 1], None if lse is None else lse[b:b + 1], inp.q[b:b + 1], k[None], v[None],
-                             cfg, scale)
+                             cfg, scale, mods)
         worst = max(worst, err)
         if not ok:
             msgs.append(f"sequence {b} (cache_seqlens {shape.seqlens[b]} -> {inp.k_lens[b]} keys, {shape.sq} queries):")

@@ -269,6 +269,9 @@ def compile_alu(ctx, ins, parts):
                 d(w, bits.astype(np.uint32).view(_F32), m)
             return fn
         return lambda w, m: d(w, fp.ex2_approx(a(w), ftz), m)
+    if head == "tanh" and isf:  # tanh.approx.f32: fp.tanh_approx (correctly rounded, not the MUFU's bits)
+        a, d = R(1), Wr(0)
+        return lambda w, m: d(w, fp.tanh_approx(a(w)), m)
     if head == "lg2" and isf:
         a, d = R(1), Wr(0)
         return lambda w, m: d(w, fp.lg2_approx(a(w), ftz), m)
