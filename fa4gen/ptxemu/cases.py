@@ -96,6 +96,17 @@ class ScoreMods:
 DEFAULT_MODS = ScoreMods(window=(100, 20), softcap=30.0)
 
 
+SOFTCAPS = (30.0, 5.0, 50.0)  # default shape i of a softcap kernel takes SOFTCAPS[i % 3] (5: tanh far from linear)
+
+
+def default_mods(cfg: dict, i: int, window=None) -> "ScoreMods | None":
+    """The score-modifier values of default shape i: `window` (when the kernel has one), a softcap from
+    SOFTCAPS; sinks are left to default_sinks (per seed: dominant, -inf, moderate, random)."""
+    m = ScoreMods(window=tuple(window) if cfg.get("window") and window is not None else None,
+                  softcap=SOFTCAPS[i % len(SOFTCAPS)] if cfg.get("softcap") else 0.0)
+    return m if (m.window is not None or m.softcap) else None
+
+
 def default_sinks(hq: int, seed: int) -> np.ndarray:
     """Sink logits [Hq] for a launch that names none: per head, by seed, one of a dominant sink
     (50: the row's keys get ~e^-50 of the weight), none (-inf), a moderate one (2) and one drawn

@@ -23,7 +23,7 @@ from .kvcache import KvShape, KvUsageError, default_kv_shapes, run_kvcache_once 
 from .emulator import Emulator
 from .machine import SMEM_BASE, Fault, GlobalMemory
 from .cases import (RunResult, ScoreMods, Shape, UsageError, _from_dtype_bytes, _np_dtype_bytes,  # noqa: F401
-                    _pv_abs, entry_registers, judge, make_inputs, mods_scalars, parse_suffixes, role_budgets,
+                    _pv_abs, default_mods, entry_registers, judge, make_inputs, mods_scalars, parse_suffixes, role_budgets,
                     role_of, run_coverage, shape_mods, softcap_score_err, split_nolse,
                     tolerance)  # (re-exported: harness.X)
 from .coverage import Coverage
@@ -126,7 +126,12 @@ def default_shapes(man: dict) -> list:
     masked block) before tiles that cross the diagonal.
     Varlen kernels: ragged batches with a zero-length sequence, one with no keys, q_len != k_len
     both ways, a sequence of more than one task, and seqused_k. First, for both: a small launch
-    without LSE (the API's default: lse_ptr = 0)."""
+    without LSE (the API's default: lse_ptr = 0).
+    Score modifiers (the config's flags; values as shape suffixes, cases.ScoreMods): a window smaller
+    than a block, one crossing block and tile boundaries on Sq != Skv, one leaving whole tiles of
+    Sq > Skv without a key, window + causal, (0, 0) (one key per row); softcaps cycling
+    cases.SOFTCAPS with raw scores ~1e4 (make_inputs huge rows); sinks per seed dominant (50), -inf,
+    moderate and random (cases.default_sinks). KV-cache kernels: default_kv_shapes."""
     cfg = man["config"]
     if man.get("kvcache"):
         return default_kv_shapes(man)
@@ -134,19 +139,31 @@ def default_shapes(man: dict) -> list:
     rows = manifest_tile_rows(man) // pack
     per_task = int(man["grid"].get("tiles_per_task", 1))
     hkv = 2 if g <= 2 else 1
+    causal = bool(cfg["causal"])
+
+    def mods(shapes, windows):
+        for i, (sh, w) in enumerate(zip(shapes, windows)):
+            sh.mods = default_mods(cfg, i, w)
+        return shapes
     # the first launch of each kind is the API's default one, without LSE (lse_ptr = 0: a store through it
     # faults), on the smallest problem that stores LSE rows: one partial Q tile, one partial K/V block
     # (first: a kernel that mishandles it fails at once, before the longer launches)
     if cfg.get("varlen"):
         long_q = rows * per_task + rows // 2 + 3
-        return [VarShape((3, 0), (70, 5), g * hkv, hkv, with_lse=False),
-                VarShape((long_q, 0, 40, 9, 70), (200, 17, 0, 130, 30), g * hkv, hkv),
-                VarShape((5, rows + 1, 0), (140, 129, 0), g * hkv, hkv, seqused_k=(3, 100, 0))]
+        return mods([VarShape((3, 0), (70, 5), g * hkv, hkv, with_lse=False),
+                     VarShape((long_q, 0, 40, 9, 70), (200, 17, 0, 130, 30), g * hkv, hkv),
+                     VarShape((5, rows + 1, 0), (140, 129, 0), g * hkv, hkv, seqused_k=(3, 100, 0))],
+                    [(5, 2), (100, 30), (20, 0)])
     sq = rows * per_task + rows // 2 + 3  # a second task whose tiles are partly / wholly past Sq
     no_lse = Shape(1, 3, 70, g * hkv, hkv, with_lse=False)
-    if cfg["causal"]:
-        return [no_lse, Shape(1, sq, sq + 70, g * hkv, hkv), Shape(1, rows * per_task + 150, 97, g, 1)]
-    return [no_lse, Shape(1, sq, 203, g * hkv, hkv)]
+    if cfg.get("window"):  # Sq > Skv: the first tiles' rows see no key (left window side 20 < Sq - Skv)
+        shapes = [no_lse, Shape(1, sq, sq + 70, g * hkv, hkv), Shape(1, rows * per_task + 150, 97, g, 1),
+                  Shape(1, sq, 203, g * hkv, hkv)]
+        return mods(shapes, [(5, 2), (100, 30), (20, 5), (0, 0) if causal else (-1, 0)])
+    if causal:
+        return mods([no_lse, Shape(1, sq, sq + 70, g * hkv, hkv), Shape(1, rows * per_task + 150, 97, g, 1)],
+                    [None] * 3)
+    return mods([no_lse, Shape(1, sq, 203, g * hkv, hkv)], [None] * 2)
 
 
 def make_varlen_inputs(shape: VarShape, dtype: str, head_dim: int, seed: int, huge: bool = False):

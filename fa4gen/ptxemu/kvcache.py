@@ -27,7 +27,8 @@ from ..plan import COMBINE_ABI_PARAMS, kvcache_num_tasks
 from ..runtime import launch_geometry, manifest_gqa, tensor_map_geometry
 from ..schedule import kvcache_k_len, kvcache_page
 from . import units
-from .cases import (RunResult, ScoreMods, Shape, UsageError, _from_dtype_bytes, _np_dtype_bytes, entry_registers,
+from .cases import (RunResult, ScoreMods, Shape, UsageError, _from_dtype_bytes, _np_dtype_bytes, default_mods,
+                    entry_registers,
                     judge, make_inputs, mods_scalars, parse_suffixes, role_budgets, role_of, run_coverage, shape_mods,
                     split_nolse)
 from .emulator import Emulator
@@ -118,13 +119,21 @@ def default_kv_shapes(man: dict) -> list:
     warpgroup of sm_90a) hold P * 3 real rows, with 2 splits of 2 + 1 blocks, and no LSE asked
     (lse_ptr = 0 for fa4_fwd and fa4_combine); with an odd Hq its B * Sq * Hq rows leave the last
     combine CTA partly empty. The fourth: the API's default decode launch, one split (the kernel
-    stores O itself) and no LSE: the kernel's direct LSE store must skip lse_ptr = 0."""
+    stores O itself) and no LSE: the kernel's direct LSE store must skip lse_ptr = 0.
+    Score modifiers (the config's flags): windows (300, -1) on the first (the 600-key sequence's
+    window covers blocks 2-4, one per split: it crosses the split boundaries; the 129-key one sees
+    all its keys and leaves split 2 empty), (5, -1) (smaller than a block, at the cache end), (130, 0)
+    and (0, 0) (one key per query); softcaps and sinks as harness.default_shapes."""
     g, pack = manifest_gqa(man)
     hkv = 2 if g <= 2 else 1
-    return [KvShape((129, 1, -3, 1000), 3, g * hkv, hkv, num_splits=3, capacity=600),
-            KvShape((250, 0), 1, g * hkv, hkv, num_splits=1, capacity=260),
-            KvShape((300, 40, 77), 64 // pack + 3, g * hkv, hkv, num_splits=2, capacity=320, with_lse=False),
-            KvShape((70,), 1, g * hkv, hkv, num_splits=1, capacity=128, with_lse=False)]
+    cfg = man["config"]
+    shapes = [KvShape((129, 1, -3, 1000), 3, g * hkv, hkv, num_splits=3, capacity=600),
+              KvShape((250, 0), 1, g * hkv, hkv, num_splits=1, capacity=260),
+              KvShape((300, 40, 77), 64 // pack + 3, g * hkv, hkv, num_splits=2, capacity=320, with_lse=False),
+              KvShape((70,), 1, g * hkv, hkv, num_splits=1, capacity=128, with_lse=False)]
+    for i, (sh, w) in enumerate(zip(shapes, [(300, -1), (5, -1), (130, 0), (0, 0)])):
+        sh.mods = default_mods(cfg, i, w)
+    return shapes
 
 
 @dataclass
