@@ -565,6 +565,25 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
 )
 
 
+# ---- score modifiers (sliding windows, sinks) on sm_100a: the window's left limit as mask words and as
+# the block test (plan.BlockInfo.needs_mask: b < unmasked_lo), the sink in O's divisor. The default
+# window shapes (harness.default_shapes) put keys left of the window into masked blocks of the first
+# launch and a block below unmasked_lo but below n_unmasked into the second; seed 0's sink dominates.
+_SM100WS = dict(arch="sm_100a", head_dim=64, causal=True, gqa_ratio=1, dtype="bf16", window=True, sinks=True)
+PTX_MUTATIONS = PTX_MUTATIONS + (
+    PtxMutation("window_begin_word_dropped", _SM100WS, "softmax0's window mask keeps the key_end word only for "
+                "columns 0-31 (the key_begin word's AND dropped): keys left of the window count on masked blocks",
+                ("mismatch",), _sub(r"^\s*and\.b32 %mw0, %mw0, %mbw;\n", "", nth=0), protocol=False),
+    PtxMutation("window_unmasked_lo_ignored", _SM100WS, "the softmax roles mask only blocks >= %nunm (the "
+                "b < %unmlo test dropped): a block the window's left edge cuts runs unmasked",
+                ("mismatch",), _sub(r"^\s*setp\.lt\.or\.s32 %p_mask, %nb, %unmlo, %p_mask;\n", "", count=0),
+                protocol=False),
+    PtxMutation("sink_dropped_from_divisor", _SM100WS, "softmax0 stores the sink's LSE but normalises O without "
+                "it (row_sum += 2^(z log2 e - m) dropped)", ("mismatch",),
+                _sub(r"^\s*add\.f32 %sum, %sum, %snke;\n", "", nth=0), protocol=False),
+)
+
+
 # ---- read back only: protocol edits that `fa4gen check` must flag (tests/test_ptxemu.py), kept out of
 # the emulated corpus above (each emulation is minutes of CI). They are the classes the sm_90a reader
 # sees through the instance index and the predicates: a named-barrier id wrong for one consumer only, a
