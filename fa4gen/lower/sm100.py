@@ -704,7 +704,7 @@ class _RoleEmitter(Walker):
             mask, blocks = f"window ({'causal, ' if cfg.causal else ''}keys [%cbegin, %climit))", \
                 "blocks >= %nunm or < %unmlo"
         if cfg.softcap:
-            mask = f"softcap (S = tanh(S * softcap_in), tanh.approx.f32), then {mask}"
+            mask = f"softcap (S = tanh(S * softcap_in)), then {mask}"
         self.what(f"softmax_max (Q tile {op.qtile}): {mask} on {blocks}, row max of S "
                   f"({cfg.block_n} cols), conditional rescale decision (threshold {cfg.rescale_threshold:g}: the "
                   "reference max moves, acc_scale = 2^((old-new)*scale), only when the block max exceeds it by "
