@@ -345,3 +345,33 @@ def test_causal_window_equals_the_plain_causal_range_when_left_is_unbounded():
             a, b = BlockInfo.of(m, rows, sq, sk, True), BlockInfo.of(m, rows, sq, sk, True, window=(None, 0))
             assert (a.first, a.end, a.n_unmasked, a.lo, a.n, a.unmasked_lo) == \
                 (b.first, b.end, b.n_unmasked, b.lo, b.n, b.unmasked_lo), (sq, sk, rows, m)
+
+
+def test_key_limits_ptx_equal_key_begin_and_key_end():
+    """plan.key_limits_ptx (a masked block's per-row column limits) interpreted with PTX's
+    32-bit semantics: the visible columns [begin, end) of every row are the mask's, for windows,
+    causal, Sq != Skv, rows that see no key and unbounded sides; without a window the list is the
+    kernels' old key_end (causal: min(Skv, q + 1 + Skv - Sq); else Skv)."""
+    from fa4gen.plan import WINDOW_UNBOUNDED, key_begin, key_end, key_limits_ptx
+    assert key_limits_ptx(causal=False, q="%q", sq="%sq", skv="%skv", end="%e") == [("mov.u32", "%e", "%skv")]
+    assert key_limits_ptx(causal=True, q="%q", sq="%sq", skv="%skv", end="%e") == [
+        ("sub.s32", "%e", "%skv", "%sq"), ("add.s32", "%e", "%e", "%q"), ("add.s32", "%e", "%e", "1"),
+        ("min.s32", "%e", "%e", "%skv")]
+    with pytest.raises(ValueError):
+        key_limits_ptx(causal=False, q="%q", sq="%sq", skv="%skv", end="%e", begin="%b")
+    checked = 0
+    for sq, sk, causal, (left, right) in itertools.product((1, 129, 520), (0, 129, 1000), (False, True), WINDOWS):
+        if causal:
+            right = 0
+        wl = WINDOW_UNBOUNDED if left is None else left
+        wr = WINDOW_UNBOUNDED if right is None else right
+        ins = key_limits_ptx(causal=causal, q="%q", sq="%sq", skv="%skv", end="%e", begin="%b",
+                                 window=("%wl", "0" if causal else "%wr"))
+        for q in sorted({0, 1, sq // 2, sq - 1, sq, sq + 1, sq + 127}):  # tile padding past Sq too
+            out = run_ptx(ins, {"%q": q, "%sq": sq, "%skv": sk, "%wl": wl, "%wr": wr})
+            b, e = _s32(out["%b"]), _s32(out["%e"])
+            cols = np.arange(sk + 2)
+            want = (cols >= key_begin(q, sq, sk, left)) & (cols < key_end(q, sq, sk, causal, right))
+            assert np.array_equal((cols >= b) & (cols < e), want), (sq, sk, causal, left, right, q)
+            checked += 1
+    assert checked > 500

@@ -358,7 +358,8 @@ class Compute:
     Functions: "softmax_max" (mask + row max + rescale decision), "softmax_exp" (P = exp2 split,
     cast), "row_sum" (row_sum = row_sum * acc_scale + sum P), "rescale_o" (O regs *= acc_scale),
     "normalize" (O / row_sum, cast, LSE), "store_lse"; KV-cache split-KV: "normalize_partial"
-    (O / row_sum kept in fp32 for StorePartial), "store_lse_partial" (LSE to lse_partial).
+    (O / row_sum kept in fp32 for StorePartial), "store_lse_partial" (LSE to lse_partial); sinks:
+    "apply_sink" (the head's sink logit joins row_sum and the LSE, before both are used).
     """
 
     fn: str

@@ -177,6 +177,11 @@ def _softmax_role(cfg: KernelConfig, i: int) -> Role:
     )
     # LSE needs the final reference and row_sum, both in this role's registers.
     lse = (If(Cond.HAS_LSE, (Compute("store_lse", i, reads=("row_sum", "row_max")),)),)
+    if cfg.sinks:
+        # the head's sink joins the row's denominator before O is normalised (here or, non-causal, in
+        # WG2 from the row_sum handed over) and before the LSE; a split's partial leaves it out
+        # (fa4_combine counts it once)
+        lse = (Compute("apply_sink", i, reads=("row_sum", "row_max"), writes=("row_sum",)),) + lse
     if cfg.kvcache:  # split-KV: the split's LSE always goes to lse_partial (fa4_combine reads it)
         lse = (If(Cond.SPLIT_KV, (Compute("store_lse_partial", i, reads=("row_sum", "row_max")),), lse),)
     if cfg.causal:

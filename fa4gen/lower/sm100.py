@@ -25,8 +25,8 @@ import struct
 
 from ..assemble import PTX_VERSION_FOR_ARCH
 from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import (ARCH_LIMITS, block_info_ptx, combine_context, kv_box_rows, abi_params, HALF_COLS, MASK_AS_WORDS, MASK_WORD_BITS,
-                    ROWS, mask_words, panel_bytes)
+from ..plan import (ARCH_LIMITS, block_info_ptx, combine_context, kv_box_rows, abi_params, HALF_COLS, MASK_AS_WORDS,
+                    MASK_WORD_BITS, ROWS, WINDOW_UNBOUNDED, mask_words, panel_bytes, key_limits_ptx)
 from ..encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, check_tmem_alloc
 from ..exp2 import EXP2_POLY, FRAG_COLS, ROUND_MAGIC, emulated_mask
 from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, ExpectTx, FenceProxyAsync,
@@ -218,13 +218,31 @@ class _RoleEmitter(Walker):
                 self.r("b32", n)
         unit = 2 * cfg.seq_q_per_tile  # varlen m unit: the task's pair of Q tiles (plan "Varlen task order")
         # the task's K/V blocks (plan.BlockInfo over the pair of Q tiles): %n >= 1 (KV cache:
-        # the split's, from %nlo)
-        blocks = block_info_ptx(causal=cfg.causal, rows=unit, m="%mpair", sq="%sq", skv="%skv", tmp="%tmp0",
-                                n="%n", split=("%split", "%nsplit", "%nlo", "%tmp1") if cfg.kvcache else None)
+        # the split's, from %nlo; a window: from its first block %nlo)
+        split = ("%split", "%nsplit", "%nlo", "%tmp1") if cfg.kvcache else None
+        if cfg.window:
+            load, win = self.window_regs()
+            blocks = load + block_info_ptx(causal=cfg.causal, rows=unit, m="%mpair", sq="%sq", skv="%skv",
+                                           tmp="%tmp0", n="%n", split=split, window=win, lo=self.r("b32", "nlo"))
+        else:
+            blocks = block_info_ptx(causal=cfg.causal, rows=unit, m="%mpair", sq="%sq", skv="%skv", tmp="%tmp0",
+                                    n="%n", split=split)
         self.emit("task_begin", head=head, done=done, causal=cfg.causal, sqt=cfg.seq_q_per_tile,
                   varlen=cfg.varlen, unit_rows=unit, unit_shift=unit.bit_length() - 1, uid=self.p,
                   blocks=blocks, **({"kvcache": True} if cfg.kvcache else {}))
         self.task_prologue()
+
+    def window_regs(self) -> tuple[list[tuple], tuple[str, str]]:
+        """(instructions loading the window's sides, clamped to the ABI's [0, WINDOW_UNBOUNDED], the
+        (left, right) operands block_info_ptx and key_limits_ptx take): right is the literal 0 in a
+        causal kernel (plan.abi_params). Loaded where used (per task): no register kept across loops."""
+        win = (self.r("b32", "wl"), "0" if self.cfg.causal else self.r("b32", "wr"))
+        ins = []
+        for reg, name in zip(win, ("window_left", "window_right")):
+            if reg != "0":
+                ins += [("ld.param.s32", reg, f"[{name}]"), ("max.s32", reg, reg, "0"),
+                        ("min.s32", reg, reg, str(WINDOW_UNBOUNDED))]
+        return ins, win
 
     def if_args(self, st) -> dict:
         return {"acc": self.scalar("acc_scale")}
@@ -237,10 +255,23 @@ class _RoleEmitter(Walker):
         computes = [op for op in walk_ops(role.program) if isinstance(op, Compute)]
         if any(c.fn == "softmax_max" for c in computes):
             lse = any(c.fn == "store_lse" for c in computes)
-            # %nunm of this role's Q tile (plan.BlockInfo over the tile; %tmp1 holds its index)
-            nunm = block_info_ptx(causal=cfg.causal, rows=cfg.seq_q_per_tile, m="%tmp1", sq="%sq", skv="%skv",
-                                  tmp="%tmp1", n_unmasked="%nunm")
-            self.emit("softmax_task_setup", tile=role.qtile, causal=cfg.causal, sqt=cfg.seq_q_per_tile, nunm=nunm,
+            # this thread's row limits (plan.key_limits_ptx: keys [%cbegin, %climit) with a
+            # window, [0, %climit) without) and the blocks of this role's Q tile that need no mask
+            # (plan.BlockInfo over the tile, %tmp1 holding its index): [%unmlo, %nunm) with a
+            # window, [0, %nunm) without
+            if cfg.window:
+                load, win = self.window_regs()
+                limits = load + key_limits_ptx(causal=cfg.causal, q="%seq", sq="%sq", skv="%skv", end="%climit",
+                                                   begin=self.r("b32", "cbegin"), window=win)
+                nunm = block_info_ptx(causal=cfg.causal, rows=cfg.seq_q_per_tile, m="%tmp1", sq="%sq", skv="%skv",
+                                      tmp="%tmp0", n_unmasked="%nunm", unmasked_lo=self.r("b32", "unmlo"),
+                                      window=win)
+            else:
+                limits = key_limits_ptx(causal=cfg.causal, q="%seq", sq="%sq", skv="%skv", end="%climit")
+                nunm = block_info_ptx(causal=cfg.causal, rows=cfg.seq_q_per_tile, m="%tmp1", sq="%sq", skv="%skv",
+                                      tmp="%tmp1", n_unmasked="%nunm")
+            self.emit("softmax_task_setup", tile=role.qtile, limits=limits, sqt=cfg.seq_q_per_tile, nunm=nunm,
+                      capin=self.r("f32", "capin") if cfg.softcap else None,
                       log2_p=cfg.gqa_pack.bit_length() - 1, p=cfg.gqa_pack, neg_inf=NEG_INF, zero=ZERO,
                       varlen=cfg.varlen, lrow=self.r("b32", "lrow") if cfg.varlen and lse else None)
 
@@ -657,18 +688,38 @@ class _RoleEmitter(Walker):
                 "acc": self.r("f32", "acc"), "lim": self.r("b32", "lim"), "bmax": self.r("f32", "bmax")}
 
     def masked_block(self) -> list[tuple]:
-        """%p_mask = this K/V block needs the mask (crosses the diagonal or Skv): block >= %nunm."""
-        return self.block_reg(BlockRef.CUR, "%nb") + [("setp.ge.s32", "%p_mask", "%nb", "%nunm")]
+        """%p_mask = this K/V block needs the mask (plan.BlockInfo.needs_mask: it crosses the
+        diagonal or Skv, block >= %nunm, or a window's left edge, block < %unmlo)."""
+        ins = self.block_reg(BlockRef.CUR, "%nb") + [("setp.ge.s32", "%p_mask", "%nb", "%nunm")]
+        if self.cfg.window:
+            ins.append(("setp.lt.or.s32", "%p_mask", "%nb", self.r("b32", "unmlo"), "%p_mask"))
+        return ins
 
     def compute_softmax_max(self, op: Compute) -> None:
         cfg = self.cfg
         mask = "causal mask and Skv tail" if cfg.causal else "Skv tail mask"
-        self.what(f"softmax_max (Q tile {op.qtile}): {mask} on blocks >= %nunm, row max of S "
+        blocks = "blocks >= %nunm"
+        if cfg.window:
+            mask, blocks = f"window ({'causal, ' if cfg.causal else ''}keys [%cbegin, %climit))", \
+                "blocks >= %nunm or < %unmlo"
+        if cfg.softcap:
+            mask = f"softcap (S = tanh(S * softcap_in)), then {mask}"
+        self.what(f"softmax_max (Q tile {op.qtile}): {mask} on {blocks}, row max of S "
                   f"({cfg.block_n} cols), conditional rescale decision (threshold {cfg.rescale_threshold:g}: the "
                   "reference max moves, acc_scale = 2^((old-new)*scale), only when the block max exceeds it by "
                   "more, else acc_scale = 1)")
-        self.emit("softmax_max", pre=self.masked_block(), row=self.row(), skip=self.label("nomask"),
-                  threshold=f32(-self.cfg.rescale_threshold))
+        row = self.row()
+        extra = {"softcap": None, "window": None}
+        if cfg.softcap:  # tanh.approx.f32 of every raw score times softcap_in, before the mask and the max
+            self.ctx.family("b64", "%sp", cfg.block_n // 2)
+            extra["softcap"] = {"cap": self.r("f32", "capin"), "cap2": self.r("b64", "k_cap2")}
+        if cfg.window:  # the row's first visible column of this block: %cbegin - 128 * block
+            if not row["mask_words"]:
+                raise Sm100LoweringError(f"{self.p}: the window mask is spelled as mask words (plan.MASK_AS_WORDS)")
+            extra["window"] = {"begin": self.r("b32", "cbegin"), "blim": self.r("b32", "blim"),
+                               "bw": self.r("b32", "mbw")}
+        self.emit("softmax_max", pre=self.masked_block(), row=row, skip=self.label("nomask"),
+                  threshold=f32(-self.cfg.rescale_threshold), **extra)
 
     def compute_softmax_exp(self, op: Compute) -> None:
         row = self.row()
@@ -733,6 +784,19 @@ class _RoleEmitter(Walker):
                   "row without keys) to lse_partial[split * R + (b * Sq + seq) * Hq + head], rows < Sq only")
         self.emit("store_lse_partial", ln2=f32(LN2), g=self.cfg.gqa_ratio, neg_inf=NEG_INF, t2=self.r("b32", "kt2"))
 
+    def compute_apply_sink(self, op: Compute) -> None:
+        """The head's sink z (sink_ptr[head], natural log of the scaled score) joins the row: in the
+        kernel's log2 units s2 = z log2(e), m' = ref * scale, M = max(m', s2),
+        l' = row_sum 2^(m' - M) + 2^(s2 - M), LSE = (M + log2 l') ln 2 (-inf when l' is not > 0:
+        no key and a sink of -inf); O's divisor becomes row_sum + 2^(s2 - m') (= l' 2^(M - m')), so
+        O = acc 2^(m' - M) / l'. A row without keys (m' = -inf) gets an infinite divisor, O = 0, and
+        LSE = z; a sink of -inf changes nothing. %lsev holds the LSE for store_lse."""
+        self.what(f"apply_sink (Q tile {op.qtile}): sink z = sink_ptr[head]; LSE = ln2 (M + log2(row_sum 2^(m'-M) + "
+                  "2^(z log2e - M))), M = max(m', z log2e), m' = ref*scale; row_sum += 2^(z log2e - m') for O")
+        self.emit("apply_sink", s2=self.r("f32", "snk"), m2=self.r("f32", "snkm"), mx=self.r("f32", "snkM"),
+                  f=self.r("f32", "snkf"), e=self.r("f32", "snke"), log2e=f32(1.0 / LN2), ln2=f32(LN2),
+                  neg_inf=NEG_INF, zero=ZERO)
+
     def compute_store_lse(self, op: Compute) -> None:
         if self.cfg.varlen:
             self.what(f"store_lse (Q tile {op.qtile}): LSE = (ref*scale + log2(row_sum)) * ln 2 (-inf for a row "
@@ -740,7 +804,8 @@ class _RoleEmitter(Walker):
         else:
             self.what(f"store_lse (Q tile {op.qtile}): LSE = (ref*scale + log2(row_sum)) * ln 2 (-inf for a row "
                       "without keys) to lse[b, head, seq], rows < Sq only")
-        self.emit("store_lse", ln2=f32(LN2), g=self.cfg.gqa_ratio, neg_inf=NEG_INF, varlen=self.cfg.varlen)
+        self.emit("store_lse", ln2=f32(LN2), g=self.cfg.gqa_ratio, neg_inf=NEG_INF, varlen=self.cfg.varlen,
+                  sink=self.cfg.sinks)
 
 
 _DESC_K_MAJOR = SmemMatrixDesc.k_major_sw128(DescArch.SM100A, 0).encode()

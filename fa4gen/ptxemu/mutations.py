@@ -467,10 +467,11 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
 
 
 def by_name(name: str) -> PtxMutation:
-    for m in PTX_MUTATIONS:
+    known = PTX_MUTATIONS + SCORE_MOD_MUTATIONS
+    for m in known:
         if m.name == name:
             return m
-    raise KeyError(f"no PTX mutation {name!r}; known: {', '.join(m.name for m in PTX_MUTATIONS)}")
+    raise KeyError(f"no PTX mutation {name!r}; known: {', '.join(m.name for m in known)}")
 
 
 # ---- 192-row Q tiles (sm_90a D = 64: three consumer warpgroups, tiles.SM90_Q_ROWS): the edits put back
@@ -576,6 +577,28 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
     PtxMutation("sm90_sink_units", _SM90CWS, "row 0's sink is not converted to log2 units (z used where z log2 e "
                 "is due)", ("mismatch",),
                 _sub(r"^\s*mul\.f32 %snk0, %snk0, 0f3FB8AA3B;\n", "", count=0), protocol=False),
+)
+
+
+# ---- score modifiers (sliding windows, sinks) on sm_100a: the window's left limit as mask words and as
+# the block test (plan.BlockInfo.needs_mask: b < unmasked_lo), the sink in O's divisor. The default
+# window shapes (harness.default_shapes) put keys left of the window into masked blocks of the first
+# launch and a block below unmasked_lo but below n_unmasked into the second; seed 0's sink dominates.
+# Kept out of PTX_MUTATIONS (whose every entry tests/test_ptxemu.py emulates, with an unmutated run of
+# each config outside the golden set: about a minute of CI for this kernel); `fa4gen emulate
+# --mutation NAME` finds them (by_name), tests/test_scoremods_sm100.py checks that each still applies.
+_SM100WS = dict(arch="sm_100a", head_dim=64, causal=True, gqa_ratio=1, dtype="bf16", window=True, sinks=True)
+SCORE_MOD_MUTATIONS: tuple[PtxMutation, ...] = (
+    PtxMutation("window_begin_word_dropped", _SM100WS, "softmax0's window mask keeps the key_end word only for "
+                "columns 0-31 (the key_begin word's AND dropped): keys left of the window count on masked blocks",
+                ("mismatch",), _sub(r"^\s*and\.b32 %mw0, %mw0, %mbw;\n", "", nth=0), protocol=False),
+    PtxMutation("window_unmasked_lo_ignored", _SM100WS, "the softmax roles mask only blocks >= %nunm (the "
+                "b < %unmlo test dropped): a block the window's left edge cuts runs unmasked",
+                ("mismatch",), _sub(r"^\s*setp\.lt\.or\.s32 %p_mask, %nb, %unmlo, %p_mask;\n", "", count=0),
+                protocol=False),
+    PtxMutation("sink_dropped_from_divisor", _SM100WS, "softmax0 stores the sink's LSE but normalises O without "
+                "it (row_sum += 2^(z log2 e - m) dropped)", ("mismatch",),
+                _sub(r"^\s*add\.f32 %sum, %sum, %snke;\n", "", nth=0), protocol=False),
 )
 
 
