@@ -21,6 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fa4gen  # noqa: E402
+from fa4gen import api  # noqa: E402
 from test_gpu import EMU_AND_LOGITS, SUBNORMAL_HALF_SPACING, TORCH_DTYPE, UNIT_ROUNDOFF  # noqa: E402
 from test_gpu_kvcache import make_cache  # noqa: E402
 from test_gpu_varlen import _cu, ragged_lengths  # noqa: E402
@@ -160,7 +161,7 @@ def test_dense_matches_reference(case, exact_fp32):
     scale = d ** -0.5
     o, lse = fa4gen.attention(q, k, v, causal=causal, window_size=window, softcap=softcap, learnable_sink=z,
                               return_lse=True)
-    info = fa4gen.last_call_info()
+    info = api.last_call_info()
     want = (window[0] >= 0 or (window[1] >= 0 and not causal), softcap > 0, sink)
     cfg = info.problem.mods.flags
     assert tuple(f for _, f in cfg) == want and info.launched
@@ -187,7 +188,7 @@ def test_unbounded_window_equals_the_plain_kernel_bitwise():
         o0, l0 = fa4gen.attention(q, k, v, causal=causal, return_lse=True)
         o1, l1 = fa4gen.attention(q, k, v, causal=causal, window_size=(-1, -1 if not causal else 5), return_lse=True)
         assert torch.equal(o0, o1) and torch.equal(l0, l1)
-        assert "_win" not in fa4gen.last_call_info().kernel.name
+        assert "_win" not in api.last_call_info().kernel.name
 
 
 def test_keyless_problem_with_sinks_answers_the_sink():
@@ -196,7 +197,7 @@ def test_keyless_problem_with_sinks_answers_the_sink():
     z = sinks(8, "keyless")
     o, lse = fa4gen.attention(q, k, k, learnable_sink=z, return_lse=True)
     assert (o == 0).all() and torch.equal(lse, z[None, :, None].expand(2, 8, 5))
-    assert not fa4gen.last_call_info().launched
+    assert not api.last_call_info().launched
 
 
 # ---- varlen ------------------------------------------------------------------------------------
