@@ -106,7 +106,7 @@ def main(argv=None) -> int:
                 flop = 4.0 * causal_window_pairs(s, w) * hq * d
                 run("window", f"{model} S {s} W {w if w is not None else 'full'}", fns, flop, model=model, seqlen=s,
                     window=w)
-            del q, k, v
+            q = k = v = None  # frees the inputs (the timed lambdas are done)
             torch.cuda.empty_cache()
     # 2. softcap / sinks overhead
     hq, hkv, d, b, s = 32, 8, 128, 2, 8192
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
         if p is not None:
             fns["fa4cute"] = p
         run("overhead", label, fns, flop)
-    del q, k, v
+    q = k = v = None  # frees the inputs (the timed lambdas are done)
     torch.cuda.empty_cache()
     # 3. gpt-oss-like decode
     hq, hkv, d = MODELS["gpt-oss"]
@@ -138,7 +138,7 @@ def main(argv=None) -> int:
         if p is not None:
             fns["fa4cute"] = p
         run("decode", f"gpt-oss B {b} cache {length} W 127 + sinks", fns, None, batch=b, cache_len=length)
-        del kc, vc
+        kc = vc = None
         torch.cuda.empty_cache()
     stamp = _dt.datetime.now(_dt.timezone.utc)
     out = a.out or ROOT / "bench" / "results" / f"{stamp:%Y-%m-%dT%H%M%SZ}_scoremods.json"
