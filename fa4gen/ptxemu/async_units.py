@@ -761,10 +761,10 @@ def compile_wgmma(ctx, ins, parts):
             for wi_, c in cs.items():
                 ww = c["warp"]
                 rows, cols = d_idx[wi_]
-                v32 = D[rows, cols]
+                u32 = D[rows, cols].view(np.uint32)  # a fresh array: its rows are the registers' new values
                 fence_ = ww.wg_fence
                 for j, n in enumerate(dnames):
-                    arr = v32[j].view(np.uint32).copy()
+                    arr = u32[j]
                     ww.regs[n] = arr
                     if fence_ is not None:
                         fence_[n] = id(arr)

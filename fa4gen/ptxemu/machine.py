@@ -80,8 +80,9 @@ def distinct_ids(ids: np.ndarray) -> list:
 
 # ---- knowledge (vector clocks) ------------------------------------------------------------------
 def _join(dst: dict, src: dict) -> None:
+    get = dst.get  # bound once: joins of whole clocks run per arrival and barrier
     for k, v in src.items():
-        if dst.get(k, -1) < v:
+        if get(k, -1) < v:
             dst[k] = v
 
 

@@ -10,7 +10,8 @@ import re
 import numpy as np
 
 from . import fp
-from .machine import _DT, _STORE, _WIDTH, PARAM_BASE, REGS_PER_SM, SMEM_BASE, WARP, Block, Fault, MBar, NamedBar, _join
+from .machine import (_DT, _STORE, _WIDTH, PARAM_BASE, REGS_PER_SM, SMEM_BASE, WARP, Block, Fault, MBar, NamedBar, _cnz,
+                      _join)
 from .parse import Addr, FImm, Imm, PredPair, Reg, Sink, SReg, Sym, TmaAddr, UnsupportedInstruction, Vec
 
 _U32, _S32, _F32, _U64 = np.uint32, np.int32, np.float32, np.uint64
@@ -124,11 +125,14 @@ def writer(ctx: Ctx, o, t: str, ins):
     dt = _DT[t]
     sdt = _STORE[_WIDTH[rt]]
 
+    same = dt is sdt
+
     def store(w, v, m):
-        v = np.asarray(v, dtype=dt)
-        if v.shape != (WARP,):
-            v = np.full(WARP, v, dt)
-        if dt != sdt:
+        if type(v) is not np.ndarray or v.dtype != dt or v.shape != _LANES:  # else: a lane vector already
+            v = np.asarray(v, dtype=dt)
+            if v.shape != _LANES:
+                v = np.full(WARP, v, dt)
+        if not same:
             v = v.view(sdt)
         if m is None:
             w.regs[name] = v
@@ -533,6 +537,30 @@ def _gmem_slot(gm, a: int, nb: int, what: str, ins, w, lane):
     return hit
 
 
+def _st_global_at_once(w, addrs, vals, nb: int, gm, ins) -> bool:
+    """st.global of every lane in one pass, where that is the lane-by-lane loop's exact outcome: all
+    lanes in one allocation, nb-aligned, at distinct addresses, over bytes no store wrote before (so
+    no fault, no finding, and no order between the lanes to keep). False (nothing done) otherwise:
+    the caller's loop then stores lane by lane, faulting or reporting at the lane it did."""
+    if addrs.size == 0:
+        return False
+    lo, hi = int(addrs.min()), int(addrs.max())
+    hit, last = gm.find(lo, nb), gm.find(hi, nb)
+    if hit is None or last is None or last[0] != hit[0]:
+        return False
+    base, buf, gname = hit
+    if _cnz(addrs % nb) or np.unique(addrs).size != addrs.size:
+        return False
+    emu = w.cta.emu
+    idx = (addrs - base)[:, None] + np.arange(nb)[None, :]
+    cnt = emu.gwrites.get(gname)
+    if cnt is not None and _cnz(cnt[idx]):
+        return False
+    buf[idx] = np.ascontiguousarray(vals).view(np.uint8).reshape(addrs.size, nb)
+    emu.mark_gmem(gname, buf.size, idx.reshape(-1), emu.writer_id(("st.global", w.wid, ins.line)), w.cta.ctaid)
+    return True
+
+
 def compile_ld_st(ctx, ins, parts):
     emu = ctx.emu
     head = parts[0]
@@ -644,6 +672,8 @@ def compile_ld_st(ctx, ins, parts):
             addrs = ar(w)[lanes]
             gm = w.cta.emu.gmem
             vals = np.stack([_bcast(np.asarray(r(w), dt))[lanes] for r in rs], axis=1)
+            if _st_global_at_once(w, addrs, vals, nb, gm, ins):
+                return
             for j, (a, lane) in enumerate(zip(addrs, lanes)):
                 a = int(a)
                 base, buf, gname = _gmem_slot(gm, a, nb, "st.global", ins, w, lane)
