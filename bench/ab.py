@@ -34,8 +34,8 @@ EXTRA = ((8, 2000, 16, 16, 128, False), (8, 2000, 16, 16, 128, True))
 
 def dense_cases(suite: str):
     """(shape, KernelConfig) of the dense suites: fa4gen.attention's tile choice per shape."""
-    from fa4gen.config import KernelConfig
-    from fa4gen.tiles import q_tile_rows
+    from fa4gen.spec.config import KernelConfig
+    from fa4gen.spec.tiles import q_tile_rows
 
     shapes = {"main": SHAPES + EXTRA, "d64": D64_SHAPES}[suite]
     for shape in shapes:
@@ -48,7 +48,7 @@ def dense_cases(suite: str):
 def varlen_cases():
     """(mix, KernelConfig) of bench/varlen.py's MIXES."""
     from bench.varlen import MIXES
-    from fa4gen.config import KernelConfig
+    from fa4gen.spec.config import KernelConfig
 
     for kind, d, causal in MIXES:
         yield (kind, d, causal), KernelConfig(arch="sm_90a", head_dim=d, causal=causal, dtype="bf16", varlen=True)
@@ -60,7 +60,7 @@ KV_LAYOUTS = (0, 64)  # page size: contiguous, 64-row pages
 
 def kvcache_cases():
     from bench.kvcache import D, HKV, HQ
-    from fa4gen.config import KernelConfig
+    from fa4gen.spec.config import KernelConfig
 
     for b, length in KV_SHAPES:
         for ps in KV_LAYOUTS:
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
         ap.error("--baseline DIR is required")
     import torch
 
-    from fa4gen import api
+    from fa4gen.runtime import api
 
     if not torch.cuda.is_available():
         print("bench.ab: no CUDA GPU", file=sys.stderr)

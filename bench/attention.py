@@ -229,7 +229,7 @@ def _fa4cute(flash_attn_func, q, k, v, causal):
 def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None):
     import torch
 
-    from fa4gen import api
+    from fa4gen.runtime import api
 
     b, s, hq, hkv, d, causal = shape[:6]
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
@@ -340,7 +340,7 @@ def environment(argv):
         env["fa4gen_commit"] = r.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         env["fa4gen_commit"] = None
-    from fa4gen.config import GENERATOR_VERSION
+    from fa4gen.spec.config import GENERATOR_VERSION
     env["fa4gen_generator_version"] = GENERATOR_VERSION
     return env
 

@@ -78,8 +78,8 @@ def main(argv=None):
     import torch
 
     from bench.attention import _median_ms, _sdpa, environment, load_fa4cute
-    from fa4gen import api
-    from fa4gen.config import KernelConfig
+    from fa4gen.runtime import api
+    from fa4gen.spec.config import KernelConfig
 
     env = environment(["bench/kvcache.py", *(argv if argv is not None else sys.argv[1:])])
     fa4, info = load_fa4cute()

@@ -24,8 +24,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     import torch
 
-    from fa4gen import api
-    from fa4gen.config import KernelConfig
+    from fa4gen.runtime import api
+    from fa4gen.spec.config import KernelConfig
 
     b, length, hq, hkv, d = 1, 4096, 32, 8, 128
     q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)

@@ -2,7 +2,7 @@
 
     python3 -m bench.l2_group [--out results.json]
 
-For each shape: the runtime's choice (fa4gen.schedule.choose_l2_group), one section (= B*Hkv, the
+For each shape: the runtime's choice (fa4gen.spec.schedule.choose_l2_group), one section (= B*Hkv, the
 order before L2 sections) and a few section sizes around the L2 budget, each timed twice in
 alternation (triton do_bench median, L2 flushed between runs) so run-to-run noise shows beside the
 differences. Every l2_group must give bit-identical O (order moves tasks, never changes them).
@@ -31,8 +31,8 @@ def main(argv=None) -> int:
     import torch
     from triton.testing import do_bench
 
-    from fa4gen import api
-    from fa4gen.config import KernelConfig
+    from fa4gen.runtime import api
+    from fa4gen.spec.config import KernelConfig
 
     rows = []
     for b, s, hq, hkv, d in SHAPES:

@@ -24,8 +24,8 @@ def main() -> int:
     a = ap.parse_args()
     import torch
 
-    from fa4gen import api
-    from fa4gen.config import KernelConfig
+    from fa4gen.runtime import api
+    from fa4gen.spec.config import KernelConfig
 
     b, s, hq, hkv, d = (int(x) for x in a.shape.split(","))
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]

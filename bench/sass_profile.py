@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from fa4gen import codegen  # noqa: E402
-from fa4gen.assemble import assemble, disassemble, find_disassembler, find_ptxas, ptxas_version  # noqa: E402
+from fa4gen.assemble.assemble import assemble, disassemble, find_disassembler, find_ptxas, ptxas_version  # noqa: E402
 
 # opcode family -> the column it is counted in (first match wins); the full histogram goes to the JSON
 COLUMNS = (

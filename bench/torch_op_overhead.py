@@ -1,4 +1,4 @@
-"""Host cost of routing `fa4gen.attention` through the custom op (fa4gen/torch_ops.py) instead of
+"""Host cost of routing `fa4gen.attention` through the custom op (fa4gen/runtime/torch_ops.py) instead of
 calling the eager path directly: the eager body is replaced by a stand-in returning preallocated
 tensors, so only the dispatch differs. Runs on CPU (torch needed, no GPU).
 
@@ -26,7 +26,7 @@ def main(argv=None):
     import torch
 
 
-    from fa4gen import api, launch, torch_ops
+    from fa4gen.runtime import api, launch, torch_ops
 
     q = torch.randn(2, 100, 8, 64, dtype=torch.float16)
     o, lse = torch.empty_like(q), torch.empty(2, 8, 100)

@@ -5,7 +5,7 @@
 
 Knobs (all fields of KernelConfig that the sm_90a kernel reads): emu_pairs (exponentials per 16
 on the FMA cubic instead of MUFU), emu_start, kv_stages (K/V ring depth, as far as SMEM allows),
-rescale_threshold. For each shape every candidate is built (fa4gen.api.get_kernel: IR, verify,
+rescale_threshold. For each shape every candidate is built (fa4gen.runtime.api.get_kernel: IR, verify,
 lower, assemble) and timed into a preallocated output, candidates interleaved for `--rounds`
 rounds of triton's do_bench (median of each); the JSON lists median ms, TFLOP/s, the spread and
 the max |difference| to the default config's output per candidate. Nothing here changes a
@@ -57,10 +57,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import torch
 
-    from fa4gen import api
-    from fa4gen.config import KernelConfig
+    from fa4gen.runtime import api
+    from fa4gen.spec.config import KernelConfig
 
-    from fa4gen.tiles import q_tile_rows
+    from fa4gen.spec.tiles import q_tile_rows
 
     shapes = {"issue14": ISSUE14, "all": SHAPES, "d64": D64}[a.shapes]
     tiles = a.shapes == "d64"

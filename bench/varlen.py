@@ -69,8 +69,8 @@ def equal_work_dense(lens) -> tuple[int, int]:
 def run_mix(kind, d, causal, warmup_ms, rep_ms, fa4_varlen=None, rounds=3):
     import torch
 
-    from fa4gen import api
-    from fa4gen.config import KernelConfig
+    from fa4gen.runtime import api
+    from fa4gen.spec.config import KernelConfig
 
     lens = mix_lengths(kind)
     total = sum(lens)

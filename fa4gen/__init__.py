@@ -6,7 +6,7 @@ The chain (each stage a pure function whose output can be dumped):
         --render--> PTX --assemble--> cubin --load--> Kernel
 """
 
-from .config import ConfigError, KernelConfig, GENERATOR_VERSION
+from .spec.config import ConfigError, KernelConfig, GENERATOR_VERSION
 
 __all__ = ["ConfigError", "KernelConfig", "GENERATOR_VERSION", "attention", "attention_varlen", "attention_with_kvcache",
            "load"]
@@ -19,9 +19,9 @@ def __getattr__(name):
     if name == "distributed":  # fa4gen.distributed.ring_attention (context parallelism; imports torch lazily too)
         import importlib
 
-        return importlib.import_module(".distributed", __name__)
+        return importlib.import_module(".runtime.distributed", __name__)
     if name in _LAZY:
-        from . import api
+        from .runtime import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'fa4gen' has no attribute {name!r}")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from .config import ConfigError, KernelConfig
-from .plan import ARCH_LIMITS
+from .spec.config import ConfigError, KernelConfig
+from .spec.plan import ARCH_LIMITS
 
 _ARCH = click.Choice(["sm_100a", "sm_90a"])
 
@@ -37,7 +37,7 @@ def _config_options(f):
                      help="With --kvcache: a paged cache (num_pages, N, Hkv, D) read through a page table "
                           "(B, max_pages) int32, N a power of two in [16, 256]; 0 = contiguous."),
         click.option("--block-m", "block_m", type=click.Choice(["auto", "128", "192"]), default="auto", show_default=True,
-                     help="Q tile rows. auto: what fa4gen.attention runs (fa4gen.tiles.q_tile_rows: 192 for dense "
+                     help="Q tile rows. auto: what fa4gen.attention runs (fa4gen.spec.tiles.q_tile_rows: 192 for dense "
                           "sm_90a D = 64, three consumer warpgroups; 128 otherwise). 192 is sm_90a-only, dense, "
                           "GQA packs of at most 64 heads."),
         click.option("--window", is_flag=True,
@@ -67,7 +67,7 @@ def _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshol
     if block_m != "auto":
         kw["block_m"] = int(block_m)
     elif head_dim in (64, 128) and isinstance(gqa, int) and gqa >= 1:  # others: KernelConfig says what is wrong
-        from .tiles import q_tile_rows
+        from .spec.tiles import q_tile_rows
         kw["block_m"] = q_tile_rows(arch, head_dim, gqa, varlen, kvcache)
     if kv_stages is not None:
         kw["kv_stages"] = kv_stages
@@ -182,8 +182,8 @@ def verify(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, block
            rescale_threshold, mutation, list_mutations):
     from .codegen import pipeline_summary
     from .ir import build_pipeline
-    from .passes import verify as run_verify
-    from .passes.mutations import CORPUS, SM90_CORPUS
+    from .verify import verify as run_verify
+    from .verify.mutations import CORPUS, SM90_CORPUS
 
     corpus = {"sm_100a": CORPUS, "sm_90a": SM90_CORPUS}
     if list_mutations:
@@ -213,8 +213,8 @@ def verify(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, block
 
 def _load_ptx(path: Path, manifest: str | None, mutation: str | None) -> tuple[str, dict]:
     """(PTX text as on disk, its manifest), a corpus mutation applied if asked; UsageError otherwise."""
-    from .ptxemu import harness
-    from .ptxemu.mutations import MutationMiss, by_name
+    from .evidence.ptxemu import harness
+    from .evidence.ptxemu.mutations import MutationMiss, by_name
 
     if not path.exists():
         raise harness.UsageError(f"{path}: no such file")
@@ -228,7 +228,7 @@ def _load_ptx(path: Path, manifest: str | None, mutation: str | None) -> tuple[s
     return text, man
 
 
-@main.command(help="Execute a PTX file exactly as it is on disk in the CPU emulator (fa4gen/ptxemu): every "
+@main.command(help="Execute a PTX file exactly as it is on disk in the CPU emulator (fa4gen/evidence/ptxemu): every "
                    "warp in SIMT lock-step, TMA / tcgen05 / wgmma as asynchronous agents with seeded random "
                    "completion orders, reads checked against what the protocol made visible. Random inputs "
                    "(with O rescales, tails, fully masked rows) are run for each seed and shape and O / LSE "
@@ -281,9 +281,9 @@ def _load_ptx(path: Path, manifest: str | None, mutation: str | None) -> tuple[s
               help="Also write that coverage report as JSON to this file.")
 def emulate(ptx_file, manifest, shapes, lens, kvs, seeds, seed0, ctas, step_limit, persistent, mutation,
             list_mutations, quiet, coverage, coverage_json):
-    from .ptxemu import harness
-    from .ptxemu.mutations import PTX_MUTATIONS
-    from .ptxemu.parse import PtxSyntaxError
+    from .evidence.ptxemu import harness
+    from .evidence.ptxemu.mutations import PTX_MUTATIONS
+    from .evidence.ptxemu.parse import PtxSyntaxError
 
     if list_mutations:
         for m in PTX_MUTATIONS:
@@ -319,7 +319,7 @@ def emulate(ptx_file, manifest, shapes, lens, kvs, seeds, seed0, ctas, step_limi
         return cb
 
     shp = shp or harness.default_shapes(man)
-    from .check import name_in_header
+    from .evidence.check import name_in_header
     named = name_in_header(text)
     if named and named != man.get("name"):
         click.echo(f"note: the PTX header names {named}, the manifest {man.get('name')}: runs use the manifest", err=True)
@@ -327,7 +327,7 @@ def emulate(ptx_file, manifest, shapes, lens, kvs, seeds, seed0, ctas, step_limi
     total_steps, total_s = 0, 0.0
     runs = []
     try:
-        from .ptxemu.parse import parse_for_manifest
+        from .evidence.ptxemu.parse import parse_for_manifest
         mod = parse_for_manifest(text, man)
         for sh in shp:
             for s in range(seed0, seed0 + seeds):
@@ -371,8 +371,8 @@ def emulate(ptx_file, manifest, shapes, lens, kvs, seeds, seed0, ctas, step_limi
               help="The build manifest (default: the .json beside the .ptx).")
 @click.option("--mutation", default=None, help="Apply a PTX corpus mutation first (fa4gen emulate --list-mutations).")
 def check(ptx_file, manifest, mutation):
-    from .check import CheckUsageError, check_ptx
-    from .ptxemu import harness
+    from .evidence.check import CheckUsageError, check_ptx
+    from .evidence.ptxemu import harness
 
     path = Path(ptx_file)
     try:

@@ -4,7 +4,7 @@
 
     build_pipeline(cfg)            the role programs (fa4gen/ir)
     check_or_raise(verify(...))    the programs the PTX is lowered from, proven (or VerificationError)
-    lower + render                 sm_100a: fa4gen.lower.sm100; sm_90a: fa4gen.lower.sm90.build_sm90
+    lower + render                 fa4gen.lower.sm100 / sm90, rendered by fa4gen.render.kernels
     assemble                       ptxas / nvJitLink under the zero-warning, no-spill policy
 
 Assembly runs in a worker thread while the verifier runs (ptxas is a subprocess, so the two
@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import GENERATOR_VERSION, KernelConfig
-from .fsutil import atomic_write
+from .spec.config import GENERATOR_VERSION, KernelConfig
+from .assemble.fsutil import atomic_write
 
 EMITS = ("ir", "ptx", "cubin", "sass")
 
@@ -81,7 +81,7 @@ def _verifier_fingerprint() -> str:
     import importlib
 
     h = hashlib.sha256(GENERATOR_VERSION.encode())
-    for name in ("fa4gen.ir.core", "fa4gen.passes.engine", "fa4gen.passes.verify"):
+    for name in ("fa4gen.ir.core", "fa4gen.verify.engine", "fa4gen.verify.verify"):
         h.update(Path(importlib.import_module(name).__file__).read_bytes())
     return h.hexdigest()
 
@@ -97,8 +97,8 @@ def _report_to_json(rep) -> dict:
 
 
 def _report_from_json(d: dict):
-    from .passes.engine import Finding
-    from .passes.verify import Report
+    from .verify.engine import Finding
+    from .verify.verify import Report
 
     return Report(d["pipeline_name"], tuple(Finding(**f) for f in d["findings"]), int(d["runs"]),
                   tuple(tuple(s) for s in d["scenarios"]))
@@ -107,8 +107,8 @@ def _report_from_json(d: dict):
 def verify_cached(pipe):
     """verify(pipe), reusing an on-disk record of an earlier passing run of the same pipeline content
     under the same verifier source. Returns (report, cache_hit)."""
-    from .cache import default_cache_dir
-    from .passes.verify import verify
+    from .assemble.cache import default_cache_dir
+    from .verify.verify import verify
 
     use_cache = os.environ.get(VERIFY_CACHE_ENV, "1") != "0"
     path = None
@@ -189,11 +189,11 @@ def _assembler_summary(res) -> dict:
 def _lower(cfg: KernelConfig, pipe):
     """(ptx, ABI manifest) for the config's arch."""
     if cfg.arch == "sm_100a":
-        from .lower.sm100 import build_sm100
+        from .render.kernels import build_sm100
 
         return build_sm100(pipe)
     if cfg.arch == "sm_90a":
-        from .lower.sm90 import build_sm90
+        from .render.kernels import build_sm90
 
         return build_sm90(pipe)
     raise BuildError(f"no lowering for arch {cfg.arch!r}")
@@ -210,8 +210,8 @@ def build(cfg: KernelConfig, out_dir=None, emit=("ptx", "cubin"), *, backend: st
           verify: bool = True) -> BuildResult:
     """Generate (and, if asked, assemble) one kernel variant. Raises VerificationError when the
     pipeline has findings, AssembleError when the assembler or the resource policy refuses."""
-    from .assemble import assemble, disassemble
-    from .passes.verify import VerificationError
+    from .assemble.assemble import assemble, disassemble
+    from .verify.verify import VerificationError
 
     if not isinstance(cfg, KernelConfig):
         raise TypeError(f"cfg must be a KernelConfig, got {type(cfg).__name__}")

@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def _matrix():
-    from fa4gen.config import KernelConfig
-    from fa4gen.tiles import q_tile_rows
+    from fa4gen.spec.config import KernelConfig
+    from fa4gen.spec.tiles import q_tile_rows
 
     out = []
     for arch in ("sm_100a", "sm_90a"):
@@ -42,7 +42,7 @@ def _matrix():
 
 def _one(job):
     name, ptx, man, seeds = job
-    from fa4gen.ptxemu.harness import emulate_file
+    from fa4gen.evidence.ptxemu.harness import emulate_file
 
     t0 = time.perf_counter()
     rep = emulate_file(Path(name + ".ptx"), ptx_text=ptx, manifest=man, seeds=seeds)

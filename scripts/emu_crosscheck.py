@@ -9,8 +9,8 @@ largest difference in units in the last place.
 
 `prepare` writes bench/emu_crosscheck/ptx/<case>.ptx + .json (tracked, so the device runs exactly
 the text the emulator reads; the gpu step checks their sha256). `gpu` draws each case's inputs
-with the emulator's own generator (fa4gen.ptxemu.harness.make_inputs), assembles the PTX with
-ptxas, launches it through fa4gen.runtime.Kernel with NaN-poisoned outputs and saves inputs and
+with the emulator's own generator (fa4gen.evidence.ptxemu.harness.make_inputs), assembles the PTX with
+ptxas, launches it through fa4gen.runtime.runtime.Kernel with NaN-poisoned outputs and saves inputs and
 outputs in one .npz. `compare` feeds the saved inputs to the emulator and writes
 bench/results/<UTC>_emu_crosscheck.json and a table.
 """
@@ -44,13 +44,13 @@ CASES = [
 
 
 def _case_name(cfg: dict) -> str:
-    from fa4gen.config import KernelConfig
+    from fa4gen.spec.config import KernelConfig
     return KernelConfig(arch="sm_90a", **cfg).name
 
 
 def prepare() -> None:
     from fa4gen import codegen
-    from fa4gen.config import KernelConfig
+    from fa4gen.spec.config import KernelConfig
     CASE_DIR.mkdir(parents=True, exist_ok=True)
     for cfg, _ in CASES:
         c = KernelConfig(arch="sm_90a", **cfg)
@@ -66,9 +66,9 @@ def _sha(p: Path) -> str:
 
 def gpu(out: Path) -> None:
     import torch
-    from fa4gen.assemble import assemble
-    from fa4gen.ptxemu.harness import Shape, make_inputs
-    from fa4gen.runtime import Kernel, launch_geometry
+    from fa4gen.assemble.assemble import assemble
+    from fa4gen.evidence.ptxemu.harness import Shape, make_inputs
+    from fa4gen.runtime.runtime import Kernel, launch_geometry
 
     out.mkdir(parents=True, exist_ok=True)
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -120,9 +120,9 @@ def _ulp_diff_32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def compare(npz: Path) -> int:
-    from fa4gen import reference
-    from fa4gen.ptxemu import harness
-    from fa4gen.ptxemu.harness import Shape, run_once
+    from fa4gen.evidence import reference
+    from fa4gen.evidence.ptxemu import harness
+    from fa4gen.evidence.ptxemu.harness import Shape, run_once
 
     meta = json.loads(npz.with_suffix(".json").read_text())
     data = np.load(npz)

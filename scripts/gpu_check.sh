@@ -10,7 +10,7 @@
 # script's header). Without it the column is empty and says why.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# From the checkout: the image has no hatchling and needs no install; render.py falls back to ./templates.
+# From the checkout: the image has no hatchling and needs no install; fa4gen/spec/paths.py (templates_dir) finds ./templates.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export FA4GEN_CACHE_DIR="${FA4GEN_CACHE_DIR:-$(mktemp -d /tmp/fa4gen-cache.XXXXXX)}"
 PY="${PYTHON:-python3}"
@@ -47,9 +47,9 @@ from concurrent.futures import ProcessPoolExecutor
 
 def one(key):
     from fa4gen import api
-    from fa4gen.cache import CubinCache
-    from fa4gen.config import KernelConfig
-    from fa4gen.tiles import q_tile_rows
+    from fa4gen.assemble.cache import CubinCache
+    from fa4gen.spec.config import KernelConfig
+    from fa4gen.spec.tiles import q_tile_rows
     d, dt, causal, g, varlen, *kv = key
     rows = kv[1] if len(kv) > 1 else q_tile_rows("sm_90a", d, g, varlen, bool(kv) and kv[0] is not None)
     cfg = KernelConfig(arch="sm_90a", head_dim=d, dtype=dt, causal=causal, gqa_ratio=g, varlen=varlen,

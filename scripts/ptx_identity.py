@@ -24,9 +24,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 HASHER = r'''
 import hashlib, itertools, json, sys
-from fa4gen.config import KernelConfig
-from fa4gen.lower.sm90 import build_sm90
-from fa4gen.lower.sm100 import build_sm100
+try:
+    from fa4gen.spec.config import KernelConfig
+    from fa4gen.render.kernels import build_sm90, build_sm100
+except ImportError:  # a tree from before the stage folders (fa4gen/config.py; build_sm90/100 in lower/)
+    from fa4gen.config import KernelConfig
+    from fa4gen.lower.sm90 import build_sm90
+    from fa4gen.lower.sm100 import build_sm100
 out = {}
 for arch, d, dt, c, g, e in itertools.product(("sm_90a", "sm_100a"), (64, 128), ("bf16", "fp16"), (False, True),
                                               (1, 2, 4, 8, 16, 32, 64, 128), (None, 2, 0)):

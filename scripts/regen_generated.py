@@ -24,7 +24,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from fa4gen import codegen  # noqa: E402
-from fa4gen.assemble import find_ptxas  # noqa: E402
+from fa4gen.assemble.assemble import find_ptxas  # noqa: E402
 
 
 def progress(done: int, total: int, label: str, width: int = 24) -> None:

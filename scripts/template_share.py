@@ -24,7 +24,8 @@ from unittest import mock
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fa4gen import KernelConfig, render  # noqa: E402
+from fa4gen import KernelConfig
+from fa4gen.render import jinja as render  # noqa: E402
 
 TAG = re.compile(r"//@m:(\S+)")
 
@@ -70,7 +71,7 @@ def render_with(tdir: Path, fn):
 
 def main():
     from fa4gen import codegen
-    from fa4gen.lower.sm90 import build_sm90
+    from fa4gen.render.kernels import build_sm90
 
     with tempfile.TemporaryDirectory() as tmp:
         tdir = Path(tmp) / "templates"

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from fa4gen.validate import (DeviceError, Fa4genInputError, InputTypeError, InputValueError, Problem, TensorMeta,
-                             UnsupportedArchError, canonical_strides, check_arch, check_problem,
-                             check_softmax_scale, tma_layout_problem)
+from fa4gen.runtime.validate import (DeviceError, Fa4genInputError, InputTypeError, InputValueError, Problem, TensorMeta,
+                                     UnsupportedArchError, canonical_strides, check_arch, check_problem,
+                                     check_softmax_scale, tma_layout_problem)
 
 
 def packed(shape):
@@ -114,7 +114,7 @@ def test_any_integer_gqa_ratio_passes(hq, hkv):
     needs to divide 128 (tiles.gqa_pack runs one head per tile otherwise)."""
     p = problem(*qkv(hq=hq, hkv=hkv))
     assert p.gqa_ratio == hq // hkv
-    from fa4gen.api import config_for
+    from fa4gen.runtime.api import config_for
 
     assert config_for(p).gqa_ratio == hq // hkv
 
@@ -220,9 +220,9 @@ def test_other_archs_refused(cc, words):
 
 def test_validate_and_api_import_without_torch():
     code = ("import sys; sys.modules['torch'] = None\n"
-            "import fa4gen.validate, fa4gen.api, fa4gen.cache\n"
-            "try:\n    fa4gen.api.attention(1, 2, 3)\n"
-            "except fa4gen.validate.InputTypeError as e:\n    print('refused:', e)\n")
+            "import fa4gen.runtime.validate, fa4gen.runtime.api, fa4gen.assemble.cache\n"
+            "try:\n    fa4gen.runtime.api.attention(1, 2, 3)\n"
+            "except fa4gen.runtime.validate.InputTypeError as e:\n    print('refused:', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "refused: fa4gen.attention needs torch" in out.stdout
@@ -240,7 +240,7 @@ def test_torch_cpu_tensors_are_refused_before_anything_else():
 
 def test_torch_non_tensor_argument():
     torch = pytest.importorskip("torch")
-    from fa4gen.api import attention
+    from fa4gen.runtime.api import attention
 
     q = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
     with pytest.raises(InputTypeError, match="v must be a torch.Tensor, got list"):
@@ -249,7 +249,7 @@ def test_torch_non_tensor_argument():
 
 def test_torch_tensor_meta_reads_views():
     torch = pytest.importorskip("torch")
-    from fa4gen.validate import tensor_meta
+    from fa4gen.runtime.validate import tensor_meta
 
     base = torch.zeros(2, 10, 3, 4, 64, dtype=torch.float16)
     m = tensor_meta(base[:, :, 1], "k")

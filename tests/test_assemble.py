@@ -6,11 +6,9 @@ import subprocess
 
 import pytest
 
-from fa4gen import assemble as asm
-from fa4gen.assemble import (
-    MIN_PTX_ISA_FOR_ARCH, PTX_VERSION_FOR_ARCH, AssembleError, AssemblePolicy, Backend, BackendUnavailableError,
-    FailureKind, assemble, disassemble, parse_resources, ptx_isa_version_for, ptx_version_supported,
-)
+from fa4gen.assemble import assemble as asm
+from fa4gen.assemble.assemble import MIN_PTX_ISA_FOR_ARCH, AssembleError, AssemblePolicy, Backend, BackendUnavailableError, FailureKind, assemble, disassemble, parse_resources, ptx_isa_version_for, ptx_version_supported
+from fa4gen.spec.plan import PTX_VERSION_FOR_ARCH
 
 HAVE_PTXAS = asm.find_ptxas() is not None
 HAVE_NVJITLINK = asm.nvjitlink_available()
@@ -126,9 +124,8 @@ def test_ptx_version_fits_h200_driver_and_targets():
 
 def test_lowerings_declare_the_table_version():
     """Both lowerings print their target's PTX_VERSION_FOR_ARCH entry, the one place it is said."""
-    from fa4gen.config import KernelConfig
-    from fa4gen.lower.sm90 import build_sm90
-    from fa4gen.lower.sm100 import build_sm100
+    from fa4gen.spec.config import KernelConfig
+    from fa4gen.render.kernels import build_sm90, build_sm100
 
     sm90, _ = build_sm90(KernelConfig(arch="sm_90a", head_dim=128, causal=True))
     sm100, _ = build_sm100(KernelConfig(arch="sm_100a", head_dim=128, causal=True))
@@ -368,7 +365,7 @@ def test_ptxas_from_the_nvcc_wheel_when_no_toolkit(monkeypatch):
     """Without a CUDA toolkit on the machine, the ptxas of the nvidia-cuda-nvcc wheel (the `cuda`
     extra) is found, so warp-specialised kernels (which need ptxas: nvJitLink drops setmaxnreg)
     still build after a plain pip install."""
-    import fa4gen.assemble as A
+    import fa4gen.assemble.assemble as A
     monkeypatch.delenv("FA4GEN_PTXAS", raising=False)
     monkeypatch.setattr(A, "_candidate_dirs", lambda: [])
     wheel = A._wheel_tool("ptxas")
@@ -387,7 +384,7 @@ def test_ptxas_from_the_nvcc_wheel_when_no_toolkit(monkeypatch):
 @pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])
 def test_unpacked_gqa_kernels_assemble_without_spills(arch, g, d, causal):
     from fa4gen import codegen
-    from fa4gen.config import KernelConfig
+    from fa4gen.spec.config import KernelConfig
 
     cfg = KernelConfig(arch=arch, gqa_ratio=g, head_dim=d, causal=causal)
     res = codegen.build(cfg, emit=("ptx",), verify=False)

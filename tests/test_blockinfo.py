@@ -1,4 +1,4 @@
-"""One BlockInfo (fa4gen/plan.py): the K/V block range of a task, defined once.
+"""One BlockInfo (fa4gen/spec/plan.py): the K/V block range of a task, defined once.
 
 - plan.BlockInfo equals a brute-force count from the mask itself (which blocks hold a visible
   (query, key) pair of the unit's rows, which hold only visible ones, how splits cut them) over
@@ -21,13 +21,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fa4gen.config import KernelConfig
-from fa4gen.lower.sm90 import build_sm90
-from fa4gen.lower.sm100 import build_sm100
-from fa4gen.plan import BLOCK_N, BlockInfo, block_info_ptx
-from fa4gen.reference import attention_exact, fa4_forward, round_to_dtype
-from fa4gen.schedule import tile_blocks
-from fa4gen.simulate import schedule_tasks, simulate_kvcache
+from fa4gen.spec.config import KernelConfig
+from fa4gen.render.kernels import build_sm90, build_sm100
+from fa4gen.spec.plan import BLOCK_N, BlockInfo, block_info_ptx
+from fa4gen.evidence.reference import attention_exact, fa4_forward, round_to_dtype
+from fa4gen.spec.schedule import tile_blocks
+from fa4gen.evidence.simulate import schedule_tasks, simulate_kvcache
 
 ROOT = Path(__file__).resolve().parent.parent
 MASK = 0xFFFFFFFF
@@ -289,7 +288,7 @@ def brute_window(m: int, rows: int, sq: int, sk: int, left, right):
 
 def window_ptx_values(rows, m, sq, sk, left, right, split, nsplit):
     """(n_unmasked, unmasked_lo, lo, n) from the window's instruction lists."""
-    from fa4gen.plan import WINDOW_UNBOUNDED
+    from fa4gen.spec.plan import WINDOW_UNBOUNDED
     wl = WINDOW_UNBOUNDED if left is None else left
     wr = WINDOW_UNBOUNDED if right is None else right
     base = {"%m": m, "%sq": sq, "%skv": sk, "%t": 0xDEADBEEF, "%t2": 0xDEADBEEF, "%s": split, "%S": nsplit,
@@ -333,7 +332,7 @@ def test_window_blockinfo_equals_the_mask_and_its_ptx():
 
 
 def test_window_sides_follow_flash_attn():
-    from fa4gen.plan import window_sides
+    from fa4gen.spec.plan import window_sides
     assert window_sides(None, False) == (None, None) and window_sides(None, True) == (None, 0)
     assert window_sides((-1, -1), False) == (None, None) and window_sides((128, -1), True) == (128, 0)
     assert window_sides((4096, 0), False) == (4096, 0) and window_sides((3, 5), False) == (3, 5)
@@ -352,7 +351,7 @@ def test_key_limits_ptx_equal_key_begin_and_key_end():
     32-bit semantics: the visible columns [begin, end) of every row are the mask's, for windows,
     causal, Sq != Skv, rows that see no key and unbounded sides; without a window the list is the
     kernels' old key_end (causal: min(Skv, q + 1 + Skv - Sq); else Skv)."""
-    from fa4gen.plan import WINDOW_UNBOUNDED, key_begin, key_end, key_limits_ptx
+    from fa4gen.spec.plan import WINDOW_UNBOUNDED, key_begin, key_end, key_limits_ptx
     assert key_limits_ptx(causal=False, q="%q", sq="%sq", skv="%skv", end="%e") == [("mov.u32", "%e", "%skv")]
     assert key_limits_ptx(causal=True, q="%q", sq="%sq", skv="%skv", end="%e") == [
         ("sub.s32", "%e", "%skv", "%sq"), ("add.s32", "%e", "%e", "%q"), ("add.s32", "%e", "%e", "1"),

@@ -7,11 +7,11 @@ import threading
 
 import pytest
 
-import fa4gen.config
-from fa4gen.cache import (CacheError, CubinCache, EntryState, KernelRegistry, default_cache_dir,
-                          get_or_build)
-from fa4gen.config import KernelConfig
-from fa4gen.cubin import fake_header
+import fa4gen.spec.config
+from fa4gen.assemble.cache import (CacheError, CubinCache, EntryState, KernelRegistry, default_cache_dir,
+                                   get_or_build)
+from fa4gen.spec.config import KernelConfig
+from fa4gen.assemble.cubin import fake_header
 
 CFG = KernelConfig(arch="sm_90a", head_dim=128, causal=True, gqa_ratio=4, dtype="bf16")
 HEADER = fake_header("sm_90a")  # what the cache checks: a CUDA ELF for sm_90
@@ -75,7 +75,7 @@ def test_generator_version_change_misses(tmp_path, monkeypatch):
     build = FakeBuild()
     cache = CubinCache(tmp_path)
     cache.get_or_build(CFG, build)
-    monkeypatch.setattr(fa4gen.config, "GENERATOR_VERSION", "999.0.0")
+    monkeypatch.setattr(fa4gen.spec.config, "GENERATOR_VERSION", "999.0.0")
     assert not cache.get_or_build(CFG, build).hit and build.calls == 2
 
 
@@ -149,7 +149,7 @@ def test_damaged_entry_is_rebuilt_not_loaded(tmp_path, damage, caplog):
     fn(cache)
     seen = cache.lookup(CFG)
     assert seen.state is EntryState.CORRUPT and reason in seen.reason and seen.cubin is None
-    with caplog.at_level("WARNING", logger="fa4gen.cache"):
+    with caplog.at_level("WARNING", logger="fa4gen.assemble.cache"):
         r = cache.get_or_build(CFG, build)
     assert (r.hit, r.found, r.cubin) == (False, EntryState.CORRUPT, good)
     assert reason in r.reason and build.calls == 2

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from fa4gen.cache import CubinCache, EntryState
-from fa4gen.config import KernelConfig
-from fa4gen.cubin import fake_header
+from fa4gen.assemble.cache import CubinCache, EntryState
+from fa4gen.spec.config import KernelConfig
+from fa4gen.assemble.cubin import fake_header
 
 CFG = KernelConfig(arch="sm_90a", head_dim=64, causal=False, gqa_ratio=1, dtype="bf16")
 TOOLCHAIN = "ptxas /opt/cuda/bin/ptxas 13.0.88"
@@ -70,7 +70,7 @@ def test_stopped_lock_holder_times_out_then_builds_uncached(tmp_path, monkeypatc
     holder = _hold_lock(lock)
     try:
         b = Counting()
-        with caplog.at_level("WARNING", logger="fa4gen.cache"):
+        with caplog.at_level("WARNING", logger="fa4gen.assemble.cache"):
             finished, r = _in_thread(lambda: cache.get_or_build(CFG, b), timeout=20)
         assert finished, "get_or_build hung on a lock whose holder never lets go"
         assert not isinstance(r, Exception), r
@@ -135,7 +135,7 @@ def test_assembler_identity_is_in_the_key(tmp_path):
 
 
 def test_default_toolchain_names_the_assembler_and_its_version(tmp_path):
-    from fa4gen import assemble
+    from fa4gen.assemble import assemble
 
     tc = CubinCache(tmp_path).toolchain
     assert tc == assemble.toolchain_id()

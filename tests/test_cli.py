@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from fa4gen import codegen
 from fa4gen.cli import main
-from fa4gen.config import KernelConfig
-from fa4gen.passes.mutations import CORPUS, SM90_CORPUS
+from fa4gen.spec.config import KernelConfig
+from fa4gen.verify.mutations import CORPUS, SM90_CORPUS
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-import fa4gen.config as config_module
-from fa4gen.config import ConfigError, KernelConfig
+import fa4gen.spec.config as config_module
+from fa4gen.spec.config import ConfigError, KernelConfig
 
 BAD_VALUES = [
     ("arch", "sm_80"),
@@ -176,8 +176,8 @@ def test_from_dict_validates():
 
 @pytest.mark.parametrize("g", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 40, 64, 96, 128, 256, 1 << 16])
 def test_any_integer_gqa_ratio_is_a_config_and_tiles_gqa_pack_decides_the_packing(g):
-    from fa4gen.plan import gqa_manifest
-    from fa4gen.tiles import gqa_pack, head_groups
+    from fa4gen.spec.plan import gqa_manifest
+    from fa4gen.spec.tiles import gqa_pack, head_groups
 
     cfg = KernelConfig(arch="sm_90a", causal=True, gqa_ratio=g)
     p = g if 128 % g == 0 else 1

@@ -6,7 +6,7 @@ import enum
 import numpy as np
 import pytest
 
-from fa4gen.config import ConfigError, KernelConfig
+from fa4gen.spec.config import ConfigError, KernelConfig
 
 INT_FIELDS = {  # field -> a valid value
     "head_dim": 128, "gqa_ratio": 2, "block_m": 128, "block_n": 128, "q_stages": 2, "kv_stages": 3,

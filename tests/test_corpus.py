@@ -7,10 +7,10 @@ import pytest
 
 from fa4gen import KernelConfig
 from fa4gen.ir import build_pipeline
-from fa4gen.passes import verify
-from fa4gen.passes.mutations import CORPUS
-from fa4gen.reference import fa4_forward
-from fa4gen.simulate import simulate
+from fa4gen.verify import verify
+from fa4gen.verify.mutations import CORPUS
+from fa4gen.evidence.reference import fa4_forward
+from fa4gen.evidence.simulate import simulate
 
 BASE = {False: build_pipeline(KernelConfig(head_dim=64, dtype="fp16")),
         True: build_pipeline(KernelConfig(head_dim=64, dtype="fp16", causal=True, gqa_ratio=4))}
@@ -59,7 +59,7 @@ def test_data_breaking_mutations_fail_in_the_simulator(mut):
     assert failed, f"{mut.name}: the simulator neither diverged nor reported a hazard"
 
 
-from fa4gen.passes.mutations import SM90_CORPUS  # noqa: E402
+from fa4gen.verify.mutations import SM90_CORPUS  # noqa: E402
 
 
 @pytest.mark.parametrize("mut", SM90_CORPUS, ids=lambda m: m.name)

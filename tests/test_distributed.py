@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 from fa4gen import distributed as fd  # noqa: E402
-from fa4gen.reference import attention_exact  # noqa: E402
-from fa4gen.validate import Fa4genInputError, InputValueError  # noqa: E402
+from fa4gen.evidence.reference import attention_exact  # noqa: E402
+from fa4gen.runtime.validate import Fa4genInputError, InputValueError  # noqa: E402
 from _ranks import run_ranks  # noqa: E402
 
 

@@ -10,7 +10,7 @@ import re
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fa4gen.encodings import (
+from fa4gen.spec.encodings import (
     AccumType, DescArch, EncodingError, LboMode, Major, MmaType, SmemMatrixDesc, Swizzle,
     TcgenInstrDesc, TensorMapError, TensorMapSpec, TmaDtype, TmaInterleave, check_tmem_alloc,
     f16_col_to_phys, tmem_addr, tmem_addr_split, tmem_lane_base_for_warp,
@@ -326,7 +326,7 @@ def test_tensor_map_interleave32_needs_swizzle32_and_32b_strides():
 # ---- ptxas accepts the encodings as the instructions' operands ------------------------------
 
 def _tcgen05_ptx(idesc: int, adesc: int, bdesc: int) -> str:
-    from fa4gen.assemble import PTX_VERSION_FOR_ARCH
+    from fa4gen.spec.plan import PTX_VERSION_FOR_ARCH
     return f"""\
 .version {PTX_VERSION_FOR_ARCH["sm_100a"]}
 .target sm_100a
@@ -353,7 +353,7 @@ def _tcgen05_ptx(idesc: int, adesc: int, bdesc: int) -> str:
 def test_tcgen05_mma_with_encoded_operands_assembles(tmp_path):
     """ptxas (sm_100a) accepts the descriptor for S = Q Kᵀ both as a register and as an immediate;
     when a disassembler is present, the 32-bit value reaches the UTCHMMA idesc operand unchanged."""
-    from fa4gen.assemble import assemble, available_backends, disassemble, find_disassembler
+    from fa4gen.assemble.assemble import assemble, available_backends, disassemble, find_disassembler
     if not available_backends():
         pytest.skip("neither ptxas nor nvJitLink found")
     idesc = TcgenInstrDesc.for_dtype("bf16", 128, 128).encode()
@@ -370,7 +370,8 @@ def test_tcgen05_mma_with_encoded_operands_assembles(tmp_path):
 
 def test_wgmma_with_encoded_descriptors_assembles(tmp_path):
     """ptxas (sm_90a) accepts wgmma descriptors made by SmemMatrixDesc (K-major A, MN-major B)."""
-    from fa4gen.assemble import PTX_VERSION_FOR_ARCH, assemble, available_backends
+    from fa4gen.spec.plan import PTX_VERSION_FOR_ARCH
+    from fa4gen.assemble.assemble import assemble, available_backends
     if not available_backends():
         pytest.skip("neither ptxas nor nvJitLink found")
     a = SmemMatrixDesc.k_major_sw128("sm_90a", 0x0).encode()

@@ -7,14 +7,13 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from fa4gen.config import KernelConfig
-from fa4gen.exp2 import (EXP2_POLY, EXP2_POLY_MAX_REL_ERROR, emulated_columns, emulated_mask,
-                         exp2_emulated, exp2_error_report, exp2_hardware, fit_exp2_poly, fma_f32,
-                         max_relative_error)
-from fa4gen.reference import round_to_dtype
+from fa4gen.spec.config import KernelConfig
+from fa4gen.spec.exp2 import (EXP2_POLY, EXP2_POLY_MAX_REL_ERROR, emulated_columns, emulated_mask,
+                              exp2_emulated, exp2_error_report, exp2_hardware, fit_exp2_poly, fma_f32,
+                              max_relative_error)
+from fa4gen.evidence.reference import round_to_dtype
 
 f32 = np.float32
 finite32 = st.floats(width=32, allow_nan=False, allow_infinity=False)

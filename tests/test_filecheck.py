@@ -14,9 +14,9 @@ import re
 
 import pytest
 
-from fa4gen.config import KernelConfig
+from fa4gen.spec.config import KernelConfig
 from fa4gen.ir import build_pipeline
-from fa4gen.lower.sm100 import build_sm100
+from fa4gen.render.kernels import build_sm100
 
 CONFIGS = [KernelConfig(), KernelConfig(causal=True, gqa_ratio=4), KernelConfig(head_dim=64, gqa_ratio=4),
            KernelConfig(dtype="fp16", causal=True, head_dim=64)]

@@ -32,11 +32,11 @@ from pathlib import Path
 
 torch = pytest.importorskip("torch")
 
-from fa4gen import api  # noqa: E402
-from fa4gen.cache import KERNELS  # noqa: E402
-from fa4gen.config import KernelConfig  # noqa: E402
-from fa4gen.tiles import q_tile_rows  # noqa: E402
-from fa4gen.validate import DeviceError, InputTypeError, InputValueError  # noqa: E402
+from fa4gen.runtime import api  # noqa: E402
+from fa4gen.assemble.cache import KERNELS  # noqa: E402
+from fa4gen.spec.config import KernelConfig  # noqa: E402
+from fa4gen.spec.tiles import q_tile_rows  # noqa: E402
+from fa4gen.runtime.validate import DeviceError, InputTypeError, InputValueError  # noqa: E402
 
 UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
 SUBNORMAL_HALF_SPACING = {"fp16": 2.0 ** -25, "bf16": 0.0}  # bf16 has fp32's exponent range
@@ -374,7 +374,7 @@ def test_corrupt_cache_entry_is_rebuilt(tmp_path, monkeypatch):
     built = api.last_call_info().kernel
     assert built.source == "built" and built.build_s > 0 and built.load_s > 0, built
     cfg = KernelConfig(arch='sm_90a', causal=True)
-    cubin = Path(built.cache_path)  # <name>-<content hash>-<assembler id>.cubin (fa4gen/cache.py)
+    cubin = Path(built.cache_path)  # <name>-<content hash>-<assembler id>.cubin (fa4gen/assemble/cache.py)
     assert cubin.exists() and cubin.parent == tmp_path and cubin.name.startswith(f"{cfg.name}-{cfg.content_hash}")
     torch.cuda.synchronize()
     KERNELS.clear()
@@ -470,7 +470,7 @@ def test_tolerance_checks_fully_masked_rows():
 def test_prebuilt_dense_kernel_equals_attention(tmp_path, d, s):
     """`fa4gen build` + `fa4gen.load` of a dense kernel, called as kernel(q, k, v): the same bits as
     fa4gen.attention on the same tile (the dense prebuilt path had no GPU test; a name shadowing the
-    fa4gen.launch module broke it unseen). D = 64 at a long causal length is the 192-row tile."""
+    fa4gen.runtime.launch module broke it unseen). D = 64 at a long causal length is the 192-row tile."""
     from click.testing import CliRunner
 
     import fa4gen

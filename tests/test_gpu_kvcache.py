@@ -11,9 +11,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fa4gen import api  # noqa: E402
-from fa4gen.config import KernelConfig  # noqa: E402
-from fa4gen.validate import DeviceError, Fa4genInputError, InputTypeError, InputValueError  # noqa: E402
+from fa4gen.runtime import api  # noqa: E402
+from fa4gen.spec.config import KernelConfig  # noqa: E402
+from fa4gen.runtime.validate import DeviceError, Fa4genInputError, InputTypeError, InputValueError  # noqa: E402
 
 from test_gpu import TORCH_DTYPE, check_against_reference  # noqa: E402
 from test_gpu_varlen import assert_guards, guarded  # noqa: E402

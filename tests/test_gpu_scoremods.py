@@ -21,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fa4gen  # noqa: E402
-from fa4gen import api  # noqa: E402
+from fa4gen.runtime import api  # noqa: E402
 from test_gpu import EMU_AND_LOGITS, SUBNORMAL_HALF_SPACING, TORCH_DTYPE, UNIT_ROUNDOFF  # noqa: E402
 from test_gpu_kvcache import make_cache  # noqa: E402
 from test_gpu_varlen import _cu, ragged_lengths  # noqa: E402
@@ -278,8 +278,8 @@ def test_compile_fullgraph_with_score_mods_equals_eager():
 
 def test_prebuilt_refuses_a_window_it_was_not_built_for(tmp_path):
     from fa4gen import codegen
-    from fa4gen.config import KernelConfig
-    from fa4gen.validate import InputValueError
+    from fa4gen.spec.config import KernelConfig
+    from fa4gen.runtime.validate import InputValueError
 
     cfg = KernelConfig(arch="sm_90a", head_dim=64, causal=True, gqa_ratio=4)
     codegen.build(cfg, out_dir=tmp_path, emit=("cubin",))

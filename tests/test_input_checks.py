@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from fa4gen.validate import (DeviceError, Fa4genInputError, InputErrors, InputTypeError, InputValueError,
-                             TensorMeta, check_problem, tensor_meta)
+from fa4gen.runtime.validate import (DeviceError, Fa4genInputError, InputErrors, InputTypeError, InputValueError,
+                                     TensorMeta, check_problem, tensor_meta)
 
 
 def meta(name, shape, dtype="bfloat16", device="cuda:0"):
@@ -126,8 +126,8 @@ def test_real_torch_cpu_fp32_bad_head_dim_all_reported():
 def test_error_collector_passes_keyword_arguments():
     """validate._Errors.attempt forwards keywords (fa4gen.distributed calls check_problem with its
     keyword-only flags through it; without them the CUDA path raised TypeError on the H200)."""
-    from fa4gen import validate
-    from fa4gen.validate import TensorMeta
+    from fa4gen.runtime import validate
+    from fa4gen.runtime.validate import TensorMeta
 
     errs = validate._Errors()
     q, k, v = (TensorMeta(n, (1, 8, 2, 64), (1024, 128, 64, 1), "bfloat16", "cuda:0", 4096) for n in "qkv")

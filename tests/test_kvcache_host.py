@@ -3,9 +3,9 @@ check_kvcache_values on TensorMeta, schedule.choose_num_splits and the split / p
 
 import pytest
 
-from fa4gen import schedule
-from fa4gen.validate import (DeviceError, InputErrors, InputTypeError, InputValueError, TensorMeta,
-                             check_kvcache_problem, check_kvcache_values)
+from fa4gen.spec import schedule
+from fa4gen.runtime.validate import (DeviceError, InputErrors, InputTypeError, InputValueError, TensorMeta,
+                                     check_kvcache_problem, check_kvcache_values)
 
 
 def meta(name, shape, dtype="bfloat16", device="cuda:0", ptr=1 << 20, elem=2, strides=None):
@@ -128,7 +128,7 @@ def test_lengths_and_pages_clamped_like_the_kernels():
 def test_api_metas_collect_every_bad_argument():
     """launch.varlen_metas / _kvcache_metas (torch-free with a fake meta): an absent optional tensor is
     None, every argument that is not a tensor is reported in one error."""
-    from fa4gen import launch
+    from fa4gen.runtime import launch
 
     def fake(t, name):
         if not isinstance(t, tuple):

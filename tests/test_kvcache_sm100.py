@@ -1,11 +1,11 @@
-"""The sm_100a KV-cache (decode) kernel, lowered from the IR (fa4gen/plan.py "KV-cache rules").
+"""The sm_100a KV-cache (decode) kernel, lowered from the IR (fa4gen/spec/plan.py "KV-cache rules").
 
 - The IR names what the PTX does: a launch-uniform branch on num_splits > 1 (Cond.SPLIT_KV) whose
   split path normalizes O in fp32 and stores it from the registers (StorePartial) and the LSE
   (store_lse_partial), while the store warp's TMA store runs only on the num_splits == 1 path; the
   verifier explores both paths (a hazard on the split path is found).
 - `fa4gen check` reads the fa4_fwd entry back against the IR (paged K/V boxes, StorePartial rows).
-- The PTX task decode (scheduler.ptx.j2 decode_kvcache_units) equals fa4gen.schedule.kvcache_task /
+- The PTX task decode (scheduler.ptx.j2 decode_kvcache_units) equals fa4gen.spec.schedule.kvcache_task /
   plan.BlockInfo / kvcache_k_len over m units of two Q tiles.
 - The IR simulator (simulate_kvcache) matches the exact attention per sequence, contiguous and
   paged, with empty splits, lengths past the capacity and negative ones.
@@ -25,18 +25,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fa4gen import assemble as asm
+from fa4gen.assemble import assemble as asm
 from fa4gen import codegen
-from fa4gen.check import check_ptx
-from fa4gen.config import KernelConfig
+from fa4gen.evidence.check import check_ptx
+from fa4gen.spec.config import KernelConfig
 from fa4gen.ir import build_pipeline
 from fa4gen.ir.core import Cond, If, Loop, PageLookup, StorePartial, TmaStore, Wait, WaitLd, walk_ops
-from fa4gen.lower.sm100 import build_sm100
-from fa4gen.passes.verify import verify
-from fa4gen.plan import COMBINE_ENTRY, BlockInfo
-from fa4gen.reference import attention_exact, round_to_dtype
-from fa4gen.schedule import kvcache_k_len, kvcache_task
-from fa4gen.simulate import simulate_kvcache
+from fa4gen.render.kernels import build_sm100
+from fa4gen.verify.verify import verify
+from fa4gen.spec.plan import COMBINE_ENTRY, BlockInfo
+from fa4gen.evidence.reference import attention_exact, round_to_dtype
+from fa4gen.spec.schedule import kvcache_k_len, kvcache_task
+from fa4gen.evidence.simulate import simulate_kvcache
 
 ROOT = Path(__file__).resolve().parent.parent
 HAVE_PTXAS = asm.find_ptxas() is not None
@@ -301,7 +301,7 @@ def test_dense_and_varlen_ptx_unchanged(name):
 
 # ---- emulation (a small set; bench/README.md "Removed probes" has the whole matrix's run) -------------
 def _first_batch(man):
-    from fa4gen.ptxemu.kvcache import default_kv_shapes
+    from fa4gen.evidence.ptxemu.kvcache import default_kv_shapes
     return default_kv_shapes(man)[:1]  # Sq = 3, 3 splits (uneven and empty), no keys, past the capacity
 
 
@@ -309,7 +309,7 @@ def _first_batch(man):
                          ids=lambda c: c.name)
 def test_emulated_module_matches_the_exact_attention(cfg):
     """fa4_fwd then fa4_combine in the PTX emulator (fa4gen emulate), judged per sequence."""
-    from fa4gen.ptxemu import harness
+    from fa4gen.evidence.ptxemu import harness
     ptx, man = built(cfg)
     rep = harness.emulate_file("k.ptx", ptx_text=ptx, manifest=man, shapes=_first_batch(man), seeds=1)
     assert rep.ok, rep.summary()
@@ -320,7 +320,7 @@ def test_emulated_module_matches_the_exact_attention(cfg):
     ("softmax block offset dropped", lambda t: t.replace("    add.u32 %nb, %nb, %nlo;\n", "", 1)),
 ])
 def test_emulation_fails_a_mutated_kvcache_line(name, edit):
-    from fa4gen.ptxemu import harness
+    from fa4gen.evidence.ptxemu import harness
     ptx, man = built(kv(head_dim=64, causal=True, gqa_ratio=8, page_size=16))
     bad = edit(ptx)
     assert bad != ptx

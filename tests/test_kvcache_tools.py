@@ -1,8 +1,8 @@
 """KV-cache kernels through the CPU tools: the emitted PTX's decode_kvcache executed in the emulator
-against fa4gen.schedule (kvcache_task, kvcache_k_len; plan.BlockInfo), modules of two entries in the
+against fa4gen.spec.schedule (kvcache_task, kvcache_k_len; plan.BlockInfo), modules of two entries in the
 parser and in `fa4gen check`, the KV-cache emulation end to end (paged with a shuffled page table
 and contiguous, split-KV + fa4_combine, and a single split), its default batches and the CLI.
-The KV-cache PTX mutations are in fa4gen/ptxemu/mutations.py and run with the corpus
+The KV-cache PTX mutations are in fa4gen/evidence/ptxemu/mutations.py and run with the corpus
 (tests/test_ptxemu.py test_ptx_mutation_is_caught)."""
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from fa4gen import codegen
-from fa4gen.check import check_ptx
-from fa4gen.config import KernelConfig
-from fa4gen.ptxemu import harness, kvcache
-from fa4gen.ptxemu.harness import run_raw
-from fa4gen.ptxemu.mutations import PTX_MUTATIONS
-from fa4gen.ptxemu.parse import PtxSyntaxError, parse, parse_for_manifest
-from fa4gen.plan import BlockInfo
-from fa4gen.schedule import kvcache_k_len, kvcache_task
+from fa4gen.evidence.check import check_ptx
+from fa4gen.spec.config import KernelConfig
+from fa4gen.evidence.ptxemu import harness, kvcache
+from fa4gen.evidence.ptxemu.harness import run_raw
+from fa4gen.evidence.ptxemu.mutations import PTX_MUTATIONS
+from fa4gen.evidence.ptxemu.parse import PtxSyntaxError, parse, parse_for_manifest
+from fa4gen.spec.plan import BlockInfo
+from fa4gen.spec.schedule import kvcache_k_len, kvcache_task
 
 FIELDS = 8  # per task: split, m block, batch, head group, k_len, first block, blocks, unmasked blocks
 
@@ -152,7 +152,7 @@ def test_sm100_ptx_decode_equals_the_python_rules():
     section = ptx[at:ptx.find("// sched: end", at)] if at >= 0 else ""
     if not all(r in section for r in ("%mb,", "%n,", "%nunm,")):
         pytest.skip("the sm_100a decode has its own interface (m units of two tiles): its lowering's tests "
-                    "(tests/test_kvcache_sm100.py) run it against fa4gen.schedule")
+                    "(tests/test_kvcache_sm100.py) run it against fa4gen.spec.schedule")
     cfg = KernelConfig(arch="sm_100a", kvcache=True, page_size=16, causal=True, gqa_ratio=4)
     want = _expected(cfg, SEQLENS, 600, 40, 1, 3)
     got = _run_decode(_decode_kernel(ptx, man), SEQLENS, 600, 40, 1, 3, -(-40 // cfg.seq_q_per_tile))

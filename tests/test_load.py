@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 import fa4gen
-from fa4gen.assemble import available_backends
+from fa4gen.assemble.assemble import available_backends
 
 needs_assembler = pytest.mark.skipif(not available_backends(), reason="no PTX assembler")
 
@@ -25,7 +25,7 @@ def built(tmp_path_factory):
     if not available_backends():
         pytest.skip("no PTX assembler")
     from fa4gen import codegen
-    from fa4gen.config import KernelConfig
+    from fa4gen.spec.config import KernelConfig
 
     out = tmp_path_factory.mktemp("prebuilt")
     for cfg in (KernelConfig(arch="sm_90a", head_dim=64), KernelConfig(arch="sm_100a", head_dim=64)):
@@ -41,11 +41,11 @@ def _copy(built, tmp_path, name):
 
 
 def test_missing_cubin_or_manifest(tmp_path, built):
-    with pytest.raises(fa4gen.api.KernelLoadError, match="no such cubin"):
+    with pytest.raises(fa4gen.runtime.api.KernelLoadError, match="no such cubin"):
         fa4gen.load(tmp_path / "absent.cubin")
     cubin, manifest = _copy(built, tmp_path, built[1])
     manifest.unlink()
-    with pytest.raises(fa4gen.api.KernelLoadError, match=f"no manifest {manifest.name} beside it"):
+    with pytest.raises(fa4gen.runtime.api.KernelLoadError, match=f"no manifest {manifest.name} beside it"):
         fa4gen.load(cubin)
 
 
@@ -53,33 +53,33 @@ def test_manifest_must_match_the_cubin(tmp_path, built):
     cubin, manifest = _copy(built, tmp_path, built[1])
     # the sm_100a cubin under the sm_90a manifest: the ELF header says sm_100
     shutil.copy(built[0] / f"{built[2]}.cubin", cubin)
-    with pytest.raises(fa4gen.api.KernelLoadError, match="a cubin for sm_100, not sm_90a"):
+    with pytest.raises(fa4gen.runtime.api.KernelLoadError, match="a cubin for sm_100, not sm_90a"):
         fa4gen.load(cubin)
     cubin.write_bytes(b"not an ELF at all" * 8)
-    with pytest.raises(fa4gen.api.KernelLoadError, match="not a cubin"):
+    with pytest.raises(fa4gen.runtime.api.KernelLoadError, match="not a cubin"):
         fa4gen.load(cubin)
     _copy(built, tmp_path, built[1])
     m = json.loads(manifest.read_text())
     m["arch"] = "sm_100a"
     manifest.write_text(json.dumps(m))
-    with pytest.raises(fa4gen.api.KernelLoadError, match="but its config is"):
+    with pytest.raises(fa4gen.runtime.api.KernelLoadError, match="but its config is"):
         fa4gen.load(cubin)
     manifest.write_text("{}")
-    with pytest.raises(fa4gen.api.KernelLoadError, match="not an fa4gen build manifest"):
+    with pytest.raises(fa4gen.runtime.api.KernelLoadError, match="not an fa4gen build manifest"):
         fa4gen.load(cubin)
 
 
 def test_sm100a_kernels_are_not_launched(tmp_path, built):
     cubin, _ = _copy(built, tmp_path, built[2])
-    with pytest.raises(fa4gen.api.KernelLoadError, match="fa4gen launches sm_90a"):
+    with pytest.raises(fa4gen.runtime.api.KernelLoadError, match="fa4gen launches sm_90a"):
         fa4gen.load(cubin)
 
 
 def test_matching_files_pass_the_checks_and_then_need_torch(tmp_path, built):
     cubin, _ = _copy(built, tmp_path, built[1])
-    data, manifest, cfg = fa4gen.api.read_prebuilt(cubin)
+    data, manifest, cfg = fa4gen.runtime.api.read_prebuilt(cubin)
     assert cfg.arch == "sm_90a" and cfg.head_dim == 64 and manifest["name"] == cfg.name
     if importlib.util.find_spec("torch") is not None:
         pytest.skip("torch installed: loading itself is the GPU tests' (needs an sm_90 GPU)")
-    with pytest.raises(fa4gen.api.validate.InputTypeError, match="needs torch"):
+    with pytest.raises(fa4gen.runtime.api.validate.InputTypeError, match="needs torch"):
         fa4gen.load(cubin)

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from fa4gen.config import GENERATOR_VERSION, KernelConfig  # noqa: E402
+from fa4gen.spec.config import GENERATOR_VERSION, KernelConfig  # noqa: E402
 
 RECORD = Path(__file__).resolve().parent / "data" / "manifests.json"
 

@@ -3,7 +3,7 @@ for the scale FMA, the emulated exp2 (two per instruction, as ex2_emulation_2) a
 and causal/tail masks as 32-bit column words with bit tests (ptxas: R2P, the seed's mask_r2p).
 
 The template macros are executed by the PTX emulator and compared bit for bit with the reference
-arithmetic (fa4gen/exp2.py, the compare rule col < lim); the SASS test reads what ptxas made."""
+arithmetic (fa4gen/spec/exp2.py, the compare rule col < lim); the SASS test reads what ptxas made."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from fa4gen import codegen
-from fa4gen.config import KernelConfig
-from fa4gen.exp2 import EXP2_POLY, ROUND_MAGIC, emulated_mask, exp2_emulated, fma_f32
-from fa4gen.plan import MASK_WORD_BITS, mask_words
-from fa4gen.ptxemu import fp
-from fa4gen.ptxemu.harness import run_raw
-from fa4gen.render import environment
+from fa4gen.spec.config import KernelConfig
+from fa4gen.spec.exp2 import EXP2_POLY, ROUND_MAGIC, emulated_mask, exp2_emulated, fma_f32
+from fa4gen.spec.plan import MASK_WORD_BITS, mask_words
+from fa4gen.evidence.ptxemu import fp
+from fa4gen.evidence.ptxemu.harness import run_raw
+from fa4gen.render.jinja import environment
 
 NEG_INF = "0fFF800000"
 
@@ -166,14 +166,14 @@ def test_mask_words_equal_the_compare_rule(cols):
 
 
 def test_mask_words_refuse_negative_columns():
-    from fa4gen.tiles import PlanError
+    from fa4gen.spec.tiles import PlanError
     with pytest.raises(PlanError, match="mask columns"):
         mask_words([3, -1])
 
 
 # ---- what ptxas made of it ------------------------------------------------------------------------
 def _sass_tools():
-    from fa4gen.assemble import find_disassembler, find_ptxas
+    from fa4gen.assemble.assemble import find_disassembler, find_ptxas
     return find_ptxas() is not None and find_disassembler() is not None and find_disassembler()[0] == "nvdisasm"
 
 

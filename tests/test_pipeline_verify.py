@@ -7,7 +7,7 @@ import pytest
 from fa4gen import KernelConfig
 from fa4gen.ir import build_pipeline
 from fa4gen.ir.core import BarrierKind, Space, walk_ops, Arrive
-from fa4gen.passes import VerificationError, check_or_raise, verify
+from fa4gen.verify import VerificationError, check_or_raise, verify
 
 MATRIX = [KernelConfig(head_dim=d, causal=c, gqa_ratio=g)
           for d, c, g in itertools.product((64, 128), (False, True), (1, 4))]
@@ -111,7 +111,7 @@ def test_sm90_pipelines_verify_clean(cfg):
 def test_undeclared_names_are_reported_not_crashed_on():
     import dataclasses
     from fa4gen.ir.core import Wait, TmemLd
-    from fa4gen.passes.mutations import edit_program
+    from fa4gen.verify.mutations import edit_program
     p = build_pipeline(KernelConfig())
     bad_state = edit_program(p, "softmax0", lambda op: (dataclasses.replace(op, state="nope"),)
                              if isinstance(op, Wait) and op.barrier == "s_ready" else (op,))

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from fa4gen import codegen
-from fa4gen.config import KernelConfig
-from fa4gen.encodings import DescArch, SmemMatrixDesc, TcgenInstrDesc
-from fa4gen.exp2 import emulated_mask
+from fa4gen.spec.config import KernelConfig
+from fa4gen.spec.encodings import DescArch, SmemMatrixDesc, TcgenInstrDesc
+from fa4gen.spec.exp2 import emulated_mask
 from fa4gen.ir import build_pipeline
 from fa4gen.ir.core import BarrierKind, Compute, Mma, walk_ops
 
@@ -213,7 +213,7 @@ def test_compute_and_mma_markers_say_what_they_compute(cfg):
 
 
 def test_notes_cannot_break_a_line():
-    from fa4gen.render import _comment
+    from fa4gen.render.jinja import _comment
     assert _comment("") == "" and _comment("wait x[0]") == " // wait x[0]"
     for bad in ("a;b", "a\nb"):
         with pytest.raises(ValueError):

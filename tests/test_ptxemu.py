@@ -14,14 +14,14 @@ from click.testing import CliRunner
 
 from fa4gen import codegen
 from fa4gen.cli import main as cli_main
-from fa4gen.config import KernelConfig
-from fa4gen.tiles import q_tile_rows
-from fa4gen.encodings import SmemMatrixDesc, Swizzle, TcgenInstrDesc, TmaDtype
-from fa4gen.ptxemu import fp, units
-from fa4gen.ptxemu.harness import Shape, default_shapes, emulate_file, run_once, run_raw
-from fa4gen.ptxemu.machine import Fault
-from fa4gen.ptxemu.mutations import CHECK_MUTATIONS, PTX_MUTATIONS
-from fa4gen.ptxemu.parse import UnsupportedInstruction, parse
+from fa4gen.spec.config import KernelConfig
+from fa4gen.spec.tiles import q_tile_rows
+from fa4gen.spec.encodings import SmemMatrixDesc, Swizzle, TcgenInstrDesc, TmaDtype
+from fa4gen.evidence.ptxemu import fp, units
+from fa4gen.evidence.ptxemu.harness import Shape, default_shapes, emulate_file, run_once, run_raw
+from fa4gen.evidence.ptxemu.machine import Fault
+from fa4gen.evidence.ptxemu.mutations import CHECK_MUTATIONS, PTX_MUTATIONS
+from fa4gen.evidence.ptxemu.parse import UnsupportedInstruction, parse
 
 ROOT = Path(__file__).resolve().parent.parent
 GEN = ROOT / "generated"
@@ -157,9 +157,9 @@ def test_default_shapes_run_tasks_that_see_no_key():
     default launches test_generated_ptx_emulates runs: causal dense kernels get a first m unit (the
     task's tiles) above the diagonal, KV-cache kernels a split past a sequence's blocks and a
     sequence with no key."""
-    from fa4gen.plan import BlockInfo
-    from fa4gen.runtime import manifest_gqa, manifest_tile_rows
-    from fa4gen.schedule import kvcache_k_len
+    from fa4gen.spec.plan import BlockInfo
+    from fa4gen.runtime.runtime import manifest_gqa, manifest_tile_rows
+    from fa4gen.spec.schedule import kvcache_k_len
     for name in GOLDEN:
         man = json.loads((GEN / f"{name}.json").read_text())
         cfg = man["config"]
@@ -191,7 +191,7 @@ def test_default_shapes_end_with_the_apis_default_launch_without_lse():
             assert not shapes[0].with_lse and all(s.with_lse for s in shapes[1:])
     assert not Shape.parse("1,3,70,4,1,nolse").with_lse and Shape.parse("1,3,70,4,1").with_lse
     assert str(Shape.parse("1,3,70,4,1,nolse")).endswith("no-LSE")
-    from fa4gen.ptxemu.harness import VarShape
+    from fa4gen.evidence.ptxemu.harness import VarShape
     assert not VarShape.parse("3:70,0:5;4,1;nolse").with_lse and VarShape.parse("3:70,0:5;4,1").with_lse
 
 
@@ -391,11 +391,11 @@ $join:
 
 
 def test_coverage_records_blocks_and_branch_directions():
-    """Coverage (fa4gen/ptxemu/coverage.py): a guarded branch taken by some lanes is seen both ways,
+    """Coverage (fa4gen/evidence/ptxemu/coverage.py): a guarded branch taken by some lanes is seen both ways,
     one no lane takes is reported "never taken" with its line, and the block only it leads to is not
     reached; the block split follows labels, branches and exits."""
-    from fa4gen.ptxemu.coverage import Coverage, basic_blocks
-    from fa4gen.ptxemu.parse import parse
+    from fa4gen.evidence.ptxemu.coverage import Coverage, basic_blocks
+    from fa4gen.evidence.ptxemu.parse import parse
 
     ptx = _kernel(".param .u64 out", """
     .reg .pred %p, %q; .reg .b32 %t, %v; .reg .b64 %a, %o;
@@ -560,7 +560,7 @@ def test_emulate_cli_exit_codes(tmp_path):
 
 
 # ---- fa4gen check ---------------------------------------------------------------------------------
-from fa4gen.check import check_ptx  # noqa: E402
+from fa4gen.evidence.check import check_ptx  # noqa: E402
 
 SM90_PROTOCOL_VARIANTS = [c for c in SM90_VARIANTS if c["emu_pairs"] is None]  # the exp2 split is data path
 
@@ -634,9 +634,9 @@ def test_one_cta_runs_several_tasks(causal):
 def test_the_machine_models_limits_agree_with_the_generators():
     """The emulator keeps its own numbers (a second opinion on the kernels): they must equal the
     generator's table and the ISA encodings, or one of the two is wrong."""
-    from fa4gen import encodings
-    from fa4gen.plan import ARCH_LIMITS
-    from fa4gen.ptxemu import machine
+    from fa4gen.lower import encodings
+    from fa4gen.spec.plan import ARCH_LIMITS
+    from fa4gen.evidence.ptxemu import machine
 
     assert {lim.regs_per_sm for lim in ARCH_LIMITS.values()} == {machine.REGS_PER_SM}
     assert (machine.TMEM_LANES, machine.TMEM_COLS, machine.TMEM_ALLOC_MIN) == (

@@ -8,9 +8,9 @@ import warnings
 import numpy as np
 import pytest
 
-from fa4gen.ptxemu import fp
-from fa4gen.ptxemu.async_units import _f32_exact, _mma_accumulate_f64, mma_accumulate
-from fa4gen.ptxemu.machine import distinct_ids
+from fa4gen.evidence.ptxemu import fp
+from fa4gen.evidence.ptxemu.async_units import _f32_exact, _mma_accumulate_f64, mma_accumulate
+from fa4gen.evidence.ptxemu.machine import distinct_ids
 
 
 def _bf16(x):

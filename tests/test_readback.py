@@ -1,5 +1,5 @@
 """Read the emitted sm_100a PTX back into per-role protocol sequences and compare with the IR
-(fa4gen.check, the code behind `fa4gen check`).
+(fa4gen.evidence.check, the code behind `fa4gen check`).
 
 The parser knows nothing of the lowering: it reads instructions (mbarrier, cp.async.bulk,
 tcgen05, bar, fence), resolves barrier/region identities from address offsets through the manifest's
@@ -7,7 +7,7 @@ SMEM layout and the IR's TMEM regions, follows the few address registers back to
 they came from (a small dataflow over the role's instructions), and notes whether an instruction
 sits in an elected-lane region. Roles are cut at their labels ($L_role_X ... $L_X_end); comments
 are ignored. The expected sequence comes from the IR programs through the op -> PTX table
-(fa4gen.lower.sm100.OP_PTX), inverted in fa4gen.check.
+(fa4gen.lower.sm100.OP_PTX), inverted in fa4gen.evidence.check.
 
 Mutated templates (a dropped wait, arrive, commit or wait::st; a wait::st moved after its arrive)
 must make the comparison fail.
@@ -21,12 +21,13 @@ import re
 import jinja2
 import pytest
 
-from fa4gen import render as render_mod
-from fa4gen.check import _INSTR, check_ptx
-from fa4gen.config import KernelConfig
+from fa4gen.render import jinja as render_mod
+from fa4gen.evidence.check import _INSTR, check_ptx
+from fa4gen.spec.config import KernelConfig
 from fa4gen.ir import build_pipeline
 from fa4gen.ir.core import Mma, Wait, walk_ops
-from fa4gen.lower.sm100 import OP_PTX, build_sm100
+from fa4gen.lower.sm100 import OP_PTX
+from fa4gen.render.kernels import build_sm100
 
 MATRIX = [KernelConfig(head_dim=d, causal=c, gqa_ratio=g) for d in (64, 128) for c in (False, True) for g in (1, 4)]
 MATRIX += [KernelConfig(dtype="fp16", causal=True, gqa_ratio=4), KernelConfig(gqa_ratio=128, causal=True),

@@ -8,14 +8,13 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from fa4gen.config import KernelConfig
-from fa4gen.exp2 import EXP2_POLY_MAX_REL_ERROR, emulated_columns
-from fa4gen.reference import (LN2, RowState, attention_exact, block_needs_mask, block_update, col_limits,
-                              fa4_forward, n_block_max, online_softmax_step, round_to_dtype,
-                              scale_log2_f32)
+from fa4gen.spec.config import KernelConfig
+from fa4gen.spec.exp2 import EXP2_POLY_MAX_REL_ERROR, emulated_columns
+from fa4gen.evidence.reference import (LN2, RowState, attention_exact, block_needs_mask, block_update, col_limits,
+                                       fa4_forward, n_block_max, online_softmax_step, round_to_dtype,
+                                       scale_log2_f32)
 
 f32 = np.float32
 UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from fa4gen import render
+from fa4gen.render import jinja as render
 
 REPO = Path(__file__).resolve().parent.parent
 

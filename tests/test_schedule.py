@@ -1,4 +1,4 @@
-"""The tile scheduler: the kernels' PTX task decode equals fa4gen.schedule.task_coords.
+"""The tile scheduler: the kernels' PTX task decode equals fa4gen.spec.schedule.task_coords.
 
 The integer instructions between the `// sched: <part>` and `// sched: end` comments of the
 rendered kernels (the very text that is assembled) are executed by a small interpreter with PTX's
@@ -19,14 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fa4gen.config import KernelConfig
-from fa4gen.lower.sm90 import build_sm90
-from fa4gen.lower.sm100 import build_sm100
-from fa4gen.plan import BlockInfo
-from fa4gen.schedule import (BALANCE_TOLERANCE, BALANCE_TOLERANCE_UNSHARED, L2_BUDGET_FRACTION, choose_l2_group,
-                             clamp_l2_group, cta_work, l2_group_budget, persistent_task, task_coords, task_tile,
-                             tile_blocks)
-from fa4gen.simulate import schedule_tasks
+from fa4gen.spec.config import KernelConfig
+from fa4gen.render.kernels import build_sm90, build_sm100
+from fa4gen.spec.plan import BlockInfo
+from fa4gen.spec.schedule import (BALANCE_TOLERANCE, BALANCE_TOLERANCE_UNSHARED, L2_BUDGET_FRACTION, choose_l2_group,
+                                  clamp_l2_group, cta_work, l2_group_budget, persistent_task, task_coords, task_tile,
+                                  tile_blocks)
+from fa4gen.evidence.simulate import schedule_tasks
 
 MASK = 0xFFFFFFFF
 ROOT = Path(__file__).resolve().parent.parent
@@ -194,7 +193,7 @@ def test_sm100_decode_equals_task_coords(causal):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
 def test_unpacked_ratio_decode_equals_task_tile(causal, gqa):
     """G not dividing 128 (one query head per tile, G head groups per kv head): both targets'
-    decode yields (m, batch, head group) of fa4gen.schedule.task_tile."""
+    decode yields (m, batch, head group) of fa4gen.spec.schedule.task_tile."""
     segs = segments(sm90(causal, gqa), "decode")
     assert len(segs) == 2
     for seg in segs:
@@ -406,7 +405,7 @@ def test_choice_on_the_measured_h200_is_a_measured_win():
 @pytest.mark.parametrize("gqa,sq,skv", [(1, 1000, 1000), (4, 700, 1300), (1, 1300, 600), (3, 700, 1300), (7, 1300, 600)])
 def test_gpu_results_do_not_depend_on_l2_group(gqa, sq, skv):
     torch = pytest.importorskip("torch")
-    from fa4gen import api
+    from fa4gen.runtime import api
 
     batch, hkv, d = 3, 5, 128
     cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=True, gqa_ratio=gqa, dtype="bf16")

@@ -8,14 +8,14 @@ import math
 import numpy as np
 import pytest
 
-from fa4gen.config import KernelConfig
-from fa4gen.plan import WINDOW_UNBOUNDED, abi_params
-from fa4gen.ptxemu import cases
-from fa4gen.ptxemu.harness import Shape, UsageError, VarShape, default_shapes
-from fa4gen.ptxemu.kvcache import KvShape, KvUsageError
-from fa4gen.ptxemu.machine import GlobalMemory
-from fa4gen.reference import (LOG2E, attention_exact, fa4_forward, kernel_score_args, round_to_dtype,
-                              tanh_approx_f32)
+from fa4gen.spec.config import KernelConfig
+from fa4gen.spec.plan import WINDOW_UNBOUNDED, abi_params
+from fa4gen.evidence.ptxemu import cases
+from fa4gen.evidence.ptxemu.harness import Shape, UsageError, VarShape, default_shapes
+from fa4gen.evidence.ptxemu.kvcache import KvShape, KvUsageError
+from fa4gen.evidence.ptxemu.machine import GlobalMemory
+from fa4gen.evidence.reference import (LOG2E, attention_exact, fa4_forward, kernel_score_args, round_to_dtype,
+                                       tanh_approx_f32)
 
 
 def brute(q, k, v, causal, scale, window=None, softcap=0.0, sinks=None):
@@ -199,7 +199,7 @@ def test_abi_scalars_cover_the_params_of_every_flag(kind, causal):
 
 
 def test_default_shapes_of_flagged_variants_hold_the_adversarial_inputs():
-    from fa4gen.ptxemu.kvcache import default_kv_shapes
+    from fa4gen.evidence.ptxemu.kvcache import default_kv_shapes
     man = {"config": KernelConfig(arch="sm_90a", head_dim=64, causal=True, window=True, softcap=True,
                                   sinks=True).to_dict(), "grid": {"tiles_per_task": 1}}
     shapes = default_shapes(man)
@@ -213,7 +213,7 @@ def test_default_shapes_of_flagged_variants_hold_the_adversarial_inputs():
 
 
 def test_schedule_counts_the_window_blocks():
-    from fa4gen.schedule import cta_work, tile_blocks
+    from fa4gen.spec.schedule import cta_work, tile_blocks
     m = np.arange(16)
     assert tile_blocks(m, 2048, 2048, 128, True).tolist() == (m + 1).tolist()
     assert tile_blocks(m, 2048, 2048, 128, True, window=(100, 0)).tolist() == [1] + [2] * 15

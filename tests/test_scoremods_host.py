@@ -10,13 +10,13 @@ import struct
 
 import pytest
 
-from fa4gen import api, launch
-from fa4gen.config import KernelConfig
+from fa4gen.runtime import api, launch
+from fa4gen.spec.config import KernelConfig
 from fa4gen.lower.manifest import score_mods_record
-from fa4gen.plan import WINDOW_UNBOUNDED, abi_params, kvcache_manifest, varlen_manifest
-from fa4gen.runtime import Kernel, RuntimeSetupError, score_mod_scalars
-from fa4gen.validate import (DeviceError, InputErrors, InputTypeError, InputValueError, ScoreMods, TensorMeta,
-                             check_kvcache_problem, check_problem, check_varlen_problem)
+from fa4gen.spec.plan import WINDOW_UNBOUNDED, abi_params, kvcache_manifest, varlen_manifest
+from fa4gen.runtime.runtime import Kernel, RuntimeSetupError, score_mod_scalars
+from fa4gen.runtime.validate import (DeviceError, InputErrors, InputTypeError, InputValueError, ScoreMods, TensorMeta,
+                                     check_kvcache_problem, check_problem, check_varlen_problem)
 
 from test_api_validation import meta, qkv
 

@@ -9,7 +9,7 @@
   clamped; masked blocks are b >= %nunm or b < %unmlo; the block base %nlo is added to the K/V
   coordinates; softcap's tanh.approx.f32 runs on all 128 scores before the mask branch and the row
   max; the sink joins the divisor and the LSE.
-What the code computes is judged by `fa4gen emulate`; its mutations (fa4gen/ptxemu/mutations.py
+What the code computes is judged by `fa4gen emulate`; its mutations (fa4gen/evidence/ptxemu/mutations.py
 SCORE_MOD_MUTATIONS, emulated by hand: too slow for CI) must still find the text they edit.
 """
 from __future__ import annotations
@@ -17,12 +17,12 @@ from __future__ import annotations
 import functools
 import re
 
-from fa4gen.config import KernelConfig
+from fa4gen.spec.config import KernelConfig
 from fa4gen.ir import build_pipeline
 from fa4gen.ir.core import Compute, Cond, If, Loop, walk_ops
-from fa4gen.lower.sm100 import build_sm100
-from fa4gen.plan import WINDOW_UNBOUNDED, block_info_ptx, key_limits_ptx
-from fa4gen.ptxemu.mutations import SCORE_MOD_MUTATIONS, by_name
+from fa4gen.render.kernels import build_sm100
+from fa4gen.spec.plan import WINDOW_UNBOUNDED, block_info_ptx, key_limits_ptx
+from fa4gen.evidence.ptxemu.mutations import SCORE_MOD_MUTATIONS, by_name
 
 DENSE = KernelConfig(arch="sm_100a", head_dim=64, causal=True, window=True, softcap=True, sinks=True)
 KV = KernelConfig(arch="sm_100a", kvcache=True, page_size=16, gqa_ratio=4, window=True, sinks=True)

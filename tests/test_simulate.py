@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 
 from fa4gen import KernelConfig
-from fa4gen.reference import fa4_forward, attention_exact
-from fa4gen.simulate import simulate, schedule_tasks
+from fa4gen.evidence.reference import fa4_forward, attention_exact
+from fa4gen.evidence.simulate import simulate, schedule_tasks
 
 
 def _inputs(rng, b, sq, skv, hkv, g, d, dtype, scale=1.0):
     np_dt = np.float16 if dtype == "fp16" else np.float32
-    from fa4gen.reference import round_to_dtype
+    from fa4gen.evidence.reference import round_to_dtype
     mk = lambda *s: round_to_dtype(rng.standard_normal(s) * scale, dtype).astype(np_dt)  # noqa: E731
     return mk(b, sq, hkv * g, d), mk(b, skv, hkv, d), mk(b, skv, hkv, d)
 
@@ -96,7 +96,7 @@ def test_sm90_simulator_equals_reference(case):
 
 def test_sm90_hazard_mutation_reported_by_simulator():
     from fa4gen.ir import build_pipeline
-    from fa4gen.passes.mutations import by_name
+    from fa4gen.verify.mutations import by_name
     cfg = KernelConfig(arch="sm_90a", head_dim=64, dtype="fp16")
     rng = np.random.default_rng(1)
     q, k, v = _inputs(rng, 1, 128, 384, 1, 1, 64, "fp16")

@@ -18,16 +18,16 @@ import numpy as np
 import pytest
 
 from fa4gen import codegen
-from fa4gen.assemble import AssembleError, FailureKind, assemble, find_disassembler, find_ptxas
-from fa4gen.config import KernelConfig
-from fa4gen.encodings import MmaType, TcgenInstrDesc
-from fa4gen.exp2 import emulated_mask
+from fa4gen.assemble.assemble import AssembleError, FailureKind, assemble, find_disassembler, find_ptxas
+from fa4gen.spec.config import KernelConfig
+from fa4gen.spec.encodings import MmaType, TcgenInstrDesc
+from fa4gen.spec.exp2 import emulated_mask
 from fa4gen.ir import build_pipeline
 from fa4gen.lower.sm100 import Sm100LoweringError, lower_sm100
 from fa4gen.lower.walk import LoweringError, smem_layout
-from fa4gen.passes.verify import VerificationError
-from fa4gen.reference import fa4_forward, round_to_dtype
-from fa4gen.simulate import simulate
+from fa4gen.verify.verify import VerificationError
+from fa4gen.evidence.reference import fa4_forward, round_to_dtype
+from fa4gen.evidence.simulate import simulate
 
 MATRIX = list(codegen.DEFAULT_MATRIX)
 ROOT = Path(__file__).resolve().parent.parent
@@ -179,7 +179,7 @@ def test_emit_rejects_unknown_artifacts():
 def test_a_broken_pipeline_is_not_emitted(tmp_path, monkeypatch):
     """The chain verifies what it lowers: a corpus mutation raises VerificationError, writes nothing."""
     from fa4gen import ir as ir_pkg
-    from fa4gen.passes.mutations import by_name
+    from fa4gen.verify.mutations import by_name
 
     real = ir_pkg.build_pipeline
     monkeypatch.setattr(ir_pkg, "build_pipeline", lambda cfg: by_name("missing_wait_st").apply(real(cfg)))
@@ -331,7 +331,7 @@ def test_verify_cache_reuses_only_passing_reports_of_the_same_pipeline(tmp_path,
     rep1, hit1 = codegen.verify_cached(pipe)
     rep2, hit2 = codegen.verify_cached(pipe)
     assert rep1.ok and (hit1, hit2) == (False, True) and rep2 == rep1
-    from fa4gen.passes.mutations import by_name
+    from fa4gen.verify.mutations import by_name
 
     broken = by_name("missing_wait_st").apply(pipe)
     rep3, hit3 = codegen.verify_cached(broken)

@@ -1,7 +1,7 @@
 """Read-back: the sm_90a PTX's protocol instructions, in order, are the verified IR programs'.
 
 The Hopper kernel is lowered from the IR in fa4gen/ir/sm90.py (what `verify` proves and the simulator
-executes) by the shared statement walker (fa4gen/lower/walk.py, fa4gen/lower/sm90.py). fa4gen.check
+executes) by the shared statement walker (fa4gen/lower/walk.py, fa4gen/lower/sm90.py). fa4gen.evidence.check
 (`fa4gen check`) reads the PTX's barrier / wgmma-ordering / TMA instructions back per role section
 (`$L_role_<name>` .. its `ret`; the consumer warpgroups share one section, the replicated program,
 read once per instance with the branches on its instance index %cw followed), with barrier, ring state
@@ -17,18 +17,19 @@ import re
 import pytest
 
 from fa4gen import KernelConfig
-from fa4gen.check import check_ptx
+from fa4gen.evidence.check import check_ptx
 from fa4gen.ir import build_pipeline
 from fa4gen.ir.core import Cond, If, Loop, NamedArrive, NamedSync
 from fa4gen.ir.sm90 import sm90_stages
+from fa4gen.render.kernels import build_sm90
 
 sm90 = pytest.importorskip("fa4gen.lower.sm90")
 
 
 def _role_ends(ptx: str, manifest: dict, pipe) -> tuple[list, list]:
-    """Each consumer instance's protocol events (fa4gen.check's reader, the instance's own branches
+    """Each consumer instance's protocol events (fa4gen.evidence.check's reader, the instance's own branches
     followed) before its first wait and after its last advance: {instance: [event]} twice."""
-    from fa4gen.check import _Layout, _numbered, _read_roles
+    from fa4gen.evidence.check import _Layout, _numbered, _read_roles
     from fa4gen.lower.sm90 import SPELLING
     got, _, unreadable = _read_roles(_numbered(ptx), pipe, _Layout.derived(pipe), SPELLING, to_ret=True)
     assert not unreadable
@@ -50,7 +51,7 @@ CONFIGS = [KernelConfig(arch="sm_90a", head_dim=d, causal=c, gqa_ratio=g)
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.name)
 def test_consumer_and_producer_follow_the_ir(cfg):
-    ptx, manifest = sm90.build_sm90(cfg)
+    ptx, manifest = build_sm90(cfg)
     rep = check_ptx(ptx, manifest)
     assert rep.ok, rep.summary()
     assert all(rep.events[f"consumer{i}"] > 20 for i in range(2)) and rep.events["producer"] > 10
@@ -79,7 +80,7 @@ def test_consumer_and_producer_follow_the_ir(cfg):
 ])
 def test_role_ends_catch_the_wrong_instance(edit):
     cfg = KernelConfig(arch="sm_90a", head_dim=128)
-    ptx, manifest = sm90.build_sm90(cfg)
+    ptx, manifest = build_sm90(cfg)
     pipe = build_pipeline(cfg)
     assert _role_ends(ptx, manifest, pipe)[0][1] == [("bar_arrive", "sched", 0, False, 256)]
     bad = ptx.replace(*edit, 1)
@@ -90,7 +91,7 @@ def test_role_ends_catch_the_wrong_instance(edit):
 
 def test_readback_catches_a_dropped_wait_group():
     cfg = KernelConfig(arch="sm_90a")
-    ptx, manifest = sm90.build_sm90(cfg)
+    ptx, manifest = build_sm90(cfg)
     broken = ptx.replace("wgmma.wait_group.sync.aligned 1;", "// dropped", 1)
     rep = check_ptx(broken, manifest)
     assert not rep.ok and any("MmaWait" in str(d) for d in rep.differences)
@@ -100,7 +101,7 @@ def test_readback_catches_a_dropped_wait_group():
                          ids=lambda c: c.name)
 def test_ir_rings_are_the_kernels(cfg):
     """The verified pipeline has the Q and K/V ring depths the emitted kernel initialises barriers for."""
-    ptx, manifest = sm90.build_sm90(cfg)
+    ptx, manifest = build_sm90(cfg)
     nq, kv = sm90_stages(cfg)
     pipe = build_pipeline(cfg)
     slots = {r.name: r.slots for r in pipe.regions}

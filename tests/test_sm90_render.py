@@ -15,12 +15,13 @@ import subprocess
 
 import pytest
 
-from fa4gen.config import KernelConfig
-from fa4gen.exp2 import hopper_emulated
+from fa4gen.spec.config import KernelConfig
+from fa4gen.spec.exp2 import hopper_emulated
 from fa4gen.ir.sm90 import build_sm90_pipeline, sm90_stages
-from fa4gen.lower.sm90 import Sm90LoweringError, Sm90Options, build_sm90, entry_regs_of, lower_sm90, manifest_sm90
+from fa4gen.lower.sm90 import Sm90LoweringError, Sm90Options, entry_regs_of, lower_sm90, manifest_sm90
+from fa4gen.render.kernels import build_sm90
 from fa4gen.lower.walk import smem_layout
-from fa4gen.plan import ARCH_LIMITS, q_tile_bytes, tile_bytes
+from fa4gen.spec.plan import ARCH_LIMITS, q_tile_bytes, tile_bytes
 
 SMEM_LIMIT = ARCH_LIMITS["sm_90a"].smem_per_cta
 
@@ -101,7 +102,7 @@ def test_stages_are_capped_to_fit():
 
 
 def test_an_explicit_ring_that_does_not_fit_is_refused():
-    from fa4gen.config import ConfigError
+    from fa4gen.spec.config import ConfigError
     from fa4gen.ir import refuse_ignored
 
     with pytest.raises(ConfigError, match="at most 2 K/V stages fit in sm_90a SMEM beside 2 Q slots"):

@@ -8,11 +8,11 @@ from __future__ import annotations
 import itertools
 import re
 
-from fa4gen.check import check_ptx
-from fa4gen.config import KernelConfig
-from fa4gen.lower.sm90 import build_sm90
-from fa4gen.plan import (COMBINE_ABI_PARAMS, WINDOW_UNBOUNDED, block_info_ptx, combine_abi_params, key_begin,
-                         key_end, key_limits_ptx)
+from fa4gen.evidence.check import check_ptx
+from fa4gen.spec.config import KernelConfig
+from fa4gen.render.kernels import build_sm90
+from fa4gen.spec.plan import (COMBINE_ABI_PARAMS, WINDOW_UNBOUNDED, block_info_ptx, combine_abi_params, key_begin,
+                              key_end, key_limits_ptx)
 
 MASK = (1 << 32) - 1
 

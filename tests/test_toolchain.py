@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-import fa4gen.assemble as asm
-from fa4gen.assemble import AssembleError, BackendUnavailableError, FailureKind
+import fa4gen.assemble.assemble as asm
+from fa4gen.assemble.assemble import AssembleError, BackendUnavailableError, FailureKind
 
 PTX = """.version 8.5
 .target sm_90a

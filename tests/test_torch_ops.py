@@ -1,4 +1,4 @@
-"""fa4gen.attention under torch.compile: the custom op torch.ops.fa4gen.attention_fwd (fa4gen/torch_ops.py).
+"""fa4gen.attention under torch.compile: the custom op torch.ops.fa4gen.attention_fwd (fa4gen/runtime/torch_ops.py).
 
 CPU part (needs torch, skipped without it; CI installs it with the test extra): the fake
 implementation's shapes, dtypes and errors, and fullgraph tracing of a function calling
@@ -17,8 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fa4gen  # noqa: E402
-from fa4gen import launch, torch_ops  # noqa: E402
-from fa4gen.validate import InputTypeError, InputValueError  # noqa: E402
+from fa4gen.runtime import launch, torch_ops  # noqa: E402
+from fa4gen.runtime.validate import InputTypeError, InputValueError  # noqa: E402
 
 OP = torch.ops.fa4gen.attention_fwd
 
@@ -46,7 +46,7 @@ def fresh_dynamo():
 
 # ---- CPU: the op's fake implementation --------------------------------------------------------------
 def test_api_import_needs_no_torch_ops():
-    code = "import sys, fa4gen.api; assert 'fa4gen.torch_ops' not in sys.modules; print('ok')"
+    code = "import sys, fa4gen.runtime.api; assert 'fa4gen.runtime.torch_ops' not in sys.modules; print('ok')"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 

@@ -1,4 +1,4 @@
-"""Varlen (issue 12) on the CPU: the PTX task decode equals fa4gen.schedule.varlen_task (executed by
+"""Varlen (issue 12) on the CPU: the PTX task decode equals fa4gen.spec.schedule.varlen_task (executed by
 the emulator, clamping included), the sm_90a varlen kernels' PTX passes `fa4gen emulate` on ragged
 batches, the host-side input checks, the CLI, and the benchmark's mixes."""
 from __future__ import annotations
@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from fa4gen import codegen
-from fa4gen.config import KernelConfig
-from fa4gen.plan import varlen_task_bound
-from fa4gen.ptxemu import harness
-from fa4gen.ptxemu.harness import run_raw
-from fa4gen.render import environment
-from fa4gen.schedule import varlen_spans, varlen_tasks
-from fa4gen.validate import (DeviceError, Fa4genInputError, InputErrors, InputTypeError, InputValueError,
-                             TensorMeta, check_varlen_problem)
+from fa4gen.spec.config import KernelConfig
+from fa4gen.spec.plan import varlen_task_bound
+from fa4gen.evidence.ptxemu import harness
+from fa4gen.evidence.ptxemu.harness import run_raw
+from fa4gen.render.jinja import environment
+from fa4gen.spec.schedule import varlen_spans, varlen_tasks
+from fa4gen.runtime.validate import (DeviceError, Fa4genInputError, InputErrors, InputTypeError, InputValueError,
+                                     TensorMeta, check_varlen_problem)
 
 FIELDS = 8  # per task: found, b, head group, m, q_start, q_len, k_start, k_len
 
@@ -115,7 +115,7 @@ def test_ptx_decode_clamps_offsets_it_cannot_trust():
 
 def test_decode_mutation_is_caught():
     """The comparison can fail: drop the clamp of the end offset."""
-    import fa4gen.render as render_mod
+    import fa4gen.render.jinja as render_mod
 
     cu_q, cu_k = [0, 500, 100, 700], [0, 900, 10, 900]
     good = _decode_kernel(1, False, 128)
@@ -144,7 +144,7 @@ def test_task_bound_covers_every_real_task():
 @pytest.mark.parametrize("d,causal,g,dtype", [(128, False, 1, "bf16"), (128, True, 4, "fp16"), (64, True, 3, "bf16"),
                                               (64, False, 8, "fp16")])
 def test_sm90_varlen_ptx_passes_emulate_and_check(d, causal, g, dtype):
-    from fa4gen.check import check_ptx
+    from fa4gen.evidence.check import check_ptx
 
     cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, gqa_ratio=g, dtype=dtype, varlen=True)
     r = codegen.build(cfg, emit=("ptx",))

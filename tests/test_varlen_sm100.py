@@ -8,7 +8,7 @@
   seqused_k) and `fa4gen check` reads the PTX back against the IR, StoreRows included.
 - The IR simulator runs ragged batches against the reference (simulate_varlen).
 - ptxas accepts the kernels without spills.
-- The varlen PTX mutations of the corpus (fa4gen/ptxemu/mutations.py, run by tests/test_ptxemu.py)
+- The varlen PTX mutations of the corpus (fa4gen/evidence/ptxemu/mutations.py, run by tests/test_ptxemu.py)
   edit exactly the varlen instruction they name.
 
 No Blackwell GPU exists here: the sm_100a kernel is never executed, only emulated.
@@ -23,16 +23,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fa4gen import assemble as asm
+from fa4gen.assemble import assemble as asm
 from fa4gen import codegen
-from fa4gen.check import check_ptx
-from fa4gen.config import KernelConfig
+from fa4gen.evidence.check import check_ptx
+from fa4gen.spec.config import KernelConfig
 from fa4gen.ir import build_pipeline
 from fa4gen.ir.core import Arrive, Loop, LoopKind, StoreRows, TmaStore, TmaStoreWait, Wait, walk_ops
-from fa4gen.passes.verify import verify
-from fa4gen.ptxemu.harness import VarShape, default_shapes, emulate_file, judge_varlen, make_varlen_inputs
-from fa4gen.ptxemu.mutations import PTX_MUTATIONS, MutationMiss
-from fa4gen.simulate import simulate_varlen
+from fa4gen.verify.verify import verify
+from fa4gen.evidence.ptxemu.harness import VarShape, default_shapes, emulate_file, judge_varlen, make_varlen_inputs
+from fa4gen.evidence.ptxemu.mutations import PTX_MUTATIONS, MutationMiss
+from fa4gen.evidence.simulate import simulate_varlen
 
 HAVE_PTXAS = asm.find_ptxas() is not None
 

@@ -1,6 +1,6 @@
 """The wheel a user installs: built from this checkout, installed into a fresh virtual environment that
 cannot see the checkout, and run as a user runs it (`fa4gen build`, `fa4gen check`, `fa4gen emulate`).
-Every test before this one ran from an editable install, which hid a wheel without fa4gen.ptxemu.
+Every test before this one ran from an editable install, which hid a wheel without fa4gen.evidence.ptxemu.
 
 The fresh environment gets its dependencies (jinja2, click, numpy, the CUDA wheels with ptxas) from the
 test's own environment through a .pth line naming that site-packages folder; a .pth file inside a
@@ -78,7 +78,7 @@ def _run(args, env, cwd, timeout=300):
 def test_the_installed_package_is_the_wheel_not_the_checkout(wheel_env, tmp_path):
     bindir, env = wheel_env
     code, out = _run([str(bindir / "python"), "-c",
-                      "import fa4gen, fa4gen.ptxemu.harness, fa4gen.check, fa4gen.render as r; "
+                      "import fa4gen, fa4gen.evidence.ptxemu.harness, fa4gen.evidence.check, fa4gen.render.jinja as r; "
                       "print(fa4gen.__file__); print(r.templates_dir())"], env, tmp_path)
     assert code == 0, out
     pkg_file, templates = out.split()[-2:]

@@ -11,13 +11,14 @@ import re
 import pytest
 
 from fa4gen import codegen
-from fa4gen.check import check_ptx
-from fa4gen.config import ConfigError, KernelConfig
+from fa4gen.evidence.check import check_ptx
+from fa4gen.spec.config import ConfigError, KernelConfig
 from fa4gen.ir import build_pipeline
-from fa4gen.lower.sm90 import Sm90LoweringError, Sm90Options, build_sm90, entry_regs_of, threads_of
-from fa4gen.passes import verify
-from fa4gen.tiles import SM90_Q_ROWS, q_tile_rows
-from fa4gen.runtime import launch_geometry
+from fa4gen.lower.sm90 import Sm90LoweringError, Sm90Options, entry_regs_of, threads_of
+from fa4gen.render.kernels import build_sm90
+from fa4gen.verify import verify
+from fa4gen.spec.tiles import SM90_Q_ROWS, q_tile_rows
+from fa4gen.runtime.runtime import launch_geometry
 
 WIDE = dict(arch="sm_90a", head_dim=64, block_m=192)
 
@@ -60,7 +61,7 @@ def test_name_says_the_tile_and_the_default_names_stay():
 
 
 def test_api_config_follows_the_plan():
-    from fa4gen import api, validate
+    from fa4gen.runtime import api, validate
 
     def prob(d, sq=4096, causal=True):
         return validate.Problem(batch=1, seqlen_q=sq, seqlen_k=sq, heads_q=4, heads_kv=1, head_dim=d, dtype="bf16",
@@ -80,7 +81,7 @@ def test_fast_path_gives_each_call_the_kernel_config_for_chooses(monkeypatch):
     once keyed on (D, causal, G, dtype, device, varlen, page size) only, without the query length)."""
     from types import SimpleNamespace
 
-    from fa4gen import launch, validate
+    from fa4gen.runtime import launch, validate
 
     loaded = {}  # the registry: (content hash, device) -> kernel
 
@@ -140,7 +141,7 @@ RING = {"sched_0": ["1"], "sched_1": (3, 1), "epi_0": ["4"], "pre_arrive": (2, 1
 
 
 def test_lowering_and_ptx_agree_on_three_consumers():
-    from fa4gen.check import _Layout, _numbered, _read_roles
+    from fa4gen.evidence.check import _Layout, _numbered, _read_roles
     from fa4gen.lower.sm90 import SPELLING
     from fa4gen.lower.walk import smem_layout
 
@@ -197,7 +198,7 @@ def test_launch_geometry_reads_the_tile_rows():
 
 
 def test_three_consumer_kernels_assemble_without_spills():
-    from fa4gen.assemble import available_backends
+    from fa4gen.assemble.assemble import available_backends
 
     if not available_backends():
         pytest.skip("no PTX assembler")

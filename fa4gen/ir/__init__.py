@@ -1,6 +1,6 @@
 """Pipeline IR: `build_pipeline(cfg)` returns the frozen Pipeline for the config's arch."""
 
-from ..config import KernelConfig
+from ..spec.config import KernelConfig
 from .core import Pipeline
 
 

@@ -2,7 +2,7 @@
 
 Everything is a frozen dataclass holding tuples, so a Pipeline is hashable, comparable and dumpable.
 The verifier proves these programs and the CPU simulator executes them. Both targets' PTX is lowered
-from them op by op by one walker (fa4gen/lower/walk.py), and `fa4gen check` (fa4gen/check.py) reads
+from them op by op by one walker (fa4gen/lower/walk.py), and `fa4gen check` (fa4gen/evidence/check.py) reads
 the PTX back against them.
 
 Phase convention (defined once, here): a `State` walks a ring of barrier slots. After `p` advances
@@ -19,7 +19,7 @@ import enum
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Union
 
-from ..config import KernelConfig
+from ..spec.config import KernelConfig
 
 
 class Space(enum.Enum):
@@ -51,7 +51,7 @@ class Cond(enum.Enum):
     ANY_RESCALE = "any_rescale"  # data-dependent: vote.any(acc_scale < 1) over the warp
     HAS_LSE = "has_lse"  # runtime: the caller asked for LSE (lse_ptr != 0)
     # runtime, uniform over the launch: a KV-cache kernel launched with num_splits > 1 writes each
-    # split's normalized fp32 O and LSE to o_partial / lse_partial (fa4gen/plan.py "KV-cache rules")
+    # split's normalized fp32 O and LSE to o_partial / lse_partial (fa4gen/spec/plan.py "KV-cache rules")
     SPLIT_KV = "split_kv"
     # runtime, per warpgroup (sm_90a KV cache): some of this consumer's rows are query positions < Sq;
     # otherwise (decode packs Sq * G rows into the first warpgroup) it takes the barrier-only path
@@ -221,7 +221,7 @@ class StoreRows:
 
 @dataclass(frozen=True)
 class PageLookup:
-    """Paged KV cache (fa4gen/plan.py "KV-cache rules"): the role's threads read the page-table
+    """Paged KV cache (fa4gen/spec/plan.py "KV-cache rules"): the role's threads read the page-table
     entries of K/V block `block` (one per TMA box of the block, clamped as the rules say) from global
     memory into registers, before the waits of that block's loads, so the reads are in flight while
     the role waits. The K and V TmaLoads of the same block that follow address their boxes by them.
@@ -232,7 +232,7 @@ class PageLookup:
 
 @dataclass(frozen=True)
 class StorePartial:
-    """KV-cache split-KV epilogue (fa4gen/plan.py "KV-cache rules"): every thread of the role writes
+    """KV-cache split-KV epilogue (fa4gen/spec/plan.py "KV-cache rules"): every thread of the role writes
     columns [col_lo, col_hi) of its row's normalized fp32 O (register buffer `src`, the result of
     Compute "normalize_partial") to o_partial[(split * R + r) * D ...], r = (b * Sq + pos) * Hq +
     head, rows pos < Sq only, with st.global. Reads registers only: no SMEM or TMEM access (the O

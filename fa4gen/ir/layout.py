@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plan import ARCH_LIMITS
-from ..tiles import PlanError
+from ..spec.plan import ARCH_LIMITS
+from ..spec.tiles import PlanError
 from .core import BarrierKind, Pipeline, Space
 
 __all__ = ["SmemLayout", "layout_of", "smem_layout"]

@@ -8,8 +8,8 @@ so the K walk and the V walk are two States over the same ring with stride 2.
 
 from __future__ import annotations
 
-from ..config import KernelConfig
-from ..plan import ARCH_LIMITS, SM100_STATS_BAR_ID, tile_bytes as plan_tile_bytes
+from ..spec.config import KernelConfig
+from ..spec.plan import ARCH_LIMITS, SM100_STATS_BAR_ID, tile_bytes as plan_tile_bytes
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
                    FenceProxyAsync, If, Loop, LoopKind, Mma, NamedArrive, NamedSync, Pipeline, Region,
                    PageLookup, Role, Scope, SmemLd, SmemSt, Space, State, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd,

@@ -13,10 +13,10 @@ pre-arrives once so consumer 0 goes first, and consumer 0 takes the last hand-of
 
 from __future__ import annotations
 
-from ..config import K_SPLIT_DEFAULT, KV_STAGES_MAX, ConfigError, KernelConfig
-from ..plan import (ARCH_LIMITS, SM90_CONSUMER_REGS, SM90_PRODUCER_REGS, SM90_REGS, SM90_SCHED_BAR_ID, q_tile_bytes,
-                    sm90_consumers, sm90_epi_bar_id, tile_bytes)
-from ..tiles import PlanError
+from ..spec.config import K_SPLIT_DEFAULT, KV_STAGES_MAX, ConfigError, KernelConfig
+from ..spec.plan import (ARCH_LIMITS, SM90_CONSUMER_REGS, SM90_PRODUCER_REGS, SM90_REGS, SM90_SCHED_BAR_ID, q_tile_bytes,
+                         sm90_consumers, sm90_epi_bar_id, tile_bytes)
+from ..spec.tiles import PlanError
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync,
                    If, InstSlot, Loop, LoopKind, Mma, PageLookup, MmaWait, NamedArrive, NamedSync, Pipeline, Region, Role, Scope,
                    SmemSt, Space, State, StoreRows, TmaLoad, TmaStore, TmaStoreWait, Wait, instantiate)

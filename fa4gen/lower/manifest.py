@@ -1,8 +1,8 @@
 """The ABI manifest of a generated kernel (docs/ABI.md), one builder for both targets.
 
 `manifest(pipe, smem_bytes=, o_rows=, grid=, variant=, sections=)` writes the JSON that sits beside
-each .ptx/.cubin and that the loader (fa4gen/runtime.py, launch.py, api.py), the emulator
-(fa4gen/ptxemu), `fa4gen check` and the CLI read. Each fact comes from one place: the KernelConfig
+each .ptx/.cubin and that the loader (fa4gen/runtime/runtime.py, launch.py, api.py), the emulator
+(fa4gen/evidence/ptxemu), `fa4gen check` and the CLI read. Each fact comes from one place: the KernelConfig
 (name, config, hash, GQA / varlen / KV-cache records, params, tensor-map dims), the Pipeline (arch,
 threads), and the target facts its lowering passes in: the SMEM bytes its PTX uses, the rows one O
 store box covers, how its scheduler walks the tasks (GridFacts) and its own sections (sm_100a: the
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import GENERATOR_VERSION, KernelConfig
+from ..spec.config import GENERATOR_VERSION, KernelConfig
 from ..ir.core import Pipeline
-from ..plan import (HALF_COLS, KVCACHE_ORDER, SINKS_ABI_PARAMS, SOFTCAP_ABI_PARAMS, VARLEN_ORDER, WINDOW_ABI_PARAMS,
-                    abi_params, gqa_manifest, kv_box_rows, kvcache_manifest, qo_map_dims, varlen_manifest)
+from ..spec.plan import (HALF_COLS, KVCACHE_ORDER, SINKS_ABI_PARAMS, SOFTCAP_ABI_PARAMS, VARLEN_ORDER, WINDOW_ABI_PARAMS,
+                         abi_params, gqa_manifest, kv_box_rows, kvcache_manifest, qo_map_dims, varlen_manifest)
 
 __all__ = ["ENTRY", "GridFacts", "grid_section", "manifest", "score_mods_record", "smem_layout_section",
            "tensor_maps"]
@@ -62,7 +62,7 @@ def grid_section(cfg: KernelConfig, g: GridFacts) -> dict:
     elif cfg.varlen:
         lpt = cfg.causal and g.varlen_lpt
         order = VARLEN_ORDER[lpt] + (" and heaviest first" if cfg.causal and not lpt else "") + g.deal
-        num_tasks = f"fa4gen.plan.varlen_task_bound(batch, total_q, num_heads_kv{hg}, {n * cfg.seq_q_per_tile})"
+        num_tasks = f"fa4gen.spec.plan.varlen_task_bound(batch, total_q, num_heads_kv{hg}, {n * cfg.seq_q_per_tile})"
         note = "the kernel stops at the last sequence's tasks: num_tasks is only a bound"
     else:
         order = (f"LPT in sections of l2_group (batch, kv_head) pairs: {lpt_units} heaviest first, "

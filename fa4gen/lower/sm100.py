@@ -1,6 +1,6 @@
 """sm_100a (Blackwell) lowering: the verified Pipeline IR -> template context -> PTX + manifest.
 
-Every role's program (fa4gen/ir/sm100.py, proven by fa4gen.passes.verify) is walked statement by
+Every role's program (fa4gen/ir/sm100.py, proven by fa4gen.verify.verify) is walked statement by
 statement; each op becomes one template item (a macro call of templates/sm100/ops.ptx.j2) and each
 Loop / If becomes labels and predicated branches. The templates only spell instructions: every
 register name, offset, descriptor constant, column and label is computed here.
@@ -23,22 +23,21 @@ import enum
 import math
 import struct
 
-from ..assemble import PTX_VERSION_FOR_ARCH
-from ..config import GENERATOR_VERSION, KernelConfig
-from ..plan import (ARCH_LIMITS, block_info_ptx, combine_context, kv_box_rows, abi_params, HALF_COLS, MASK_AS_WORDS,
-                    MASK_WORD_BITS, ROWS, WINDOW_UNBOUNDED, mask_words, panel_bytes, key_limits_ptx)
-from ..encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, check_tmem_alloc
-from ..exp2 import EXP2_POLY, FRAG_COLS, ROUND_MAGIC, emulated_mask
+from ..spec.plan import PTX_VERSION_FOR_ARCH
+from ..spec.config import GENERATOR_VERSION, KernelConfig
+from ..spec.plan import (ARCH_LIMITS, block_info_ptx, combine_context, kv_box_rows, abi_params, HALF_COLS, MASK_AS_WORDS,
+                         MASK_WORD_BITS, ROWS, WINDOW_UNBOUNDED, mask_words, panel_bytes, key_limits_ptx)
+from ..spec.encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, check_tmem_alloc
+from ..spec.exp2 import EXP2_POLY, FRAG_COLS, ROUND_MAGIC, emulated_mask
 from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, ExpectTx, FenceProxyAsync,
                        Mma, NamedArrive, NamedSync, Pipeline, Role, PageLookup, Scope, SmemLd, SmemSt, Space,
                        StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt, Wait,
                        WaitLd, WaitSt, walk_ops)
-from ..render import render
 from .manifest import ENTRY, GridFacts, manifest, smem_layout_section
-from .walk import LoweringError, SmemLayout, WalkCtx, Walker, dispatch, f32, pairwise, smem_layout, tidy
+from .walk import LoweringError, SmemLayout, WalkCtx, Walker, dispatch, f32, pairwise, smem_layout
 
-__all__ = ["ENTRY", "OP_PTX", "Ptx", "SPELLING", "Sm100LoweringError", "SmemLayout", "build_sm100",
-           "lower_sm100", "manifest_sm100", "smem_layout"]
+__all__ = ["ENTRY", "OP_PTX", "Ptx", "SPELLING", "Sm100LoweringError", "SmemLayout", "lower_sm100",
+           "lowered_sm100", "manifest_sm100", "smem_layout"]
 
 TARGET = "sm_100a"
 THREADS_PER_WARP = 32
@@ -96,7 +95,7 @@ OP_PTX: dict[type, tuple[str, ...]] = {
     NamedSync: (Ptx.BAR_SYNC.value,),
     FenceProxyAsync: (Ptx.FENCE_PROXY_ASYNC.value,),
     # register-only or generic-proxy ops: no protocol instruction (StoreRows: ld.shared / st.global
-    # by the role's threads, read back by fa4gen.check as its own event)
+    # by the role's threads, read back by fa4gen.evidence.check as its own event)
     StoreRows: (),
     StorePartial: (),  # KV cache: st.global of the registers (no protocol instruction)
     PageLookup: (),  # paged KV cache: ld.global of page-table entries into registers
@@ -107,7 +106,7 @@ OP_PTX: dict[type, tuple[str, ...]] = {
 }
 
 
-# How this target's instructions read back (fa4gen.check): the tcgen05 classes after the shared ones
+# How this target's instructions read back (fa4gen.evidence.check): the tcgen05 classes after the shared ones
 # (walk.COMMON_PTX); `%p_el` is the lane elect.sync picked, the one that issues an elected op.
 TCGEN05_PTX = tuple((p.value, p.value, "") for p in (Ptx.MMA, Ptx.COMMIT, Ptx.TMEM_LD, Ptx.TMEM_ST, Ptx.WAIT_LD,
                                                      Ptx.WAIT_ST, Ptx.FENCE_BEFORE, Ptx.FENCE_AFTER))
@@ -314,7 +313,7 @@ class _RoleEmitter(Walker):
                   skip=self.label("noel"))
 
     def op_PageLookup(self, op: PageLookup) -> None:
-        """The page-table entries of a K/V block (fa4gen/plan.py "KV-cache rules"), one per TMA box
+        """The page-table entries of a K/V block (fa4gen/spec/plan.py "KV-cache rules"), one per TMA box
         of box_rows = min(page_size, 128) keys: box i starts at key j = block * 128 + i * box_rows,
         its entry is page_table[b * stride + min(j / page_size, max_pages - 1)], then
         min(entry, num_pages - 1) as unsigned. Into %pg<i>, read by the block's K and V TmaLoads."""
@@ -909,16 +908,16 @@ def manifest_sm100(pipe: Pipeline) -> dict:
     return manifest(pipe, smem_bytes=layout.total, o_rows=cfg.block_m, grid=grid, sections=smem_layout_section(layout))
 
 
-def build_sm100(pipe_or_cfg) -> tuple[str, dict]:
-    """(PTX text, ABI manifest) of the sm_100a kernel. Takes a KernelConfig (builds its pipeline,
-    unverified: fa4gen.codegen.build is the verified chain) or a Pipeline."""
+def lowered_sm100(pipe_or_cfg) -> tuple[dict, dict]:
+    """(template context, ABI manifest) of the sm_100a kernel; render.kernels.build_sm100 renders it. Takes a
+    KernelConfig (builds its pipeline, unverified: fa4gen.codegen.build is the verified chain) or a Pipeline."""
     if isinstance(pipe_or_cfg, KernelConfig):
         from ..ir import build_pipeline
 
         pipe = build_pipeline(pipe_or_cfg)
     else:
         pipe = pipe_or_cfg
-    return tidy(render("sm100/fa4_fwd.ptx.j2", lower_sm100(pipe))), manifest_sm100(pipe)
+    return lower_sm100(pipe), manifest_sm100(pipe)
 
 
 SPELLING = _RoleEmitter.spelling(TCGEN05_PTX, single=("%p_el",))

@@ -22,23 +22,22 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from ..assemble import PTX_VERSION_FOR_ARCH
-from ..config import GENERATOR_VERSION, KernelConfig
-from ..exp2 import EXP2_POLY, hopper_emulated
+from ..spec.plan import PTX_VERSION_FOR_ARCH
+from ..spec.config import GENERATOR_VERSION, KernelConfig
+from ..spec.exp2 import EXP2_POLY, hopper_emulated
 from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync, If, InstSlot,
                        Mma, MmaWait, NamedArrive, NamedSync, PageLookup, Pipeline, Role, Scope, SmemSt, StoreRows,
                        TmaLoad, TmaStore, TmaStoreWait, Wait, instantiate, walk_ops)
 from ..ir.sm90 import build_sm90_pipeline
-from ..encodings import DescArch, SmemMatrixDesc
-from ..plan import (ARCH_LIMITS, HALF_COLS, block_info_ptx, MASK_AS_WORDS, MASK_WORD_BITS, ROWS, SM90_REGS,
-                    WINDOW_UNBOUNDED, abi_params, combine_context, key_limits_ptx, kv_box_rows, mask_words,
-                    panel_bytes, q_panel_bytes, sm90_consumers)
-from ..render import render
+from ..spec.encodings import DescArch, SmemMatrixDesc
+from ..spec.plan import (ARCH_LIMITS, HALF_COLS, block_info_ptx, MASK_AS_WORDS, MASK_WORD_BITS, ROWS, SM90_REGS,
+                         WINDOW_UNBOUNDED, abi_params, combine_context, key_limits_ptx, kv_box_rows, mask_words,
+                         panel_bytes, q_panel_bytes, sm90_consumers)
 from .manifest import ENTRY, GridFacts, manifest
-from .walk import LoweringError, WalkCtx, Walker, dispatch, f32, pairwise, smem_layout, tidy
+from .walk import LoweringError, WalkCtx, Walker, dispatch, f32, pairwise, smem_layout
 
-__all__ = ["OP_PTX", "SPELLING", "Sm90LoweringError", "Sm90Options", "build_sm90", "entry_regs_of", "lower_sm90",
-           "manifest_sm90", "threads_of"]
+__all__ = ["OP_PTX", "SPELLING", "Sm90LoweringError", "Sm90Options", "entry_regs_of", "lower_sm90",
+           "lowered_sm90", "manifest_sm90", "threads_of"]
 
 TARGET = "sm_90a"
 WG_ROWS = 64  # rows per consumer warpgroup (wgmma M)
@@ -71,7 +70,7 @@ OP_PTX: dict[type, tuple[str, ...]] = {
     Advance: (),
     Compute: (),
 }
-# How this target's instructions read back (fa4gen.check): the wgmma classes after the shared ones
+# How this target's instructions read back (fa4gen.evidence.check): the wgmma classes after the shared ones
 # (walk.COMMON_PTX); the one thread that issues a single-thread op: %p_t0 (the producer role, thread 0
 # of the CTA) and %p_elect (thread 0 of a consumer warpgroup: its O store and the wait for it).
 WGMMA_PTX = (("wgmma.fence", "wgmma.fence", ""), ("wgmma.mma_async", "wgmma.mma_async", ""),
@@ -577,9 +576,10 @@ def _with_regs(pipe: Pipeline, producer: int, consumer: int) -> Pipeline:
                                replicated=tuple(fix(r) for r in pipe.replicated))
 
 
-def build_sm90(cfg_or_pipe, options: Sm90Options | None = None) -> tuple[str, dict]:
-    """(PTX text, manifest) of the sm_90a kernel, lowered from its pipeline IR. Takes a KernelConfig
-    (builds its pipeline, unverified: fa4gen.codegen.build is the verified chain) or a Pipeline."""
+def lowered_sm90(cfg_or_pipe, options: Sm90Options | None = None) -> tuple[dict, dict]:
+    """(template context, manifest) of the sm_90a kernel, lowered from its pipeline IR; render.kernels.build_sm90
+    renders it. Takes a KernelConfig (builds its pipeline, unverified: fa4gen.codegen.build is the verified
+    chain) or a Pipeline."""
     if isinstance(cfg_or_pipe, KernelConfig):
         cfg, pipe = cfg_or_pipe, build_sm90_pipeline(cfg_or_pipe)
     else:
@@ -590,14 +590,14 @@ def build_sm90(cfg_or_pipe, options: Sm90Options | None = None) -> tuple[str, di
     p, c = opt.regs(cfg)
     if (p, c) != (pipe.roles[0].regs, pipe.replicated[0].regs):
         pipe = _with_regs(pipe, p, c)
-    return tidy(render("sm90/fa4_fwd.ptx.j2", lower_sm90(pipe))), manifest_sm90(cfg, options)
+    return lower_sm90(pipe), manifest_sm90(cfg, options)
 
 
 
 def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict:
     """The ABI manifest (fa4gen.lower.manifest) with the sm_90a facts: the SMEM layout derived from
     the Pipeline (the offsets this kernel uses), O boxes of one consumer warpgroup's 64 rows, one Q
-    tile per task (persistent: causal tasks heaviest first inside L2 sections, fa4gen/schedule.py,
+    tile per task (persistent: causal tasks heaviest first inside L2 sections, fa4gen/spec/schedule.py,
     dealt to the resident CTAs with odd rounds reversed), and the `sm90` record of the plan and the
     options."""
     opt = options or Sm90Options()

@@ -27,10 +27,10 @@ from ..ir.core import (Advance, Arrive, BlockRef, Cond, ExpectTx, FenceProxyAsyn
                        LoopKind, NamedArrive, NamedSync, Pipeline, Role, Scope, TmaStoreWait, Wait,
                        walk_ops)
 from ..ir.layout import SmemLayout, smem_layout as ir_smem_layout
-from ..plan import ARCH_LIMITS
+from ..spec.plan import ARCH_LIMITS
 
 __all__ = ["COMMON_PTX", "LoweringError", "SmemLayout", "Spelling", "WalkCtx", "Walker", "dispatch", "f32", "pairwise",
-           "smem_layout", "tidy"]
+           "smem_layout"]
 
 
 class LoweringError(ValueError):
@@ -85,7 +85,7 @@ COMMON_PTX: tuple[tuple[str, str, str], ...] = (
 @dataclass(frozen=True)
 class Spelling:
     """How a target spells what its walker emits, for `fa4gen check` to read it back (one reader for
-    both targets, fa4gen.check._read_section): the protocol instruction classes (OP_PTX's names) by
+    both targets, fa4gen.evidence.check._read_section): the protocol instruction classes (OP_PTX's names) by
     mnemonic, the registers a ring state lives in (the walker's own name patterns), and the predicates
     that pick the one thread or lane that issues (the walker's `elected` ops)."""
 
@@ -575,15 +575,3 @@ class Walker:
             return
         self.emit("advance", q=self.qreg(op.state), add=st.stride % (2 * st.depth), wrap=2 * st.depth,
                   note=f"advance state {op.state}: q += {st.stride % (2 * st.depth)} mod {2 * st.depth}")
-
-
-def tidy(ptx: str) -> str:
-    """Drop the empty lines macro calls leave; one empty line before each role and dispatch block."""
-    out = []
-    for line in ptx.splitlines():
-        if not line.strip():
-            continue
-        if line.startswith(("// role ", "// ====")):
-            out.append("")
-        out.append(line)
-    return "\n".join(out) + "\n"

@@ -15,7 +15,7 @@ import numbers
 import struct
 from dataclasses import dataclass
 
-from .config import GQA_RATIO_MAX, HEAD_DIMS
+from ..spec.config import GQA_RATIO_MAX, HEAD_DIMS
 
 LOG2E = 1.4426950408889634
 TMA_ALIGN = 16  # bytes: cuTensorMapEncodeTiled wants the base address and every stride 16-byte aligned
@@ -207,7 +207,7 @@ def check_score_mods(window_size, softcap, sink: TensorMeta | None, *, causal, h
     cap = errors.attempt(check_softcap, softcap, softmax_scale)
     sinks = errors.attempt(check_sink_meta, sink, heads_q, device)
     raise_all(errors)
-    from .plan import window_sides
+    from ..spec.plan import window_sides
 
     left, right = window_sides(sides, bool(causal))
     mods = ScoreMods(window_left=left, window_right=right, causal=bool(causal), softcap=cap, sinks=sinks)
@@ -578,8 +578,8 @@ def check_varlen_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cu_q: Tens
     if batch == 0 and tq:
         errors.append(InputValueError(f"cu_seqlens_q describes no sequence but q has {tq} rows"))
     if shapes and batch:
-        from .plan import varlen_task_bound
-        from .tiles import gqa_pack
+        from ..spec.plan import varlen_task_bound
+        from ..spec.tiles import gqa_pack
 
         hkv_, hq_ = shapes[3], shapes[2]
         if hkv_ and hq_:
@@ -655,8 +655,8 @@ def check_kvcache_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cache_seq
                           learnable_sink: TensorMeta | None = None) -> KvcacheProblem:
     """Everything the host checks before a KV-cache launch, every problem in one error. Values of
     cache_seqlens / page_table on the device are not read (no sync): the kernel clamps them."""
-    from .config import PAGE_SIZES
-    from .plan import KVCACHE_MAX_SPLITS
+    from ..spec.config import PAGE_SIZES
+    from ..spec.plan import KVCACHE_MAX_SPLITS
 
     errors = _Errors()
     attempt = errors.attempt
@@ -725,7 +725,7 @@ def check_kvcache_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cache_seq
                    device=device, softmax_scale=scale or 1.0,
                    lengths=(("seqlen_q", sq), ("the cache's capacity", capacity)) if ok else ())
     if ok and b and hkv and hq and not errors:
-        from .tiles import gqa_pack
+        from ..spec.tiles import gqa_pack
 
         p = gqa_pack(hq // hkv)
         tasks = b * hkv * (hq // hkv // p) * -(-sq // (128 // p)) * max(int(num_splits), 1)

@@ -1,6 +1,6 @@
 """KV-cache kernels in the emulator: a decode launch exactly as the runtime would make it (fa4_fwd over a
 contiguous or paged cache with per-sequence lengths and split-KV, then fa4_combine over the fp32
-partials when num_splits > 1), inputs that exercise the KV-cache rules (fa4gen/plan.py "KV-cache
+partials when num_splits > 1), inputs that exercise the KV-cache rules (fa4gen/spec/plan.py "KV-cache
 rules"), and the verdict against the float64 reference over the keys each sequence sees.
 
 The inputs: q (B, Sq, Hq, D); the cache either (B, Smax, Hkv, D) or (num_pages, page_size, Hkv, D)
@@ -9,7 +9,7 @@ the sequences in a shuffled order, some pages belong to no sequence, unused tabl
 a page number past the cache, one used entry is past the cache too (the clamp makes it read the
 last page), and every cache row no sequence may see holds large garbage, so a kernel that reads a
 key it should not see, or the wrong page, moves O far outside the tolerance. The reference gathers
-each sequence's keys with fa4gen.schedule.kvcache_page / kvcache_k_len (the Python side of the same
+each sequence's keys with fa4gen.spec.schedule.kvcache_page / kvcache_k_len (the Python side of the same
 rules), so it never shares an index computation with the PTX under test.
 """
 from __future__ import annotations
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import reference
-from ..encodings import TensorMapSpec
-from ..plan import COMBINE_ABI_PARAMS, kvcache_num_tasks
-from ..runtime import launch_geometry, manifest_gqa, tensor_map_geometry
-from ..schedule import kvcache_k_len, kvcache_page
+from ...spec.encodings import TensorMapSpec
+from ...spec.plan import COMBINE_ABI_PARAMS, kvcache_num_tasks
+from ...runtime.runtime import launch_geometry, manifest_gqa, tensor_map_geometry
+from ...spec.schedule import kvcache_k_len, kvcache_page
 from . import units
 from .cases import (RunResult, ScoreMods, Shape, UsageError, _from_dtype_bytes, _np_dtype_bytes, default_mods,
                     entry_registers,

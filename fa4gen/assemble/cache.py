@@ -12,7 +12,7 @@ or nvJitLink release gets its own entries):
 The manifest is the entry's commit record: it is written after the cubin and names the cubin's
 sha256, so an entry is trusted only when the manifest parses, its content_hash (and config, when
 present) and toolchain equal ours, the cubin on disk has exactly that size and hash, and its ELF
-header is a CUDA cubin for the config's SM (fa4gen/cubin.py). Anything else (a truncated copy, a
+header is a CUDA cubin for the config's SM (fa4gen/assemble/cubin.py). Anything else (a truncated copy, a
 flipped byte, a manifest from another config, a cubin with no manifest, bytes that are not a cubin
 for this arch) is reported and rebuilt, never loaded.
 
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .config import KernelConfig
+from ..spec.config import KernelConfig
 from .cubin import cubin_problem
 from .fsutil import atomic_write, clean_stale_tmp, pid_alive, env_seconds
 
@@ -49,7 +49,7 @@ try:
 except ImportError:  # pragma: no cover - not POSIX: rely on os.replace alone
     fcntl = None
 
-log = logging.getLogger("fa4gen.cache")
+log = logging.getLogger("fa4gen.assemble.cache")
 
 ENV_VAR = "FA4GEN_CACHE_DIR"
 LOCK_TIMEOUT_ENV = "FA4GEN_LOCK_TIMEOUT"

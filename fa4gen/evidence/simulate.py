@@ -16,16 +16,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import KernelConfig
-from .encodings import TMEM_COLUMNS, TMEM_LANES
-from .ir import build_pipeline
-from .ir.core import Cond, Pipeline, Role
-from .passes.engine import DataModel, Engine, Finding, Scenario
-from .plan import BlockInfo
+from ..spec.config import KernelConfig
+from ..spec.encodings import TMEM_COLUMNS, TMEM_LANES
+from ..ir import build_pipeline
+from ..ir.core import Cond, Pipeline, Role
+from ..verify.engine import DataModel, Engine, Finding, Scenario
+from ..spec.plan import BlockInfo
 from .reference import (LN2, RowState, _as_compute, _check_shapes, _default_scale, block_update, col_limits,
                         round_to_dtype, scale_log2_f32)
-from .exp2 import emulated_columns
-from .schedule import kvcache_k_len, kvcache_page, kvcache_task, task_tile, varlen_tasks
+from ..spec.exp2 import emulated_columns
+from ..spec.schedule import kvcache_k_len, kvcache_page, kvcache_task, task_tile, varlen_tasks
 
 
 def _to_bits(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -67,7 +67,7 @@ def tiles_per_task(cfg: KernelConfig) -> int:
 
 def schedule_tasks(cfg: KernelConfig, batch: int, hkv: int, sq: int, skv: int,
                    l2_group: int | None = None) -> list[Task]:
-    """Tasks in kernel order (fa4gen.schedule.task_coords): linear for non-causal; causal LPT,
+    """Tasks in kernel order (fa4gen.spec.schedule.task_coords): linear for non-causal; causal LPT,
     heaviest m_blocks first, in sections of `l2_group` (batch, kv_head) pairs (default: one section,
     the simulator has no L2)."""
     tpt = tiles_per_task(cfg)
@@ -352,7 +352,7 @@ def simulate_varlen(pipe_or_cfg, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=
                     seed: int = 0, num_ctas: int = 1, priority=None, l2_rows: int = 1) -> SimResult:
     """Run a varlen pipeline's programs over a packed batch: q (total_q, Hq, D), k, v (total_k, Hkv,
     D), sequence b's rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) and keys [cu_seqlens_k[b], ...), at
-    most seqused_k[b] of them. Tasks come in the kernels' varlen order (fa4gen.schedule.varlen_tasks,
+    most seqused_k[b] of them. Tasks come in the kernels' varlen order (fa4gen.spec.schedule.varlen_tasks,
     offsets clamped as on the device; causal sections from `l2_rows`, the kernels' l2_group); a TMA
     tile reads the packed tensor's rows whatever sequence they belong to (zero only past its end),
     as the hardware does. Returns O (total_q, Hq, D) (NaN
@@ -388,7 +388,7 @@ class KvSimResult:
 
 
 def combine_partials(o_partial: np.ndarray, lse_partial: np.ndarray):
-    """fa4_combine's merge (fa4gen/plan.py "KV-cache rules") in NumPy: lse = log sum_s exp(lse_s),
+    """fa4_combine's merge (fa4gen/spec/plan.py "KV-cache rules") in NumPy: lse = log sum_s exp(lse_s),
     O = sum_s exp(lse_s - lse) O_s; O = 0, LSE = -inf where every split is -inf. (S, R, D) -> (R, D), (R,)."""
     lp = lse_partial.astype(np.float64)
     mx = lp.max(axis=0)
@@ -404,7 +404,7 @@ def combine_partials(o_partial: np.ndarray, lse_partial: np.ndarray):
 
 def simulate_kvcache(pipe_or_cfg, q, k_cache, v_cache, cache_seqlens, page_table=None, num_splits: int = 1,
                      softmax_scale=None, seed: int = 0, num_ctas: int = 1, priority=None) -> KvSimResult:
-    """Run a KV-cache pipeline's programs (fa4gen/plan.py "KV-cache rules") over q (B, Sq, Hq, D)
+    """Run a KV-cache pipeline's programs (fa4gen/spec/plan.py "KV-cache rules") over q (B, Sq, Hq, D)
     and a cache: contiguous k_cache, v_cache (B, Smax, Hkv, D), or paged (num_pages, page_size,
     Hkv, D) through page_table (B, max_pages). Tasks in the kernels' order (schedule.kvcache_task
     over m units of the pipeline's tiles per task), each split's blocks from plan.BlockInfo

@@ -7,42 +7,19 @@ StrictUndefined turns a missing context key into an error instead of an empty st
 from __future__ import annotations
 
 import functools
-import importlib.resources
 import itertools
-from pathlib import Path
 
 import jinja2
 
+from ..spec.paths import templates_dir
+
 __all__ = ["FILTERS", "render", "templates_dir", "environment"]
-
-
-def templates_dir() -> Path:
-    """The templates/ beside this fa4gen package when it runs from a checkout (a pyproject.toml
-    next to it), else the installed package `fa4gen.templates` (pyproject maps it to templates/).
-
-    The checkout comes first so that code and templates always come from one tree: run from another
-    checkout or git worktree (PYTHONPATH) while an editable install points elsewhere, the installed
-    mapping would pair this tree's lowering with the other tree's templates."""
-    here = Path(__file__).resolve().parent.parent
-    if (here / "pyproject.toml").is_file() and any((here / "templates").glob("*/*.j2")):
-        return here / "templates"
-    try:
-        root = importlib.resources.files("fa4gen.templates")
-        path = Path(str(root))
-        if path.is_dir() and any(path.glob("*/*.j2")):
-            return path
-    except (ModuleNotFoundError, TypeError):
-        pass
-    path = Path(__file__).resolve().parent.parent / "templates"
-    if not path.is_dir():
-        raise FileNotFoundError(f"fa4gen templates not found (looked for the package fa4gen.templates and {path})")
-    return path
 
 
 def _comment(note) -> str:
     """`{{ note | comment }}`: " // note" after an instruction, or nothing for an empty note. The
     notes are computed by the lowering (barrier, slot and phase names, decoded descriptors); a
-    comment never changes an instruction (fa4gen/check.py and the emulator strip them)."""
+    comment never changes an instruction (fa4gen/evidence/check.py and the emulator strip them)."""
     if not note:
         return ""
     note = str(note)

@@ -1,18 +1,18 @@
 """The torch-facing entry points: `attention`, `attention_varlen`, `attention_with_kvcache`, and `load`
-for prebuilt cubins. Eager calls go to fa4gen.launch; under torch.compile the first two go through the
-custom ops of fa4gen.torch_ops (which call fa4gen.launch in turn).
+for prebuilt cubins. Eager calls go to fa4gen.runtime.launch; under torch.compile the first two go through the
+custom ops of fa4gen.runtime.torch_ops (which call fa4gen.runtime.launch in turn).
 """
 
 from __future__ import annotations
 
 from . import launch, validate
-from .config import KernelConfig
+from ..spec.config import KernelConfig
 from .launch import RUNTIME_ARCH, CallInfo, LoadInfo, build, config_for, get_kernel, last_call_info
 from .validate import Fa4genInputError, Problem
 
 __all__ = ["attention", "attention_varlen", "attention_with_kvcache", "load", "read_prebuilt", "PrebuiltKernel",
            "KernelLoadError", "last_call_info", "config_for", "get_kernel", "build", "CallInfo", "LoadInfo",
-           "Fa4genInputError", "Problem", "RUNTIME_ARCH"]  # the launch's names are the API's too (fa4gen.api.X)
+           "Fa4genInputError", "Problem", "RUNTIME_ARCH"]  # the launch's names are the API's too (fa4gen.runtime.api.X)
 
 
 # softcap's default is the int 0, not 0.0: torch.compile(dynamic=True) makes a float default it reads from
@@ -24,7 +24,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     q: (B, Sq, Hq, D); k, v: (B, Skv, Hkv, D); float16 or bfloat16, all the same, on one CUDA device of
     compute capability 9.0 (H100/H200). D is 64 or 128. Hq must be a multiple of Hkv, any ratio
     G = Hq/Hkv (GQA/MQA: query head h reads kv head h // G; a ratio dividing 128 packs G heads per
-    128-row Q tile, any other ratio runs one head per tile, fa4gen.tiles.gqa_pack). softmax_scale defaults to
+    128-row Q tile, any other ratio runs one head per tile, fa4gen.spec.tiles.gqa_pack). softmax_scale defaults to
     1/sqrt(D). causal=True masks bottom-right aligned: query i sees keys j <= i + Skv - Sq, so with
     Sq > Skv the first Sq - Skv rows see no key and get O = 0, LSE = -inf.
 
@@ -49,11 +49,11 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     only: inputs that require grad while grad mode is on are refused rather than silently
     returning a result autograd cannot differentiate.
 
-    Raises a subclass of `fa4gen.validate.Fa4genInputError` (TypeError or ValueError) for every
+    Raises a subclass of `fa4gen.runtime.validate.Fa4genInputError` (TypeError or ValueError) for every
     input problem, before anything is built or launched.
 
     Under `torch.compile` (fullgraph too) the call goes through the custom op
-    `torch.ops.fa4gen.attention_fwd` (fa4gen/torch_ops.py): Dynamo cannot trace the launch, the op
+    `torch.ops.fa4gen.attention_fwd` (fa4gen/runtime/torch_ops.py): Dynamo cannot trace the launch, the op
     hides it behind a fake implementation that gives the output shapes, and the compiled graph calls
     this same eager path at run time (also inside CUDA graphs: the launch is on the current stream,
     with no host sync). Eager calls skip the op: its dispatch adds 13-40 us a call on
@@ -95,14 +95,14 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     Returns o (total_q, Hq, D) and, with return_lse, lse (Hq, total_q) float32. Rows of q outside
     every sequence are not written.
 
-    Raises a `fa4gen.validate.Fa4genInputError` for every problem visible without a device sync
+    Raises a `fa4gen.runtime.validate.Fa4genInputError` for every problem visible without a device sync
     (wrong dtype, device or length of cu_seqlens or seqused_k, inconsistent sizes). The offsets
     themselves stay on the device: non-monotonic or out-of-range values are clamped by the kernel
     (start = min(cu[b], total), end = min(max(cu[b+1], start), total)), so it never reads or writes
     outside its tensors, whatever they hold.
 
     Under `torch.compile` (fullgraph too) the call goes through the custom op
-    `torch.ops.fa4gen.attention_varlen_fwd` (fa4gen/torch_ops.py), as `attention` does.
+    `torch.ops.fa4gen.attention_varlen_fwd` (fa4gen/runtime/torch_ops.py), as `attention` does.
     """
     try:
         import torch
@@ -136,7 +136,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table=None, 
 
     num_splits: the keys of each (sequence, kv head) are cut into this many ranges processed by
     different CTAs, whose partial outputs (fp32) a generated combine kernel merges by their LSE.
-    0 (default) chooses from the shape and the SM count (fa4gen.schedule.choose_num_splits); 1
+    0 (default) chooses from the shape and the SM count (fa4gen.spec.schedule.choose_num_splits); 1
     writes O directly (no combine kernel).
 
     cache_seqlens and page_table may live on the GPU (no host sync: out-of-range values are clamped
@@ -173,8 +173,8 @@ def read_prebuilt(cubin_path) -> tuple[bytes, dict, KernelConfig]:
     import json
     from pathlib import Path
 
-    from .config import ConfigError
-    from .cubin import cubin_problem
+    from ..spec.config import ConfigError
+    from ..assemble.cubin import cubin_problem
 
     path = Path(cubin_path)
     if not path.is_file():
@@ -199,7 +199,7 @@ def read_prebuilt(cubin_path) -> tuple[bytes, dict, KernelConfig]:
     if manifest["arch"] != cfg.arch or manifest["name"] != cfg.name:
         raise KernelLoadError(f"{mpath}: says {manifest['name']} ({manifest['arch']}) but its config is "
                               f"{cfg.name} ({cfg.arch})")
-    from .lower.manifest import score_mods_record
+    from ..lower.manifest import score_mods_record
 
     want_mods = score_mods_record(cfg)
     if manifest.get("score_mods") != want_mods:

@@ -1,4 +1,4 @@
-"""The eager launch behind the torch-facing API (fa4gen.api) and its custom ops (fa4gen.torch_ops):
+"""The eager launch behind the torch-facing API (fa4gen.runtime.api) and its custom ops (fa4gen.runtime.torch_ops):
 validate a call, find its kernel (this process's table, the disk cache, or a build), launch it on the
 current stream, and record `last_call_info`.
 
@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass
 
 from . import validate
-from .cache import KERNELS, CubinCache, EntryState
-from .config import KernelConfig
-from .tiles import q_tile_rows
+from ..assemble.cache import KERNELS, CubinCache, EntryState
+from ..spec.config import KernelConfig
+from ..spec.tiles import q_tile_rows
 from .validate import Fa4genInputError, Problem
 
 log = logging.getLogger("fa4gen")
@@ -82,7 +82,7 @@ def config_for(problem) -> KernelConfig:
 def build(cfg: KernelConfig) -> tuple[bytes, dict]:
     """Generate and assemble one kernel through the one chain (codegen.build: pipeline -> verify,
     cached -> lower -> render -> assemble): (cubin, manifest). A pipeline with findings raises."""
-    from . import codegen
+    from .. import codegen
 
     res = codegen.build(cfg, emit=("cubin",))
     return res.cubin, res.manifest

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..encodings import EncodingError, Swizzle, TcgenInstrDesc, TmaDtype, TensorMapArgs
+from ...spec.encodings import EncodingError, Swizzle, TcgenInstrDesc, TmaDtype, TensorMapArgs
 
 
 class UnitError(Exception):

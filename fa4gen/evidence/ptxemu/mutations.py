@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..config import KernelConfig
+from ...spec.config import KernelConfig
 
 
 class MutationMiss(Exception):

@@ -2,9 +2,9 @@
 The SMEM layout is derived from the Pipeline (fa4gen/ir/layout.py); the sm_90a ring depths are chosen
 by it (fa4gen/ir/sm90.py sm90_stages).
 
-Imports run down the chain only: tiles -> config -> plan -> ir -> passes -> lower (and the ISA facts
-of fa4gen/encodings.py, which imports nothing of the package). Nothing here imports ir/ or lower/,
-and nothing in the package imports in a circle (tests/test_imports.py holds both).
+Imports run down the chain only: spec (tiles -> config -> plan, and the ISA facts of
+fa4gen/spec/encodings.py, which imports nothing of the package) -> ir -> verify -> lower. Nothing here
+imports ir/ or lower/, and nothing in the package imports in a circle (tests/test_imports.py holds both).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ HALF_COLS = 64  # 16-bit elements per 128-byte swizzled row: one TMA box's inner
 @dataclass(frozen=True)
 class ArchLimits:
     """What one CTA of a target may use: every limit the IR, the verifier, the lowerings and the CLI
-    check against reads this table (ARCH_LIMITS); ISA encoding facts stay in fa4gen/encodings.py,
+    check against reads this table (ARCH_LIMITS); ISA encoding facts stay in fa4gen/spec/encodings.py,
     which the table reads where the two meet (TMEM columns, the swizzle pattern)."""
 
     smem_per_cta: int  # bytes of dynamic SMEM a CTA may opt into
@@ -40,6 +40,19 @@ ARCH_LIMITS: dict[str, ArchLimits] = {
     "sm_100a": ArchLimits(smem_per_cta=232448, smem_align=Swizzle.B128.pattern_bytes, regs_per_sm=65536,
                           tmem_cols=TMEM_COLUMNS),
 }
+
+
+# The `.version` each target's kernel declares, in one place: both lowerings (fa4gen/lower/sm90.py,
+# fa4gen/lower/sm100.py) print it into the PTX header. Both must be read by the toolchains in play:
+# ptxas/nvJitLink 13.0 here, and on the H200 machines the driver r580 (CUDA 13.0, PTX ISA <= 9.0)
+# whose JIT would compile the PTX if it were loaded as text (tests/test_assemble.py checks both).
+# - sm_100a: 8.8 (CUDA 12.9, driver r575), the oldest ISA that is current for everything the kernel
+#   uses (tcgen05.*, setmaxnreg on sm_100a: 8.6). Emitting 9.0 would lock out CUDA 12.9 toolchains
+#   for no feature the kernel needs.
+# - sm_90a: 8.5 (CUDA 12.5). What the Hopper kernel uses (wgmma, setmaxnreg, elect.sync, 5-D TMA)
+#   is PTX 8.0+ (assemble.MIN_PTX_ISA_FOR_ARCH); 8.5 is the header of the sm_90a PTX that ran on the H200
+#   (generated/fa4_sm90a_*.ptx), kept so that PTX stays byte-identical.
+PTX_VERSION_FOR_ARCH: dict[str, str] = {"sm_90a": "8.5", "sm_100a": "8.8"}
 
 
 # The kernel ABI (docs/ABI.md): every entry's parameters, in signature order, with their PTX
@@ -134,7 +147,7 @@ def abi_params(cfg: KernelConfig) -> tuple[tuple[str, str], ...]:
             + (SINKS_ABI_PARAMS if cfg.sinks else ()))
 
 
-# KV-cache rules (one definition; fa4gen/schedule.py kvcache_task / kvcache_key_page and BlockInfo
+# KV-cache rules (one definition; fa4gen/spec/schedule.py kvcache_task / kvcache_key_page and BlockInfo
 # below implement them in Python, templates/common/scheduler.ptx.j2 decode_kvcache, block_info_ptx
 # and the targets' K/V loads in PTX):
 # - keys of sequence b: k_len = min(max(cache_seqlens[b], 0), seqlen_k) (seqlen_k = the capacity);
@@ -188,7 +201,7 @@ def kvcache_num_tasks(batch: int, num_heads_kv: int, groups: int, num_m_blocks: 
     return int(batch) * int(num_heads_kv) * int(groups) * int(num_m_blocks) * int(num_splits)
 
 
-# Varlen task order (one rule; fa4gen/schedule.py varlen_task and the PTX decode in
+# Varlen task order (one rule; fa4gen/spec/schedule.py varlen_task and the PTX decode in
 # templates/common/scheduler.ptx.j2 implement it): sequences in index order; inside sequence b,
 # its (head group, m unit) tasks with the m unit fastest; causal: the dense kernels' sectioned LPT
 # over the sequence's head groups (heaviest m unit first, a section's groups fastest), sections of
@@ -389,7 +402,7 @@ class BlockInfo:
     last visible block) still runs ONE block, at lo, whose keys every row's mask hides (it is
     >= n_unmasked, and its keys >= end * BLOCK_N lie past every row's key_end): row_max stays -inf,
     row_sum 0, so O = 0 and LSE = -inf come out of the ordinary epilogue. Why not n = 0 and skip:
-    the verified pipeline IR of both targets runs its tasks with >= 1 block (passes.engine Scenario:
+    the verified pipeline IR of both targets runs its tasks with >= 1 block (verify.engine Scenario:
     the sm_100a roles' K/V loops are do-while loops with a peeled first block, and the S/P/O
     hand-offs between roles count blocks), so a skip would be a path outside the verified protocol
     that every role must take alike; sm_90a's old skip was such a template-only path. The cost is

@@ -37,9 +37,9 @@ replaces the local attention (a callable (q, k, v, causal, softmax_scale) -> (o,
 Forward only, like `fa4gen.attention`. Every rank of the group must call with inputs of the same
 shapes, dtype and flags: the ranks exchange a small descriptor of their inputs first (one
 all_gather), so a rank with bad or mismatched inputs makes every rank raise the same
-`fa4gen.validate.Fa4genInputError` instead of hanging in the ring.
+`fa4gen.runtime.validate.Fa4genInputError` instead of hanging in the ring.
 
-Imports torch lazily: `import fa4gen` and `import fa4gen.distributed` work without torch.
+Imports torch lazily: `import fa4gen`, `fa4gen.distributed` and `from fa4gen import distributed` work without torch.
 """
 
 from __future__ import annotations

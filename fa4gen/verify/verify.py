@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 from ..ir.core import (Arrive, BarrierKind, Commit, Cond, ExpectTx, If, Loop, Mma, NamedArrive, NamedSync, Pipeline,
                        Space, TmaLoad, TmemLd, TmemSt, Wait, walk_ops)
-from ..encodings import TMEM_ALLOC_MIN_COLUMNS, TMEM_LANES
+from ..spec.encodings import TMEM_ALLOC_MIN_COLUMNS, TMEM_LANES
 from ..ir.layout import layout_of
-from ..plan import ARCH_LIMITS
-from ..tiles import PlanError
+from ..spec.plan import ARCH_LIMITS
+from ..spec.tiles import PlanError
 from .engine import Engine, Finding, Scenario
 
 DEFAULT_SCENARIOS = ((1,), (2,), (3,), (2, 1, 3))

@@ -17,7 +17,7 @@ kernel variant loads its module (and builds it if the cache misses): run once be
 as any CUDA-graph warm-up does. A replayed graph runs no Python: `last_call_info()` is not updated.
 
 Forward only, like the eager API: under grad mode, inputs that require grad are refused while
-tracing; the op registers no autograd formula. Imported lazily by fa4gen.api (importing it
+tracing; the op registers no autograd formula. Imported lazily by fa4gen.runtime.api (importing it
 registers the op), so fa4gen without torch is unaffected.
 """
 

@@ -24,7 +24,7 @@ WARP = 32
 SMEM_BASE = 16  # the dynamic window starts 16 B past a 1024 B boundary: the kernel must align it
 PARAM_BASE = 0x7F00_0000_0000
 # The machine model's own numbers, deliberately not read from the generator's table (plan.ARCH_LIMITS)
-# nor from fa4gen.encodings: the emulator is a second opinion on the kernels the generator derives
+# nor from fa4gen.spec.encodings: the emulator is a second opinion on the kernels the generator derives
 # from those, so a wrong limit there is not silently accepted here (tests/test_ptxemu.py holds the two
 # equal, so neither drifts unseen).
 TMEM_LANES, TMEM_COLS = 128, 512  # Tensor Memory of one CTA (sm_100a): 128 lanes x 512 32-bit columns

@@ -34,19 +34,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from .plan import ARCH_LIMITS
-
-# The `.version` each target's kernel declares, in one place: both lowerings (fa4gen/lower/sm90.py,
-# fa4gen/lower/sm100.py) print it into the PTX header. Both must be read by the toolchains in play:
-# ptxas/nvJitLink 13.0 here, and on the H200 machines the driver r580 (CUDA 13.0, PTX ISA <= 9.0)
-# whose JIT would compile the PTX if it were loaded as text (tests/test_assemble.py checks both).
-# - sm_100a: 8.8 (CUDA 12.9, driver r575), the oldest ISA that is current for everything the kernel
-#   uses (tcgen05.*, setmaxnreg on sm_100a: 8.6). Emitting 9.0 would lock out CUDA 12.9 toolchains
-#   for no feature the kernel needs.
-# - sm_90a: 8.5 (CUDA 12.5). What the Hopper kernel uses (wgmma, setmaxnreg, elect.sync, 5-D TMA)
-#   is PTX 8.0+ (MIN_PTX_ISA_FOR_ARCH); 8.5 is the header of the sm_90a PTX that ran on the H200
-#   (generated/fa4_sm90a_*.ptx), kept so that PTX stays byte-identical.
-PTX_VERSION_FOR_ARCH: dict[str, str] = {"sm_90a": "8.5", "sm_100a": "8.8"}
+from ..spec.plan import ARCH_LIMITS
 
 # PTX ISA release history (PTX ISA 9.x "Release Notes" table): CUDA toolkit/driver -> newest PTX ISA
 # it reads. A driver's JIT and a toolkit's ptxas reject any newer `.version`.
@@ -621,9 +609,9 @@ def disassemble(cubin: bytes, *, timeout_s: float = 300.0) -> str:
     return proc.stdout
 
 
-if __name__ == "__main__":  # python -m fa4gen.assemble file.ptx sm_90a
+if __name__ == "__main__":  # python -m fa4gen.assemble.assemble file.ptx sm_90a
     if len(sys.argv) != 3:
-        sys.exit("usage: python -m fa4gen.assemble FILE.ptx ARCH")
+        sys.exit("usage: python -m fa4gen.assemble.assemble FILE.ptx ARCH")
     src = Path(sys.argv[1])
     res = assemble(src.read_text(), sys.argv[2], name=src.stem)
     for r in res.resources:

@@ -3,8 +3,8 @@
 `Kernel.load(cubin, manifest)` loads the module once and reads the device's SM count and L2 size;
 `kernel(q, k, v, o, lse=None, softmax_scale=s)` encodes the four tensor maps the manifest describes
 (docs/ABI.md) from the tensors' pointers and strides, derives the causal scheduler's L2 section
-size (fa4gen/schedule.py) and launches on torch's current stream. Inputs are assumed validated by the caller
-(fa4gen.api): contiguous last dim, 16-byte aligned pointers and strides, dtype matching the kernel.
+size (fa4gen/spec/schedule.py) and launches on torch's current stream. Inputs are assumed validated by the caller
+(fa4gen.runtime.api): contiguous last dim, 16-byte aligned pointers and strides, dtype matching the kernel.
 
 Every CUresult is checked; a failure raises CudaError naming the call and the driver's message.
 torch and cuda-python are imported lazily so the generator runs without them.
@@ -16,13 +16,13 @@ import ctypes
 import math
 from dataclasses import dataclass
 
-from .schedule import L2Choice, choose_l2_group, varlen_l2_rows
+from ..spec.schedule import L2Choice, choose_l2_group, varlen_l2_rows
 
 __all__ = ["CudaError", "Kernel", "RuntimeSetupError", "tensor_map_geometry"]
 
 _BOX_INNER_BYTES_128B = 128
-# docs/ABI.md's parameters (fa4gen.plan.ABI_PARAMS); the manifest's "params" gives their order.
-from .plan import ABI_PARAM_NAMES as _PARAM_NAMES  # noqa: E402
+# docs/ABI.md's parameters (fa4gen.spec.plan.ABI_PARAMS); the manifest's "params" gives their order.
+from ..spec.plan import ABI_PARAM_NAMES as _PARAM_NAMES  # noqa: E402
 
 
 class CudaError(RuntimeError):
@@ -68,7 +68,7 @@ class MapGeometry:
 
 def manifest_gqa(manifest: dict) -> tuple[int, int]:
     """(GQA ratio G, heads per Q tile P) of a built kernel: the manifest's "gqa" record (the rule
-    is fa4gen.tiles.gqa_pack); a manifest written before the record existed packed P = G."""
+    is fa4gen.spec.tiles.gqa_pack); a manifest written before the record existed packed P = G."""
     ratio = int(manifest["config"]["gqa_ratio"])
     rec = manifest.get("gqa")
     pack = int(rec["pack"]) if rec else ratio
@@ -105,9 +105,9 @@ def launch_geometry(manifest: dict, batch: int, num_heads_kv: int, seqlen_q: int
 
 
 def varlen_num_tasks(manifest: dict, batch: int, num_heads_kv: int, total_q: int) -> int:
-    """The num_tasks bound a varlen launch passes (fa4gen.plan.varlen_task_bound): every real task
+    """The num_tasks bound a varlen launch passes (fa4gen.spec.plan.varlen_task_bound): every real task
     of any cu_seqlens with these B and total_q is below it; the kernel stops at its own count."""
-    from .plan import varlen_task_bound
+    from ..spec.plan import varlen_task_bound
 
     ratio, pack = manifest_gqa(manifest)
     unit = int(manifest["grid"].get("tiles_per_task", 1)) * (manifest_tile_rows(manifest) // pack)
@@ -120,7 +120,7 @@ def tensor_map_geometry(role: str, spec: dict, shape: tuple[int, ...], strides: 
 
     Q and O use a 5-D view of the head axis (stride sH) split into the `pack` heads of one Q
     tile (stride sH) and H / pack head groups (stride pack * sH): (D, G, Hkv, Sq, B) when the tile
-    packs the whole GQA group (pack = G), (D, P, Hg, Sq, B) otherwise (fa4gen.tiles.gqa_pack).
+    packs the whole GQA group (pack = G), (D, P, Hg, Sq, B) otherwise (fa4gen.spec.tiles.gqa_pack).
     K and V use (D, Hkv, Skv, B).
     """
     B, S, H, D = shape
@@ -166,7 +166,7 @@ def score_mod_scalars(config: dict, softmax_scale: float, mods=None, sink=None) 
     is refused: a windowed call never runs a kernel without the window. Softcap: softcap_in =
     softmax_scale / softcap and scale_log2 = softcap * log2(e) (the kernel takes tanh of the raw
     score times softcap_in; docs/ABI.md "Windows, softcap, sinks")."""
-    from .plan import kernel_score_scalars, kernel_window_args
+    from ..spec.plan import kernel_score_scalars, kernel_window_args
 
     have = {f: bool(config.get(f, False)) for f in _SCORE_MOD_FLAGS}
     left = right = None
@@ -215,7 +215,7 @@ class Kernel:
         unknown = [p for p in params if p not in _PARAM_NAMES]
         if unknown:
             raise RuntimeSetupError(f"the manifest names kernel parameters this runtime cannot pass: {unknown}")
-        from .plan import SINKS_ABI_PARAMS, SOFTCAP_ABI_PARAMS, WINDOW_ABI_PARAMS
+        from ..spec.plan import SINKS_ABI_PARAMS, SOFTCAP_ABI_PARAMS, WINDOW_ABI_PARAMS
 
         for flag, names in (("window", WINDOW_ABI_PARAMS), ("softcap", SOFTCAP_ABI_PARAMS), ("sinks", SINKS_ABI_PARAMS)):
             takes = [n for n, _ in names if n in params]
@@ -294,7 +294,7 @@ class Kernel:
 
     def l2_group(self, batch: int, num_heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
                  elem_bytes: int) -> L2Choice:
-        """The `l2_group` launch parameter for this problem on this device (fa4gen/schedule.py),
+        """The `l2_group` launch parameter for this problem on this device (fa4gen/spec/schedule.py),
         memoised per shape: the persistent grid's choice evaluates the deal's balance."""
         key = (batch, num_heads_kv, seqlen_q, seqlen_k, head_dim, elem_bytes)
         hit = self._l2_cache.get(key)
@@ -319,7 +319,7 @@ class Kernel:
                seqused_k=None, softmax_scale: float | None = None, mods=None, sink=None) -> None:
         """Launch a varlen kernel (manifest "varlen") on torch's current stream: q, o (total_q, Hq, D),
         k, v (total_k, Hkv, D), cu_seqlens int32 (B + 1,), seqused_k int32 (B,) or None, lse
-        (Hq, total_q) fp32 or None. Validated by the caller (fa4gen.api.attention_varlen); the
+        (Hq, total_q) fp32 or None. Validated by the caller (fa4gen.runtime.api.attention_varlen); the
         kernel clamps every offset into the packed tensors."""
         if "varlen" not in self.manifest:
             raise RuntimeSetupError(f"{self.manifest['name']} is not a varlen kernel")
@@ -354,10 +354,10 @@ class Kernel:
         self._launch(maps, scalars, num_tasks, q.device)
 
     def kvcache_num_splits(self, batch: int, num_heads_kv: int, seqlen_q: int, kv_len: int) -> int:
-        """num_splits = 0's choice (fa4gen.schedule.choose_num_splits) for this device's SM count:
+        """num_splits = 0's choice (fa4gen.spec.schedule.choose_num_splits) for this device's SM count:
         kv_len is the longest sequence's keys when the caller knows it, else the cache capacity."""
-        from .plan import BLOCK_N, KVCACHE_MAX_SPLITS
-        from .schedule import choose_num_splits
+        from ..spec.plan import BLOCK_N, KVCACHE_MAX_SPLITS
+        from ..spec.schedule import choose_num_splits
 
         key = ("splits", batch, num_heads_kv, seqlen_q, kv_len)
         hit = self._l2_cache.get(key)
@@ -376,7 +376,7 @@ class Kernel:
         (num_pages, page_size, Hkv, D) with page_table (B, max_pages) int32 for a paged kernel;
         cache_seqlens int32 (B,); lse (B, Hq, Sq) fp32 or None; o_partial fp32 (S, B*Sq*Hq, D) and
         lse_partial fp32 (S, B*Sq*Hq) when num_splits > 1. Validated by the caller
-        (fa4gen.api.attention_with_kvcache); the kernel clamps lengths and page entries."""
+        (fa4gen.runtime.api.attention_with_kvcache); the kernel clamps lengths and page entries."""
         rec = self.manifest.get("kvcache")
         if rec is None:
             raise RuntimeSetupError(f"{self.manifest['name']} is not a KV-cache kernel")

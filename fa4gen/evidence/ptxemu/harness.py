@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import reference
-from ..encodings import TensorMapSpec
-from ..runtime import launch_geometry, manifest_gqa, manifest_tile_rows, tensor_map_geometry, varlen_num_tasks
+from ...spec.encodings import TensorMapSpec
+from ...runtime.runtime import launch_geometry, manifest_gqa, manifest_tile_rows, tensor_map_geometry, varlen_num_tasks
 from . import units
 from .kvcache import KvShape, KvUsageError, default_kv_shapes, run_kvcache_once  # noqa: F401 (KvShape re-exported)
 from .emulator import Emulator

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import DTYPES, KernelConfig
-from .plan import BlockInfo, kernel_score_scalars, kernel_window_args, key_begin, key_end, window_sides
-from .exp2 import emulated_columns, exp2_emulated, exp2_hardware, fma_f32
+from ..spec.config import DTYPES, KernelConfig
+from ..spec.plan import BlockInfo, kernel_score_scalars, kernel_window_args, key_begin, key_end, window_sides
+from ..spec.exp2 import emulated_columns, exp2_emulated, exp2_hardware, fma_f32
 
 __all__ = [
     "LN2",
@@ -451,7 +451,7 @@ def fa4_forward(q, k, v, cfg: KernelConfig, softmax_scale=None, stats: dict | No
     cfg.dtype's array convention, lse [B, Hq, Sq] float32 (LSE = ln(row_sum) + ref * scale, with
     row_sum relative to the final reference ref; -inf where no key is valid).
 
-    Per (batch, kv_head, head group j, m_block) Q tile of block_m rows (fa4gen.tiles.gqa_pack: P
+    Per (batch, kv_head, head group j, m_block) Q tile of block_m rows (fa4gen.spec.tiles.gqa_pack: P
     heads per tile, G / P head groups per kv head): row r holds sequence position
     m_block * seq_q_per_tile + r // P of head kv_head * G + j * P + r % P (rows past Sq are padding
     the kernel computes and never stores; skipped here). K/V blocks plan.BlockInfo.blocks() (lo + n - 1

@@ -27,12 +27,12 @@ import functools
 import re
 from dataclasses import dataclass, field
 
-from .config import KernelConfig
+from ..spec.config import KernelConfig
 from .ptxemu.parse import _split_top as _operands
-from .encodings import EncodingError, Major, TcgenInstrDesc
-from .ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, ExpectTx, FenceProxyAsync, Mma,
-                      MmaWait, NamedArrive, NamedSync, Scope, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt,
-                      Wait, WaitLd, WaitSt, walk_ops)
+from ..spec.encodings import EncodingError, Major, TcgenInstrDesc
+from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, ExpectTx, FenceProxyAsync, Mma,
+                       MmaWait, NamedArrive, NamedSync, Scope, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt,
+                       Wait, WaitLd, WaitSt, walk_ops)
 
 
 class CheckUsageError(Exception):
@@ -152,7 +152,7 @@ def _check_combine(mod, text: str, manifest: dict, cfg: KernelConfig, rep: Check
     TMA, tensor core or async proxy (it is a plain load/compute/store kernel that runs after fa4_fwd),
     each lane's O store and its LSE store go to global memory, and every ld.param reads a declared
     parameter."""
-    from .plan import combine_abi_params
+    from ..spec.plan import combine_abi_params
     params = combine_abi_params(cfg)
     role = mod.entry
     rec = (manifest.get("kvcache") or {}).get("combine", {})
@@ -160,7 +160,7 @@ def _check_combine(mod, text: str, manifest: dict, cfg: KernelConfig, rep: Check
     got = [p.name for p in mod.params]
     if got != want or list(rec.get("params", want)) != want:
         rep.differences.append(Difference(role, mod.lines[0], f"parameters {got} (manifest: {rec.get('params')})",
-                                          f"the combine ABI {want} (fa4gen.plan.combine_abi_params)"))
+                                          f"the combine ABI {want} (fa4gen.spec.plan.combine_abi_params)"))
     for p, (name, decl) in zip(mod.params, params):
         m = re.match(r"\.param\s+(\.\w+)\s+(\w+)$", decl)
         if m and p.name == name and p.type != m.group(1):
@@ -199,7 +199,7 @@ def name_in_header(ptx: str) -> str | None:
 
 
 def _verified(cfg: KernelConfig):
-    from .codegen import _pipeline, verify_cached
+    from ..codegen import _pipeline, verify_cached
     pipe = _pipeline(cfg)
     report, _ = verify_cached(pipe)
     return pipe, report
@@ -224,7 +224,7 @@ class _Layout:
 
     @classmethod
     def derived(cls, pipe):
-        from .lower.walk import smem_layout
+        from ..lower.walk import smem_layout
         sl = smem_layout(pipe)
         return cls(pipe, {"barriers": sl.barriers, "regions": {k: {"offset": o, "bytes_per_slot": n, "slots": s}
                                                                 for k, (o, n, s) in sl.regions.items()}})
@@ -814,7 +814,7 @@ def _collapse(events):
 def _expected_sm100(pipe) -> dict:
     cfg = pipe.config
     boxes = cfg.head_dim // 64
-    from .plan import ROWS, kv_box_rows
+    from ..spec.plan import ROWS, kv_box_rows
     kv_boxes = boxes * (ROWS // kv_box_rows(cfg))  # a paged K/V block: one box per page and 64 columns
     out = {}
     mtype = {"bf16": "BF16", "fp16": "F16"}[cfg.dtype]
@@ -1036,7 +1036,7 @@ def _compare(rep: CheckReport, pipe, got: dict, want: dict) -> None:
 
 
 def _check_sm100(ptx: str, manifest: dict, cfg: KernelConfig, pipe, rep: CheckReport) -> CheckReport:
-    from .lower.sm100 import SPELLING
+    from ..lower.sm100 import SPELLING
     numbered = _numbered(ptx)
     lay = _Layout(pipe, manifest["smem_layout"])
     rep.differences += _prologue_sm100(numbered, pipe, manifest)
@@ -1056,7 +1056,7 @@ def _check_sm100(ptx: str, manifest: dict, cfg: KernelConfig, pipe, rep: CheckRe
 def _expected_sm90(pipe) -> dict:
     """Each role instance's events as the reader spells them (the replicated consumer once per instance:
     its verified program, the instance's own barrier slots and branches)."""
-    from .plan import ROWS, kv_box_rows
+    from ..spec.plan import ROWS, kv_box_rows
     cfg = pipe.config
     boxes = cfg.head_dim // 64
     kv_boxes = boxes * (ROWS // kv_box_rows(cfg))
@@ -1106,7 +1106,7 @@ def _expected_sm90(pipe) -> dict:
 
 
 def _check_sm90(ptx: str, manifest: dict, cfg: KernelConfig, pipe, rep: CheckReport) -> CheckReport:
-    from .lower.sm90 import SPELLING
+    from ..lower.sm90 import SPELLING
     numbered = _numbered(ptx)
     lay = _Layout.derived(pipe)
     rep.differences += _init_counts(numbered, pipe, lay.barrier)

@@ -24,16 +24,15 @@ GENERATOR_VERSION = "0.1.0"
 
 # Sources whose text decides the emitted PTX or cubin: a change to any of them is a new generator,
 # so cached cubins keyed by content_hash can never outlive the code that made them.
-_FINGERPRINT_SOURCES = ("tiles.py", "config.py", "plan.py", "exp2.py", "encodings.py", "assemble.py", "codegen.py",
-                        "render.py", "ir", "lower")
+_FINGERPRINT_SOURCES = ("spec", "ir", "lower", "render", "assemble/assemble.py", "codegen.py")
 
 
 @functools.lru_cache(maxsize=1)
 def generator_fingerprint() -> str:
     """sha256 over the generator's PTX-deciding sources and templates (first 12 hex digits)."""
-    from .render import templates_dir
+    from .paths import templates_dir
 
-    pkg = Path(__file__).resolve().parent
+    pkg = Path(__file__).resolve().parent.parent
     files = []
     for name in _FINGERPRINT_SOURCES:
         p = pkg / name
@@ -181,7 +180,7 @@ class KernelConfig:
     # ---- derived -------------------------------------------------------------------------------
     @property
     def gqa_pack(self) -> int:
-        """Query heads packed into one Q tile (the rule is fa4gen.tiles.gqa_pack)."""
+        """Query heads packed into one Q tile (the rule is fa4gen.spec.tiles.gqa_pack)."""
         return gqa_pack(self.gqa_ratio)
 
     @property

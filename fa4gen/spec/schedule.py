@@ -1,6 +1,6 @@
 """The kernels' tile-scheduler order in Python: task index -> (m_block, batch*Hkv*ng index).
 
-ng = G / P head groups per kv head (fa4gen.tiles.gqa_pack): 1 when one Q tile packs the whole GQA
+ng = G / P head groups per kv head (fa4gen.spec.tiles.gqa_pack): 1 when one Q tile packs the whole GQA
 group (P = G, G divides 128), G when it holds one query head (P = 1); `task_tile` splits the pair
 index into (batch, kv_head, head group).
 
@@ -83,7 +83,7 @@ def task_tile(t, batch: int, num_heads_kv: int, head_groups: int, m_count: int, 
     """(m index, batch, kv_head, head group j) of task t, as the kernels decode it.
 
     The scheduler orders (batch, head group) pairs: pair index b * (Hkv * ng) + kv_head * ng + j
-    with ng = head_groups = G / P (fa4gen.tiles.gqa_pack; 1 when the tile packs the whole GQA group,
+    with ng = head_groups = G / P (fa4gen.spec.tiles.gqa_pack; 1 when the tile packs the whole GQA group,
     and then the pairs are (batch, kv_head) as before). The kernels keep the head group index
     kv_head * ng + j in %hkv (the Q/O tensor maps' head-group coordinate) and divide it by ng for
     the K/V maps' kv head. Vectorises like `task_coords`.
@@ -184,7 +184,7 @@ def choose_l2_group(*, causal: bool, persistent: bool, l2_bytes: int, batch: int
     return L2Choice(num_bh, budget, "no section size keeps the persistent deal balanced: one section")
 
 
-# ---- varlen (fa4gen.plan "Varlen task order") --------------------------------------------------------
+# ---- varlen (fa4gen.spec.plan "Varlen task order") --------------------------------------------------------
 U32 = 0xFFFFFFFF
 
 
@@ -253,7 +253,7 @@ def varlen_tasks(cu_q, cu_k, total_q: int, total_k: int, groups: int, unit_rows:
         t += 1
 
 
-# ---- KV cache (fa4gen.plan "KV-cache rules") ------------------------------------------------------------
+# ---- KV cache (fa4gen.spec.plan "KV-cache rules") ------------------------------------------------------------
 def kvcache_k_len(cache_seqlen: int, capacity: int) -> int:
     """Keys sequence b attends to, clamped as the kernels clamp it: min(max(len, 0), capacity)."""
     v = int(cache_seqlen)

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import async_units as au
-from . import fp
+from . import async_units as au, fp
 from .machine import CTA, Fault, GlobalMemory, Op
 from .ops import (Ctx, _regnames, compile_alu, compile_bar, compile_cvt, compile_fence, compile_ld_st,
                   compile_mbarrier, compile_setmaxnreg, compile_setp, compile_warp_coll, init_registers, reader,

@@ -310,7 +310,7 @@ def role_of(man: dict, warp: int) -> str:
 
 def _model_lse(q, k, v, cfg, scale, mods=None):
     """LSE of reference.fa4_forward for the manifest's config (None when it does not build one)."""
-    from ..config import ConfigError, KernelConfig
+    from ...spec.config import ConfigError, KernelConfig
     try:
         kc = KernelConfig(**cfg)
     except (TypeError, ValueError, ConfigError):
