@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from pathlib import Path
@@ -64,24 +65,35 @@ def _s32(x: int) -> int:
     return x - (1 << 32) if x & 0x80000000 else x
 
 
-def run_ptx(ins, regs: dict) -> dict:
-    r = dict(regs)
+def _div(a: int, b: int) -> int:
+    assert b != 0
+    return abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)
+
+
+_OPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "min": min, "max": max, "div": _div,
+        "shr": lambda a, b: a >> (b & 31), "mov": lambda a: a, "mul": lambda a, b: a * b}
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(ins: tuple) -> tuple:
+    """The instruction list decoded once: (operation, dst, operand conversion, operands)."""
+    steps = []
     for op, dst, *src in ins:
         name, *mods = op.split(".")
         typ = mods[-1]
         assert typ in ("u32", "s32"), op
-        signed = typ == "s32"
-        v = [(_s32 if signed else (lambda x: x & MASK))(int(a) if re.fullmatch(r"-?\d+", a) else r[a]) for a in src]
-        if name == "mul":
-            assert mods[0] == "lo", op
-            out = v[0] * v[1]
-        elif name == "div":
-            assert v[1] != 0
-            out = abs(v[0]) // abs(v[1]) * (1 if (v[0] < 0) == (v[1] < 0) else -1)
-        else:
-            out = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "min": min, "max": max,
-                   "shr": lambda a, b: a >> (b & 31), "mov": lambda a: a}[name](*v)
-        r[dst] = out & MASK
+        assert name != "mul" or mods[0] == "lo", op
+        conv = _s32 if typ == "s32" else (lambda x: x & MASK)
+        steps.append((_OPS[name], dst, conv,
+                      tuple((True, int(a)) if re.fullmatch(r"-?\d+", a) else (False, a) for a in src)))
+    return tuple(steps)
+
+
+def run_ptx(ins, regs: dict) -> dict:
+    """The instructions run with PTX's 32-bit semantics (s32 operands sign-extended, results wrapped)."""
+    r = dict(regs)
+    for f, dst, conv, srcs in _compiled(tuple(ins)):
+        r[dst] = f(*[conv(a if lit else r[a]) for lit, a in srcs]) & MASK
     return r
 
 
