@@ -46,7 +46,7 @@ import itertools, os, time
 from concurrent.futures import ProcessPoolExecutor
 
 def one(key):
-    from fa4gen import api
+    from fa4gen.runtime import api
     from fa4gen.assemble.cache import CubinCache
     from fa4gen.spec.config import KernelConfig
     from fa4gen.spec.tiles import q_tile_rows

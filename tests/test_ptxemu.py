@@ -634,7 +634,7 @@ def test_one_cta_runs_several_tasks(causal):
 def test_the_machine_models_limits_agree_with_the_generators():
     """The emulator keeps its own numbers (a second opinion on the kernels): they must equal the
     generator's table and the ISA encodings, or one of the two is wrong."""
-    from fa4gen.lower import encodings
+    from fa4gen.spec import encodings
     from fa4gen.spec.plan import ARCH_LIMITS
     from fa4gen.evidence.ptxemu import machine
 
