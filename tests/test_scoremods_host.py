@@ -64,10 +64,15 @@ def test_several_problems_are_reported_at_once():
     assert len(info.value.errors) == 3
 
 
-def test_windows_need_lengths_below_2_30():
+def test_windows_need_lengths_below_2_30_minus_two_tiles():
+    """Skv + a unit's rows + 2^30 (an unbounded side) must stay in s32: the limit is 2^30 - 256."""
+    from fa4gen.spec.plan import WINDOW_SEQ_LIMIT
+    assert WINDOW_SEQ_LIMIT == (1 << 30) - 256
+    for skv in (WINDOW_SEQ_LIMIT, 1 << 30):
+        with pytest.raises(InputValueError, match=f"sliding window needs lengths below 2\\^30 - 256 .*seqlen_k = {skv}"):
+            check_problem(*qkv(b=1, sq=4, skv=skv), window_size=(128, 0))
+    assert check_problem(*qkv(b=1, sq=4, skv=WINDOW_SEQ_LIMIT - 1), window_size=(128, 0)).mods.window
     big = 1 << 30
-    with pytest.raises(InputValueError, match=f"sliding window needs lengths below 2\\^30; got seqlen_k = {big}"):
-        check_problem(*qkv(b=1, sq=4, skv=big), window_size=(128, 0))
     assert not check_problem(*qkv(b=1, sq=4, skv=big), causal=True).mods.window  # no window, no limit
     # a side of 2^30 or more reaches every key: unbounded, so no window either
     assert check_problem(*qkv(b=1, sq=4, skv=big), window_size=(big, big)).mods == ScoreMods()

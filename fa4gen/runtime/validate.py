@@ -16,6 +16,7 @@ import struct
 from dataclasses import dataclass
 
 from ..spec.config import GQA_RATIO_MAX, HEAD_DIMS
+from ..spec.plan import WINDOW_SEQ_LIMIT
 
 LOG2E = 1.4426950408889634
 TMA_ALIGN = 16  # bytes: cuTensorMapEncodeTiled wants the base address and every stride 16-byte aligned
@@ -109,7 +110,6 @@ class _BshdOutputs:
         return self.batch == 0 or self.seqlen_q == 0 or self.heads_q == 0
 
 
-WINDOW_SEQ_LIMIT = 1 << 30  # Sq and Skv with a window: plan.WINDOW_UNBOUNDED keeps their sums in s32
 SINK_DTYPES = ("float32", "bfloat16", "float16")  # learnable_sink: float32 read as is, 16-bit copied to fp32
 
 
@@ -214,7 +214,8 @@ def check_score_mods(window_size, softcap, sink: TensorMeta | None, *, causal, h
     if mods.window:
         big = [f"{n} = {v}" for n, v in lengths if v >= WINDOW_SEQ_LIMIT]
         if big:
-            raise InputValueError(f"a sliding window needs lengths below 2^30; got {', '.join(big)}")
+            raise InputValueError(f"a sliding window needs lengths below 2^30 - 256 ({WINDOW_SEQ_LIMIT}); "
+                                  f"got {', '.join(big)}")
     return mods
 
 

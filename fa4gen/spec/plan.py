@@ -321,8 +321,11 @@ def _lo_hi(x, lo, hi):
     return np.minimum(np.maximum(x, lo), hi)
 
 
-WINDOW_UNBOUNDED = 1 << 30  # a window side of -1 (unbounded) in the kernels' registers: with
-# Sq, Skv < 2^30 (validate.py) q + Skv - Sq -/+ it stays inside signed 32-bit arithmetic
+WINDOW_UNBOUNDED = 1 << 30  # a window side of -1 (unbounded) in the kernels' registers
+# Sq and Skv of a windowed launch stay below this (validate.py): the largest s32 sum the kernels form
+# is a unit's last row (< Sq + 2 ROWS, an sm_100a pair of tiles past Sq) + 1 + Skv - Sq + a side of
+# WINDOW_UNBOUNDED, < Skv + 2 ROWS + 2^30 <= 2^31 - 1
+WINDOW_SEQ_LIMIT = WINDOW_UNBOUNDED - 2 * ROWS
 
 
 def key_end(q, seqlen_q: int, seqlen_k: int, causal: bool, right: int | None = None):
