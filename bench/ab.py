@@ -155,6 +155,9 @@ def main(argv=None) -> int:
                     help="main: bench.attention SHAPES + two with tails; d64: D64_SHAPES; both: the two; varlen: "
                          "bench/varlen.py's MIXES; kvcache: decode (Sq 1) over contiguous and 64-row-paged caches, "
                          "timed from CUDA-graph replay; all: every one")
+    ap.add_argument("--candidate", type=Path,
+                    help="folder of cubins to time as 'new' in place of this generator's kernels (--candidate DIR "
+                         "--baseline DIR times a build against itself: the noise floor of the comparison)")
     ap.add_argument("--rep-ms", type=int, default=100)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--list-builds", action="store_true",
@@ -181,7 +184,14 @@ def main(argv=None) -> int:
             print(f"  {part} {shape}: no {path.name} in {a.baseline}, skipped", flush=True)
             continue
         q, flop, make = _inputs(torch, part, shape, cfg)
-        new, _ = api.get_kernel(cfg, q.device)
+        if a.candidate is not None:
+            cpath = a.candidate / f"{cfg.name}.cubin"
+            if not cpath.exists():
+                print(f"  {part} {shape}: no {cpath.name} in {a.candidate}, skipped", flush=True)
+                continue
+            new = api.load(cpath).kernel
+        else:
+            new, _ = api.get_kernel(cfg, q.device)
         old = api.load(path).kernel
         o_new, o_old = torch.empty_like(q), torch.empty_like(q)
         fns = {"new": make(new, o_new), "old": make(old, o_old)}
@@ -206,7 +216,9 @@ def main(argv=None) -> int:
     stamp = _dt.datetime.now(_dt.timezone.utc)
     out = a.out or ROOT / "bench" / "results" / f"{stamp:%Y-%m-%dT%H%M%SZ}_ab_sm90a.json"
     env = environment(["-m", "bench.ab", *(argv or sys.argv[1:])])
-    out.write_text(json.dumps({**env, "baseline": str(a.baseline), "rounds": a.rounds, "rep_ms": a.rep_ms,
+    out.write_text(json.dumps({**env, "baseline": str(a.baseline),
+                               "candidate": str(a.candidate) if a.candidate else "this generator",
+                               "rounds": a.rounds, "rep_ms": a.rep_ms,
                                "results": rows}, indent=1) + "\n")
     ratios = [r["ratio_new_over_old"] for r in rows]
     if ratios:

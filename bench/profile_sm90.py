@@ -3,7 +3,7 @@
 
     ncu --kernel-name fa4_fwd --launch-skip 1 --launch-count 1 --section SpeedOfLight \\
         --section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats \\
-        python3 -m bench.profile_sm90 4,4096,32,32,64 [--causal] [--dtype bf16] [--emu-pairs N]
+        python3 -m bench.profile_sm90 4,4096,32,32,64 [--causal] [--dtype bf16] [--emu-pairs N] [--cubin F]
 
 Builds (or takes from the cache) the kernel, runs it twice (the first launch warms up and is
 skipped by --launch-skip 1), synchronises. Prints the config name."""
@@ -21,6 +21,8 @@ def main() -> int:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--emu-pairs", type=int, default=None)
+    ap.add_argument("--cubin", help="launch this prebuilt cubin (fa4gen.load: <stem>.cubin + <stem>.json, e.g. an "
+                                    "earlier generator's) in place of this generator's kernel")
     a = ap.parse_args()
     import torch
 
@@ -32,7 +34,11 @@ def main() -> int:
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for h in (hq, hkv, hkv))
     cfg = KernelConfig(arch="sm_90a", head_dim=d, dtype=a.dtype, causal=a.causal, gqa_ratio=hq // hkv,
                        emu_pairs=a.emu_pairs)
-    kern, _ = api.get_kernel(cfg, q.device)
+    if a.cubin:
+        kern = api.load(a.cubin).kernel
+        cfg = KernelConfig.from_dict(kern.manifest["config"])
+    else:
+        kern, _ = api.get_kernel(cfg, q.device)
     o = torch.empty_like(q)
     for _ in range(2):
         kern(q, k, v, o, softmax_scale=d ** -0.5)
