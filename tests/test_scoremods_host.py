@@ -13,7 +13,8 @@ import pytest
 from fa4gen.runtime import api, launch
 from fa4gen.spec.config import KernelConfig
 from fa4gen.lower.manifest import score_mods_record
-from fa4gen.spec.plan import WINDOW_UNBOUNDED, abi_params, kvcache_manifest, varlen_manifest
+from fa4gen.spec.plan import (ALL_ABI_DECLS, COMBINE_ABI_DECLS, WINDOW_UNBOUNDED, abi_params, kvcache_manifest,
+                              varlen_manifest)
 from fa4gen.runtime.runtime import Kernel, RuntimeSetupError, score_mod_scalars
 from fa4gen.runtime.validate import (DeviceError, InputErrors, InputTypeError, InputValueError, ScoreMods, TensorMeta,
                                      check_kvcache_problem, check_problem, check_varlen_problem)
@@ -141,16 +142,32 @@ class _FakeSink:
         return 0xABC0
 
 
+class _FakeLibcuda:
+    """Stands in for libcuda: records each launch's packed parameter buffer."""
+
+    def __init__(self):
+        self.launches = []
+
+    def launch(self, call, function, grid, threads, smem, stream, argv):
+        self.launches.append((call, argv))
+
+
+_CODE = {n: {".u64": "Q", ".u32": "I", ".s32": "i", ".f32": "f"}.get(d.split()[-2], "")
+         for n, d in {**ALL_ABI_DECLS, **COMBINE_ABI_DECLS}.items()}  # the scalars' struct codes
+
+
 def _launched(monkeypatch, cfg, mods, sink=None, scale=0.125):
-    """Run the runtime's launch path for cfg on CPU tensors (no driver): the scalars it packs, by name,
-    for the kernel and (KV cache, 2 splits) the combine kernel."""
+    """Run the runtime's launch path for cfg on CPU tensors (libcuda faked): the parameters it packs
+    into each entry's buffer, decoded by name: {"scalars": the kernel's, "combine": fa4_combine's}."""
     torch = pytest.importorskip("torch")
+    from fa4gen.runtime import runtime
+
     man = _manifest(cfg)
-    kernel = Kernel(None, None, man, sm_count=132, device=None, l2_bytes=50 << 20, combine="combine")
-    got = {}
-    monkeypatch.setattr(Kernel, "_encode", lambda self, role, t: role)
-    monkeypatch.setattr(Kernel, "_launch", lambda self, maps, scalars, n, dev: got.update(maps=maps, scalars=scalars))
-    monkeypatch.setattr(Kernel, "_launch_fn", lambda self, fn, ptrs, *a: got.update(combine=ptrs))
+    kernel = Kernel(None, None, man, sm_count=132, device=None, l2_bytes=50 << 20, combine=None)
+    lib = _FakeLibcuda()
+    monkeypatch.setattr(runtime, "_libcuda", lambda: lib)
+    monkeypatch.setattr(runtime, "_stream", lambda device: 0)
+    monkeypatch.setattr(Kernel, "_encode", lambda self, role, t: role.encode().ljust(128, b"\0"))
     d, g = cfg.head_dim, cfg.gqa_ratio
     if cfg.varlen:
         q, k = torch.zeros(10, 2 * g, d), torch.zeros(12, 2, d)
@@ -166,8 +183,22 @@ def _launched(monkeypatch, cfg, mods, sink=None, scale=0.125):
     else:
         q, k = torch.zeros(1, 10, 2 * g, d), torch.zeros(1, 12, 2, d)
         kernel(q, k, k, q, softmax_scale=scale, l2_group=1, mods=mods, sink=sink)
-    missing = [p for p in man["params"] if p not in got["maps"] and p not in got["scalars"]]
-    assert not missing, f"{cfg.name}: no value packed for {missing}"
+    got = {}
+    for call, argv in lib.launches:
+        entry = kernel._combine_entry if "fa4_combine" in call else kernel._entry
+        ptrs = (ctypes.c_void_p * len(entry.params)).from_address(argv)
+        base = ptrs[0]
+        assert base % 64 == 0, "the parameter buffer starts 64-byte aligned, as .param space does"
+        buf = ctypes.string_at(base, entry.struct.size)
+        named = dict(zip(entry.params, entry.struct.unpack(buf)))
+        # each pointer addresses its own parameter's bytes
+        for p, ptr in zip(entry.params, ptrs):
+            size = 128 if p.startswith("tmap_") else struct.calcsize("<" + _CODE[p])
+            assert ctypes.string_at(ptr, size) == (named[p] if p.startswith("tmap_")
+                                                   else struct.pack("<" + _CODE[p], named[p])), p
+        got["combine" if entry is kernel._combine_entry else "scalars"] = named
+    assert [got["scalars"][f"tmap_{r}"].rstrip(b"\0") for r in "qkvo"] == [b"q", b"k", b"v", b"o"]
+    assert list(got["scalars"]) == man["params"]
     return got
 
 
@@ -177,26 +208,26 @@ def test_params_packed_per_abi(monkeypatch, mode, causal):
     cfg = KernelConfig(arch="sm_90a", causal=causal, gqa_ratio=2, window=True, softcap=True, sinks=True, **mode)
     mods = ScoreMods(window_left=100, window_right=None if not causal else 0, causal=causal, softcap=30.0, sinks=True)
     s = _launched(monkeypatch, cfg, mods, _FakeSink())["scalars"]
-    assert s["window_left"].value == 100
-    assert s["window_right"].value == (0 if causal else WINDOW_UNBOUNDED)
-    assert s["softcap_in"].value == f32(0.125 / 30.0)
-    assert s["scale_log2"].value == f32(30.0 * math.log2(math.e))
-    assert s["sink_ptr"].value == 0xABC0
+    assert s["window_left"] == 100
+    assert s["window_right"] == (0 if causal else WINDOW_UNBOUNDED)
+    assert s["softcap_in"] == f32(0.125 / 30.0)
+    assert s["scale_log2"] == f32(30.0 * math.log2(math.e))
+    assert s["sink_ptr"] == 0xABC0
 
 
 def test_plain_kernels_keep_their_scale_and_take_no_new_param(monkeypatch):
     cfg = KernelConfig(arch="sm_90a", causal=True)
     s = _launched(monkeypatch, cfg, ScoreMods(window_right=0, causal=True))["scalars"]
-    assert s["scale_log2"].value == f32(0.125 * math.log2(math.e))
+    assert s["scale_log2"] == f32(0.125 * math.log2(math.e))
     assert not {"window_left", "window_right", "softcap_in"} & set(s)
 
 
 def test_window_kernel_runs_unbounded_and_right_sided_windows():
     cfg = KernelConfig(arch="sm_90a", window=True).to_dict()
     s = score_mod_scalars(cfg, 0.1, None)
-    assert (s["window_left"].value, s["window_right"].value) == (WINDOW_UNBOUNDED, WINDOW_UNBOUNDED)
+    assert (s["window_left"], s["window_right"]) == (WINDOW_UNBOUNDED, WINDOW_UNBOUNDED)
     s = score_mod_scalars(cfg, 0.1, ScoreMods(window_left=None, window_right=3))
-    assert (s["window_left"].value, s["window_right"].value) == (WINDOW_UNBOUNDED, 3)
+    assert (s["window_left"], s["window_right"]) == (WINDOW_UNBOUNDED, 3)
 
 
 @pytest.mark.parametrize("flags,mods,sink,match", [
@@ -218,8 +249,8 @@ def test_combine_takes_the_sink_when_it_declares_it(monkeypatch):
     params = kvcache_manifest(cfg)["combine"]["params"]
     assert params[-1] == "sink_ptr"
     got = _launched(monkeypatch, cfg, ScoreMods(window_right=0, causal=True, sinks=True), _FakeSink())
-    assert len(got["combine"]) == len(params)
-    assert ctypes.c_uint64.from_address(got["combine"][-1]).value == 0xABC0
+    assert list(got["combine"]) == params
+    assert got["combine"]["sink_ptr"] == 0xABC0
 
 
 def test_manifest_params_must_agree_with_the_flags():

@@ -130,8 +130,105 @@ _fast: dict[tuple, tuple[tuple[str, int], LoadInfo]] = {}
 _arch_ok: set[int] = set()
 
 
-def kernel_for(problem, dev):
-    key = (config_fields(problem), dev.index)
+# ---- the per-call fast path ------------------------------------------------------------------------
+# Validation is a pure function of the arguments' metadata (shapes, strides, dtypes, devices, the
+# data pointers' alignment) and the scalar arguments; it costs ~50-100 us of Python a call, more than
+# a decode kernel runs. A call whose signature was validated before reuses that Problem. A signature
+# exists only for plain dense CUDA tensors and scalars of the exact types bool / int / float / None
+# (and tuples of them): anything else (subclasses, a 0-d tensor as a scale, a list) has no signature
+# and is validated in full every time, so a memo hit can never skip a check that would have failed.
+_SIG_SCALARS = frozenset((bool, int, float, type(None)))
+_MEMO_LIMIT = 256
+
+
+class _NoSignature(Exception):
+    pass
+
+
+def _scalar_sig(x):
+    """(type, value) of a scalar argument, element-wise for a tuple; _NoSignature for anything else
+    (True == 1 and hash alike: the type keeps a bool from reusing an int's entry)."""
+    t = type(x)
+    if t in _SIG_SCALARS:
+        return (t, x)
+    if t is tuple:
+        return (t, tuple(_scalar_sig(e) for e in x))
+    raise _NoSignature
+
+
+def _tensor_sig(torch, t):
+    """What validation reads of a tensor: shape, strides, dtype, device and the data pointer's
+    alignment (mod 16, the TMA's). None is a signature too (an absent optional tensor)."""
+    if t is None:
+        return None
+    if type(t) is not torch.Tensor or t.layout is not torch.strided or t.is_nested or not t.is_cuda:
+        raise _NoSignature
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
+
+
+def call_signature(torch, kind: str, tensors, scalars):
+    """The memo key of a call (None: the call has no signature and is validated in full)."""
+    try:
+        return (kind, tuple(_tensor_sig(torch, t) for t in tensors), tuple(_scalar_sig(x) for x in scalars))
+    except _NoSignature:
+        return None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated call: its Problem, its kernel's config fields (None when it launches nothing: empty
+    or keyless), and per input tensor how the launch
+    takes it (None: as it is; a tuple: the same storage with those strides (size-1 dims given legal
+    ones); a str: why it is first copied to a packed layout)."""
+
+    problem: object
+    fields: tuple
+    takes: tuple
+
+
+class _Memo:
+    def __init__(self, limit: int):
+        self._d: dict = {}
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        return None if key is None else self._d.get(key)
+
+    def put(self, key, value) -> None:
+        if key is None:
+            return
+        with self._lock:
+            if len(self._d) >= self._limit:
+                self._d.clear()
+            self._d[key] = value
+
+
+_calls = _Memo(_MEMO_LIMIT)
+
+
+def prepared(torch, kind: str, tensors, scalars, validate_call, tma_inputs) -> Prepared:
+    """The Prepared of a call: from the memo when its signature was validated before, else
+    `validate_call()` (which raises on any input problem) and memoised. tma_inputs: the (tensor,
+    name) pairs the kernel reads through TMA, in launch order."""
+    key = call_signature(torch, kind, tensors, scalars)
+    hit = _calls.get(key)
+    if hit is not None:
+        return hit
+    problem = validate_call()
+    why = dict(problem.relayout)
+    takes = []
+    for t, name in tma_inputs:
+        takes.append(why[name] if name in why else _strides_take(t))
+    # empty and keyless problems launch nothing (answer); their sizes need not make a kernel
+    fields = None if problem.is_empty or problem.no_keys else config_fields(problem)
+    prep = Prepared(problem, fields, tuple(takes))
+    _calls.put(key, prep)
+    return prep
+
+
+def kernel_for(problem, dev, fields=None):
+    key = (fields if fields is not None else config_fields(problem), dev.index)
     known = _fast.get(key)
     if known is not None:
         kernel = KERNELS.peek(known[0])
@@ -144,16 +241,18 @@ def kernel_for(problem, dev):
     return kernel, info
 
 
-def _tma_ready(t, name: str, why: str | None):
-    """t itself (size-1 dims given legal strides) or, when TMA cannot address it, a packed copy."""
-    if why is not None:
-        log.debug("fa4gen copies %s to a contiguous layout: %s", name, why)
+def _tma_ready(t, name: str, take):
+    """t as the launch takes it (Prepared.takes): itself, the same storage with legal strides for its
+    size-1 dims, or, when TMA cannot address it (take: why), a packed copy."""
+    if take is None:
+        return t
+    if isinstance(take, str):
+        log.debug("fa4gen copies %s to a contiguous layout: %s", name, take)
         # .contiguous() returns a misaligned but packed view unchanged; a clone gets a fresh
         # (allocator-aligned) block
         c = t.contiguous()
         return c if c.data_ptr() != t.data_ptr() else t.clone()
-    strides = validate.canonical_strides(tuple(t.shape), tuple(t.stride()))
-    return t if strides == tuple(t.stride()) else t.as_strided(t.shape, strides)
+    return t.as_strided(t.shape, take)
 
 
 def sink_meta(learnable_sink, meta=None):
@@ -171,35 +270,42 @@ def sink_f32(torch, learnable_sink):
 def attention_eager(torch, q, k, v, causal, softmax_scale, return_lse, check_grad: bool = True, window_size=(-1, -1),
                     softcap=0.0, learnable_sink=None):
     """`attention` outside a compiled region (and the body of the custom op's real implementation):
-    validate, get the kernel, launch on the current stream, record `last_call_info`."""
+    validate (or find the call's signature validated before), get the kernel, launch on the current
+    stream, record `last_call_info`."""
     t0 = time.perf_counter()
-    metas = validate.tensor_metas(q, k, v)  # every argument that is not a dense tensor, in one error
-    problem = validate.check_problem(*metas, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
-                                     window_size=window_size, softcap=softcap,
-                                     learnable_sink=sink_meta(learnable_sink))
+
+    def check():
+        metas = validate.tensor_metas(q, k, v)  # every argument that is not a dense tensor, in one error
+        return validate.check_problem(*metas, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
+                                      window_size=window_size, softcap=softcap,
+                                      learnable_sink=sink_meta(learnable_sink))
+
+    prep = prepared(torch, "dense", (q, k, v, learnable_sink), (causal, softmax_scale, return_lse, window_size, softcap),
+                    check, ((q, "q"), (k, "k"), (v, "v")))
+    problem = prep.problem
     dev = q.device
     if dev.index not in _arch_ok:
         validate.check_arch(torch.cuda.get_device_capability(dev), torch.cuda.get_device_name(dev))
         _arch_ok.add(dev.index)
-    if check_grad and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if check_grad and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise validate.InputValueError(FORWARD_ONLY)
 
     sink = sink_f32(torch, learnable_sink)
 
     def launch(q, k, v, o, lse):
-        kernel, kinfo = kernel_for(problem, dev)
+        kernel, kinfo = kernel_for(problem, dev, prep.fields)
         kernel(q, k, v, o, lse=lse, softmax_scale=problem.softmax_scale, mods=problem.mods, sink=sink)
         return kinfo
 
-    return _record(problem, t0, *answer(torch, problem, q, k, v, return_lse, launch, sink))
+    return _record(problem, t0, *answer(torch, problem, q, k, v, return_lse, launch, sink, prep.takes))
 
 
-def answer(torch, problem, q, k, v, return_lse, launch, sink=None):
+def answer(torch, problem, q, k, v, return_lse, launch, sink=None, takes=None):
     """The outputs of a validated problem (dense or varlen): o and, with return_lse, lse allocated on
     q's device; empty problems answered as they are and keyless ones with O = 0, LSE = -inf (with
     sinks: LSE = the query head's sink, float32 `sink`), without a launch; otherwise the inputs TMA
-    cannot read in place copied (problem.relayout) and
-    `launch(q, k, v, o, lse)` called on q's device. Returns (o, lse, whether it launched, what
+    cannot read in place copied (problem.relayout; `takes`: Prepared.takes when the caller has it)
+    and `launch(q, k, v, o, lse)` called on q's device. Returns (o, lse, whether it launched, what
     launch returned, the names of the copied inputs)."""
     dev = q.device
     o = torch.empty(problem.out_shape, dtype=q.dtype, device=dev)
@@ -214,11 +320,22 @@ def answer(torch, problem, q, k, v, return_lse, launch, sink=None):
             else:  # lse is (..., Hq, S): the head is the second-to-last dim
                 lse.copy_(sink[:, None].expand(lse.shape[-2:]))
         return o, lse, False, None, ()
-    why = dict(problem.relayout)
-    q, k, v = (_tma_ready(t, n, why.get(n)) for t, n in ((q, "q"), (k, "k"), (v, "v")))
-    with torch.cuda.device(dev):
+    if takes is None:
+        why = dict(problem.relayout)
+        takes = tuple(why.get(n) or _strides_take(t) for t, n in ((q, "q"), (k, "k"), (v, "v")))
+    q, k, v = (_tma_ready(t, n, tk) for t, n, tk in zip((q, k, v), ("q", "k", "v"), takes))
+    if dev.index == torch.cuda.current_device():
         ran = launch(q, k, v, o, lse)
-    return o, lse, True, ran, tuple(why)
+    else:
+        with torch.cuda.device(dev):
+            ran = launch(q, k, v, o, lse)
+    return o, lse, True, ran, tuple(n for n, tk in zip(("q", "k", "v"), takes) if isinstance(tk, str))
+
+
+def _strides_take(t):
+    """Prepared.takes's entry of a tensor TMA reads in place: None, or its canonical strides."""
+    strides = validate.canonical_strides(tuple(t.shape), tuple(t.stride()))
+    return None if strides == tuple(t.stride()) else strides
 
 
 def _record(problem, t0, o, lse, launched, kinfo, copied):
@@ -257,45 +374,63 @@ def attention_varlen_eager(torch, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqle
                             softcap=0.0, learnable_sink=None):
     """`attention_varlen` outside a compiled region (and the custom op's real implementation)."""
     t0 = time.perf_counter()
-    qm, km, vm, cqm, ckm, sum_ = varlen_metas(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
-    problem = validate.check_varlen_problem(qm, km, vm, cqm, ckm, max_seqlen_q, max_seqlen_k, seqused_k=sum_,
-                                            causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
-                                            window_size=window_size, softcap=softcap,
-                                            learnable_sink=sink_meta(learnable_sink))
+
+    def check():
+        qm, km, vm, cqm, ckm, sum_ = varlen_metas(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+        return validate.check_varlen_problem(qm, km, vm, cqm, ckm, max_seqlen_q, max_seqlen_k, seqused_k=sum_,
+                                             causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
+                                             window_size=window_size, softcap=softcap,
+                                             learnable_sink=sink_meta(learnable_sink))
+
+    prep = prepared(torch, "varlen", (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, learnable_sink),
+                    (max_seqlen_q, max_seqlen_k, causal, softmax_scale, return_lse, window_size, softcap),
+                    check, ((q, "q"), (k, "k"), (v, "v")))
+    problem = prep.problem
     dev = q.device
     if dev.index not in _arch_ok:
         validate.check_arch(torch.cuda.get_device_capability(dev), torch.cuda.get_device_name(dev))
         _arch_ok.add(dev.index)
-    if check_grad and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if check_grad and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise validate.InputValueError(FORWARD_ONLY.replace("fa4gen.attention", "fa4gen.attention_varlen"))
     sink = sink_f32(torch, learnable_sink)
 
     def launch(q, k, v, o, lse):
-        kernel, kinfo = kernel_for(problem, dev)
+        kernel, kinfo = kernel_for(problem, dev, prep.fields)
         kernel.varlen(q, k, v, o, cu_seqlens_q, cu_seqlens_k, problem.max_seqlen_q, problem.max_seqlen_k, lse=lse,
                       seqused_k=seqused_k, softmax_scale=problem.softmax_scale, mods=problem.mods, sink=sink)
         return kinfo
 
-    return _record(problem, t0, *answer(torch, problem, q, k, v, return_lse, launch, sink))
+    return _record(problem, t0, *answer(torch, problem, q, k, v, return_lse, launch, sink, prep.takes))
 
 
 def attention_with_kvcache_eager(torch, q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
                                  num_splits, return_lse, window_size=(-1, -1), softcap=0.0, learnable_sink=None):
-    """`attention_with_kvcache` once torch is imported: validate, get the kernel, launch, record."""
+    """`attention_with_kvcache` once torch is imported: validate (or reuse the validation of the same
+    signature; the values of CPU-held lengths and page entries are checked on every call), get the
+    kernel, launch, record."""
     t0 = time.perf_counter()
-    metas = kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table)
-    problem = validate.check_kvcache_problem(*metas, causal=causal, softmax_scale=softmax_scale,
-                                             num_splits=num_splits, return_lse=return_lse, window_size=window_size,
-                                             softcap=softcap, learnable_sink=sink_meta(learnable_sink))
+
+    def check():
+        metas = kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table)
+        return validate.check_kvcache_problem(*metas, causal=causal, softmax_scale=softmax_scale,
+                                              num_splits=num_splits, return_lse=return_lse, window_size=window_size,
+                                              softcap=softcap, learnable_sink=sink_meta(learnable_sink))
+
+    # CPU-held lengths / page entries have no signature (_tensor_sig): such calls are validated in full
+    tensors = (q, k_cache, v_cache, cache_seqlens, page_table, learnable_sink)
+    scalars = (causal, softmax_scale, num_splits, return_lse, window_size, softcap)
+    prep = prepared(torch, "kvcache", tensors, scalars, check,
+                    ((q, "q"), (k_cache, "k"), (v_cache, "v")))
+    problem = prep.problem
     dev = q.device
     if dev.index not in _arch_ok:
         validate.check_arch(torch.cuda.get_device_capability(dev), torch.cuda.get_device_name(dev))
         _arch_ok.add(dev.index)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
+    if torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad):
         raise validate.InputValueError(FORWARD_ONLY.replace("fa4gen.attention", "fa4gen.attention_with_kvcache"))
-    return _record(problem, t0, *kvcache_answer(torch, problem, lambda: kernel_for(problem, dev), q, k_cache,
-                                                 v_cache, cache_seqlens, page_table, return_lse,
-                                                 sink_f32(torch, learnable_sink)))
+    return _record(problem, t0, *kvcache_answer(torch, problem, lambda: kernel_for(problem, dev, prep.fields), q,
+                                                 k_cache, v_cache, cache_seqlens, page_table, return_lse,
+                                                 sink_f32(torch, learnable_sink), prep.takes))
 
 
 def kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table, meta=None):
@@ -305,7 +440,8 @@ def kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table, meta=None):
                       (page_table, "page_table")), ("page_table",), meta)
 
 
-def kvcache_answer(torch, problem, get_kernel, q, k_cache, v_cache, cache_seqlens, page_table, return_lse, sink=None):
+def kvcache_answer(torch, problem, get_kernel, q, k_cache, v_cache, cache_seqlens, page_table, return_lse, sink=None,
+                   takes=None):
     """`answer` for a validated KV-cache problem: CPU-held lengths / page entries checked and copied
     to the device, the kernel got (`get_kernel()` -> (Kernel, LoadInfo)), the split count chosen
     (num_splits = 0), the fp32 partials allocated, the kernel (and the combine kernel) launched."""
@@ -332,7 +468,7 @@ def kvcache_answer(torch, problem, get_kernel, q, k_cache, v_cache, cache_seqlen
                        mods=problem.mods, sink=sink)
         return kinfo
 
-    return answer(torch, problem, q, k_cache, v_cache, return_lse, launch, sink)
+    return answer(torch, problem, q, k_cache, v_cache, return_lse, launch, sink, takes)
 
 
 def window_keys(mods, seqlen_q: int, kv_len: int) -> int:

@@ -59,6 +59,121 @@ def _check(call: str, result):
     return rest[0] if len(rest) == 1 else tuple(rest)
 
 
+class _Libcuda:
+    """The two driver calls of every launch, through ctypes on libcuda (the library cuda-python binds):
+    cuTensorMapEncodeTiled and cuLaunchKernel on one packed parameter buffer. cuda-python builds a
+    Python object per argument (tens of microseconds a launch); these take integers and a buffer.
+    Module loading and the rest stay on cuda-python."""
+
+    def __init__(self):
+        drv = _driver()
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as e:  # pragma: no cover - cuda-python found the driver, so this one is there
+            raise RuntimeSetupError(f"cannot open the CUDA driver library libcuda.so.1: {e}") from e
+        vp, u32, i32 = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int
+        self._launch = lib.cuLaunchKernel
+        self._launch.argtypes = [vp, u32, u32, u32, u32, u32, u32, u32, vp, vp, vp]
+        self._launch.restype = i32
+        self._encode = lib.cuTensorMapEncodeTiled
+        self._encode.argtypes = [vp, i32, u32, vp, vp, vp, vp, vp, i32, i32, i32, i32]
+        self._encode.restype = i32
+        self._err_name, self._err_string = lib.cuGetErrorName, lib.cuGetErrorString
+        for f in (self._err_name, self._err_string):
+            f.argtypes, f.restype = [i32, ctypes.POINTER(ctypes.c_char_p)], i32
+        # the enum values as cuda-python defines them (one source for both bindings)
+        self.dtypes = {"bf16": int(drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16),
+                       "fp16": int(drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16)}
+        self.swizzles = {"128B": int(drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B),
+                         "none": int(drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE)}
+        self._fixed = (int(drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE),
+                       int(drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B),
+                       int(drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
+
+    def _raise(self, call: str, err: int):
+        name, text = ctypes.c_char_p(), ctypes.c_char_p()
+        self._err_name(err, ctypes.byref(name))
+        self._err_string(err, ctypes.byref(text))
+        raise CudaError(call, name.value.decode() if name.value else str(err),
+                        text.value.decode() if text.value else "no message")
+
+    def encode_tiled(self, role: str, dtype: str, swizzle: str, addr: int, geo: "MapGeometry") -> bytes:
+        """The 128-byte CUtensorMap of one tensor (encoded into a 64-byte-aligned scratch buffer)."""
+        rank = len(geo.dims)
+        buf = ctypes.create_string_buffer(128 + 64)
+        at = ctypes.addressof(buf) + (-ctypes.addressof(buf) % 64)
+        err = self._encode(at, self.dtypes[dtype], rank, addr, (ctypes.c_uint64 * rank)(*geo.dims),
+                           (ctypes.c_uint64 * max(rank - 1, 1))(*geo.strides), (ctypes.c_uint32 * rank)(*geo.box),
+                           (ctypes.c_uint32 * rank)(*([1] * rank)), self._fixed[0], self.swizzles[swizzle],
+                           self._fixed[1], self._fixed[2])
+        if err:
+            self._raise(f"cuTensorMapEncodeTiled({role})", err)
+        return ctypes.string_at(at, 128)
+
+    def launch(self, call: str, function: int, grid: int, threads: int, smem: int, stream: int, argv: int) -> None:
+        """cuLaunchKernel with kernelParams = argv (a void* per parameter, in signature order)."""
+        err = self._launch(function, grid, 1, 1, threads, 1, 1, smem, stream, argv, None)
+        if err:
+            self._raise(call, err)
+
+
+_LIBCUDA: list = []
+
+
+def _libcuda() -> _Libcuda:
+    if not _LIBCUDA:
+        _LIBCUDA.append(_Libcuda())
+    return _LIBCUDA[0]
+
+
+def _stream(device: int) -> int:
+    """torch's current stream on `device`, as the driver's handle."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+class _Entry:
+    """One kernel entry's launch: its parameters packed into one buffer in the ABI's layout
+    (plan.param_buffer_layout), cuLaunchKernel given a pointer to each. The buffer and the pointer
+    array are made once; a lock keeps two threads from packing into them at once (the driver copies
+    the parameters before cuLaunchKernel returns)."""
+
+    def __init__(self, name: str, function, params: tuple, decls: dict):  # function: a CUfunction (or None)
+        import struct
+        import threading
+
+        from ..spec.plan import param_buffer_layout
+
+        self.name = name
+        self.params = params
+        self.handle = int(function) if function is not None else 0
+        fmt, offsets = param_buffer_layout([decls[p] for p in params])
+        self.struct = struct.Struct(fmt)
+        self._buf = ctypes.create_string_buffer(self.struct.size + 64)
+        self._at = (-ctypes.addressof(self._buf)) % 64  # the buffer starts 64-byte aligned, like .param space
+        base = ctypes.addressof(self._buf) + self._at
+        self._argv = (ctypes.c_void_p * max(len(params), 1))(*(base + off for off in offsets))
+        self._lock = threading.Lock()
+
+    def values(self, named: dict) -> list:
+        """The parameters' values in signature order (RuntimeSetupError naming any the call lacks)."""
+        try:
+            return [named[p] for p in self.params]
+        except KeyError as e:
+            raise RuntimeSetupError(f"{self.name}: no value for parameter {e.args[0]!r}") from None
+
+    def launch(self, named: dict, grid: int, threads: int, smem: int, device: int) -> None:
+        vals = self.values(named)
+        stream = _stream(device)
+        lib = _libcuda()
+        with self._lock:
+            self.struct.pack_into(self._buf, self._at, *vals)
+            lib.launch(f"cuLaunchKernel({self.name})", self.handle, grid, threads, smem, stream,
+                       ctypes.addressof(self._argv))
+
+
 @dataclass(frozen=True)
 class MapGeometry:
     dims: tuple[int, ...]  # elements, innermost first
@@ -157,7 +272,8 @@ _SCORE_MOD_FLAGS = ("window", "softcap", "sinks")
 
 def score_mod_scalars(config: dict, softmax_scale: float, mods=None, sink=None) -> dict:
     """`scale_log2` and the score modifiers' parameters (plan.WINDOW/SOFTCAP/SINKS_ABI_PARAMS) of one
-    launch of the kernel whose manifest config is `config`, as ctypes values by parameter name.
+    launch of the kernel whose manifest config is `config`, by parameter name (Python numbers; the
+    parameter buffer rounds the f32 ones once).
 
     mods: the call's validate.ScoreMods (None: none); sink: its float32 contiguous learnable_sink
     (anything with data_ptr()). A windowed kernel runs any window (unbounded sides pass
@@ -186,13 +302,11 @@ def score_mod_scalars(config: dict, softmax_scale: float, mods=None, sink=None) 
         raise RuntimeSetupError("a sinks kernel reads a learnable_sink: call it with one (float32, one per query head)")
     if sink is not None and not have["sinks"]:
         raise RuntimeSetupError("a learnable_sink was given to a kernel without sinks")
-    scalars = kernel_score_scalars(softmax_scale, cap if have["softcap"] else 0.0)
-    out = {name: ctypes.c_float(v) for name, v in scalars.items()}
+    out = kernel_score_scalars(softmax_scale, cap if have["softcap"] else 0.0)
     if have["window"]:
-        sides = kernel_window_args((-1 if left is None else left, -1 if right is None else right),
-                                   bool(config.get("causal")))
-        out.update({name: ctypes.c_int32(v) for name, v in sides.items()})
-    out["sink_ptr"] = ctypes.c_uint64(0 if sink is None else sink.data_ptr())
+        out.update(kernel_window_args((-1 if left is None else left, -1 if right is None else right),
+                                      bool(config.get("causal"))))
+    out["sink_ptr"] = 0 if sink is None else sink.data_ptr()
     return out
 
 
@@ -223,6 +337,18 @@ class Kernel:
                 raise RuntimeSetupError(f"the manifest's config says {flag}={bool(self._cfg.get(flag, False))} but its "
                                         f"parameters {'lack' if self._cfg.get(flag) else 'have'} {[n for n, _ in names]}")
         self._params = params
+        from ..spec.plan import ALL_ABI_DECLS, COMBINE_ABI_DECLS
+
+        self._entry = _Entry(manifest.get("entry", "fa4_fwd"), function, params, ALL_ABI_DECLS)
+        self._combine_entry = None
+        if "kvcache" in manifest:
+            rec = manifest["kvcache"]["combine"]
+            unknown = [p for p in rec["params"] if p not in COMBINE_ABI_DECLS]
+            if unknown:
+                raise RuntimeSetupError(f"the manifest's combine entry names parameters this runtime cannot pass: "
+                                        f"{unknown}")
+            self._combine_entry = _Entry(rec["entry"], combine, tuple(rec["params"]), COMBINE_ABI_DECLS)
+        self._scalars_cache: dict = {}
 
     # ---- loading -------------------------------------------------------------------------------
     @classmethod
@@ -259,30 +385,42 @@ class Kernel:
         return cls(module, function, manifest, int(sm_count), device, int(l2_bytes), combine)
 
     # ---- launching -----------------------------------------------------------------------------
-    def _encode(self, role: str, t) -> object:
-        drv = _driver()
-        spec = self.manifest["tensor_maps"][role]
-        key = (role, t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+    def _encode(self, role: str, t) -> bytes:
+        """The tensor map of one input or output (its 128 bytes), memoised per pointer, shape and strides."""
+        key = (role, t.data_ptr(), t.shape, t.stride())
         cached = self._maps_cache.get(key)
         if cached is not None:
             return cached
-        elem = t.element_size()
-        geo = tensor_map_geometry(role, spec, tuple(t.shape), tuple(t.stride()), elem, manifest_gqa(self.manifest)[1])
-        dtype = {"bf16": drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                 "fp16": drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}[spec["dtype"]]
-        swz = {"128B": drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-               "none": drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE}[spec["swizzle"]]
-        rank = len(geo.dims)
-        tmap = _check(f"cuTensorMapEncodeTiled({role})", drv.cuTensorMapEncodeTiled(
-            dtype, rank, t.data_ptr(), [drv.cuuint64_t(d) for d in geo.dims],
-            [drv.cuuint64_t(s) for s in geo.strides], [drv.cuuint32_t(b) for b in geo.box],
-            [drv.cuuint32_t(1)] * rank, drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
-            drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
+        spec = self.manifest["tensor_maps"][role]
+        geo = tensor_map_geometry(role, spec, tuple(t.shape), tuple(t.stride()), t.element_size(),
+                                  manifest_gqa(self.manifest)[1])
+        tmap = _libcuda().encode_tiled(role, spec["dtype"], spec["swizzle"], t.data_ptr(), geo)
         if len(self._maps_cache) > 64:
             self._maps_cache.clear()
         self._maps_cache[key] = tmap
         return tmap
+
+    def _geometry(self, batch: int, num_heads_kv: int, seqlen_q: int) -> LaunchGeometry:
+        key = ("geometry", batch, num_heads_kv, seqlen_q)
+        hit = self._l2_cache.get(key)
+        if hit is None:
+            hit = launch_geometry(self.manifest, batch, num_heads_kv, seqlen_q)
+            if len(self._l2_cache) > 256:
+                self._l2_cache.clear()
+            self._l2_cache[key] = hit
+        return hit
+
+    def _score_scalars(self, softmax_scale: float, mods, sink) -> dict:
+        """score_mod_scalars of this kernel, memoised per (scale, mods, whether a sink came); the
+        sink's pointer is the call's."""
+        key = (softmax_scale, mods, sink is None)
+        hit = self._scalars_cache.get(key)
+        if hit is None:
+            hit = score_mod_scalars(self._cfg, softmax_scale, mods, sink)
+            if len(self._scalars_cache) > 64:
+                self._scalars_cache.clear()
+            self._scalars_cache[key] = hit
+        return {**hit, "sink_ptr": 0 if sink is None else sink.data_ptr()}
 
     def grid(self, num_tasks: int) -> int:
         policy = self.manifest["grid"]["policy"]
@@ -340,16 +478,16 @@ class Kernel:
         # the packed tensors seen as a batch of one (docs/ABI.md "Varlen")
         maps = {f"tmap_{r}": self._encode(r, t.unsqueeze(0)) for r, t in (("q", q), ("k", k), ("v", v), ("o", o))}
         scalars = {
-            "lse_ptr": ctypes.c_uint64(0 if lse is None else lse.data_ptr()),
-            "batch": ctypes.c_uint32(B), "seqlen_q": ctypes.c_uint32(max_seqlen_q),
-            "seqlen_k": ctypes.c_uint32(max_seqlen_k), "num_heads_kv": ctypes.c_uint32(Hkv),
-            "num_m_blocks": ctypes.c_uint32(0), "num_tasks": ctypes.c_uint32(num_tasks),
-            "l2_group": ctypes.c_uint32(varlen_l2_rows(self.l2_bytes, D, q.element_size())),
-            "cu_seqlens_q": ctypes.c_uint64(cu_seqlens_q.data_ptr()),
-            "cu_seqlens_k": ctypes.c_uint64(cu_seqlens_k.data_ptr()),
-            "seqused_k": ctypes.c_uint64(0 if seqused_k is None else seqused_k.data_ptr()),
-            "o_ptr": ctypes.c_uint64(o.data_ptr()), "total_q": ctypes.c_uint32(Tq), "total_k": ctypes.c_uint32(Tk),
-            **score_mod_scalars(self._cfg, softmax_scale, mods, sink),
+            "lse_ptr": 0 if lse is None else lse.data_ptr(),
+            "batch": B, "seqlen_q": max_seqlen_q,
+            "seqlen_k": max_seqlen_k, "num_heads_kv": Hkv,
+            "num_m_blocks": 0, "num_tasks": num_tasks,
+            "l2_group": varlen_l2_rows(self.l2_bytes, D, q.element_size()),
+            "cu_seqlens_q": cu_seqlens_q.data_ptr(),
+            "cu_seqlens_k": cu_seqlens_k.data_ptr(),
+            "seqused_k": 0 if seqused_k is None else seqused_k.data_ptr(),
+            "o_ptr": o.data_ptr(), "total_q": Tq, "total_k": Tk,
+            **self._score_scalars(softmax_scale, mods, sink),
         }
         self._launch(maps, scalars, num_tasks, q.device)
 
@@ -401,7 +539,7 @@ class Kernel:
             raise RuntimeSetupError("num_splits > 1 needs o_partial and lse_partial")
         if softmax_scale is None:
             softmax_scale = 1.0 / math.sqrt(D)
-        geo = launch_geometry(self.manifest, B, Hkv, Sq)
+        geo = self._geometry(B, Hkv, Sq)
         num_tasks = geo.num_tasks * S
         if num_tasks == 0:
             return
@@ -414,56 +552,42 @@ class Kernel:
             capacity = int(k_cache.shape[1])
         maps = {f"tmap_{r}": self._encode(r, t) for r, t in (("q", q), ("k", k_cache), ("v", v_cache), ("o", o))}
         scalars = {
-            "lse_ptr": ctypes.c_uint64(0 if lse is None else lse.data_ptr()),
-            "batch": ctypes.c_uint32(B), "seqlen_q": ctypes.c_uint32(Sq), "seqlen_k": ctypes.c_uint32(capacity),
-            "num_heads_kv": ctypes.c_uint32(Hkv),
-            "num_m_blocks": ctypes.c_uint32(geo.num_m_blocks), "num_tasks": ctypes.c_uint32(num_tasks),
-            "l2_group": ctypes.c_uint32(1),
-            "cache_seqlens": ctypes.c_uint64(cache_seqlens.data_ptr()),
-            "page_table": ctypes.c_uint64(0 if page_table is None else page_table.data_ptr()),
-            "page_table_stride": ctypes.c_uint32(stride), "max_pages": ctypes.c_uint32(max_pages),
-            "num_pages": ctypes.c_uint32(num_pages), "num_splits": ctypes.c_uint32(S),
-            "o_partial": ctypes.c_uint64(0 if o_partial is None else o_partial.data_ptr()),
-            "lse_partial": ctypes.c_uint64(0 if lse_partial is None else lse_partial.data_ptr()),
-            "o_ptr": ctypes.c_uint64(o.data_ptr()),
-            **score_mod_scalars(self._cfg, softmax_scale, mods, sink),
+            "lse_ptr": 0 if lse is None else lse.data_ptr(),
+            "batch": B, "seqlen_q": Sq, "seqlen_k": capacity,
+            "num_heads_kv": Hkv,
+            "num_m_blocks": geo.num_m_blocks, "num_tasks": num_tasks,
+            "l2_group": 1,
+            "cache_seqlens": cache_seqlens.data_ptr(),
+            "page_table": 0 if page_table is None else page_table.data_ptr(),
+            "page_table_stride": stride, "max_pages": max_pages,
+            "num_pages": num_pages, "num_splits": S,
+            "o_partial": 0 if o_partial is None else o_partial.data_ptr(),
+            "lse_partial": 0 if lse_partial is None else lse_partial.data_ptr(),
+            "o_ptr": o.data_ptr(),
+            **self._score_scalars(softmax_scale, mods, sink),
         }
         self._launch(maps, scalars, num_tasks, q.device)
         if S > 1:
             rows = B * Sq * Hq
-            cs = {"o_partial": ctypes.c_uint64(o_partial.data_ptr()),
-                  "lse_partial": ctypes.c_uint64(lse_partial.data_ptr()),
-                  "o_ptr": ctypes.c_uint64(o.data_ptr()),
-                  "lse_ptr": ctypes.c_uint64(0 if lse is None else lse.data_ptr()),
-                  "rows": ctypes.c_uint32(rows), "num_splits": ctypes.c_uint32(S),
-                  "seqlen_q": ctypes.c_uint32(Sq), "num_heads_q": ctypes.c_uint32(Hq),
+            cs = {"o_partial": o_partial.data_ptr(),
+                  "lse_partial": lse_partial.data_ptr(),
+                  "o_ptr": o.data_ptr(),
+                  "lse_ptr": 0 if lse is None else lse.data_ptr(),
+                  "rows": rows, "num_splits": S,
+                  "seqlen_q": Sq, "num_heads_q": Hq,
                   "sink_ptr": scalars["sink_ptr"]}  # read only if the combine entry declares it (sinks)
             cr = rec["combine"]
-            self._launch_fn(self._combine, [ctypes.addressof(cs[p]) for p in cr["params"]],
-                            -(-rows // int(cr["rows_per_cta"])), int(cr["threads_per_cta"]), 0, q.device)
+            self._launch_fn(self._combine_entry, cs, -(-rows // int(cr["rows_per_cta"])), int(cr["threads_per_cta"]), 0,
+                            q.device)
 
     def _launch(self, maps: dict, scalars: dict, num_tasks: int, device) -> None:
-        ptrs = [maps[p].getPtr() if p in maps else ctypes.addressof(scalars[p]) for p in self._params]
-        self._launch_fn(self._function, ptrs, self.grid(num_tasks), int(self.manifest["threads_per_cta"]),
+        self._launch_fn(self._entry, {**maps, **scalars}, self.grid(num_tasks), int(self.manifest["threads_per_cta"]),
                         int(self.manifest["dynamic_smem_bytes"]), device)
 
-    def _launch_fn(self, function, ptrs: list, grid: int, threads: int, smem: int, device) -> None:
-        import torch
-
-        drv = _driver()
-        # void* per parameter, in the entry's (ABI) order; the driver copies the values during
-        # the launch call, so the values behind `ptrs` only need to outlive it.
-        argv = (ctypes.c_void_p * len(ptrs))(*ptrs)
-        config = drv.CUlaunchConfig()
-        config.gridDimX = grid
-        config.gridDimY = config.gridDimZ = 1
-        config.blockDimX = threads
-        config.blockDimY = config.blockDimZ = 1
-        config.sharedMemBytes = smem
-        config.hStream = drv.CUstream(torch.cuda.current_stream(device).cuda_stream)
-        config.numAttrs = 0
-        config.attrs = []
-        _check("cuLaunchKernelEx", drv.cuLaunchKernelEx(config, function, ctypes.addressof(argv), 0))
+    def _launch_fn(self, entry: "_Entry", named: dict, grid: int, threads: int, smem: int, device) -> None:
+        """Launch one entry on torch's current stream of `device`: its parameters by name (tensor maps
+        as their 128 bytes, the rest as numbers) packed in the ABI's layout."""
+        entry.launch(named, grid, threads, smem, device.index if hasattr(device, "index") else int(device))
 
     def __call__(self, q, k, v, o, lse=None, softmax_scale: float | None = None, l2_group: int | None = None,
                  mods=None, sink=None) -> None:
@@ -483,7 +607,7 @@ class Kernel:
             raise RuntimeSetupError(f"Hq={Hq} is not Hkv={Hkv} x the kernel's GQA ratio {G}")
         if softmax_scale is None:
             softmax_scale = 1.0 / math.sqrt(D)
-        geo = launch_geometry(self.manifest, B, Hkv, Sq)
+        geo = self._geometry(B, Hkv, Sq)
         num_m_blocks, num_tasks = geo.num_m_blocks, geo.num_tasks
         if num_tasks == 0:
             return
@@ -491,11 +615,11 @@ class Kernel:
         if l2_group is None:
             l2_group = self.l2_group(B, Hkv, Sq, Skv, D, q.element_size()).l2_group
         scalars = {
-            "lse_ptr": ctypes.c_uint64(0 if lse is None else lse.data_ptr()),
-            "batch": ctypes.c_uint32(B), "seqlen_q": ctypes.c_uint32(Sq), "seqlen_k": ctypes.c_uint32(Skv),
-            "num_heads_kv": ctypes.c_uint32(Hkv),
-            "num_m_blocks": ctypes.c_uint32(num_m_blocks), "num_tasks": ctypes.c_uint32(num_tasks),
-            "l2_group": ctypes.c_uint32(max(min(int(l2_group), 0xFFFFFFFF), 0)),
-            **score_mod_scalars(self._cfg, softmax_scale, mods, sink),
+            "lse_ptr": 0 if lse is None else lse.data_ptr(),
+            "batch": B, "seqlen_q": Sq, "seqlen_k": Skv,
+            "num_heads_kv": Hkv,
+            "num_m_blocks": num_m_blocks, "num_tasks": num_tasks,
+            "l2_group": max(min(int(l2_group), 0xFFFFFFFF), 0),
+            **self._score_scalars(softmax_scale, mods, sink),
         }
         self._launch(maps, scalars, num_tasks, q.device)

@@ -9,6 +9,7 @@ imports ir/ or lower/, and nothing in the package imports in a circle (tests/tes
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -145,6 +146,38 @@ def abi_params(cfg: KernelConfig) -> tuple[tuple[str, str], ...]:
     return (ABI_PARAMS + (VARLEN_ABI_PARAMS if cfg.varlen else ()) + (KVCACHE_ABI_PARAMS if cfg.kvcache else ())
             + (WINDOW_ABI_PARAMS if cfg.window else ()) + (SOFTCAP_ABI_PARAMS if cfg.softcap else ())
             + (SINKS_ABI_PARAMS if cfg.sinks else ()))
+
+
+# A launch's parameters as one buffer: each at the next offset of its alignment, as the PTX ABI lays
+# out an entry's .param space; cuLaunchKernel gets a pointer to each. struct codes: 128-byte tensor
+# maps as bytes, pointers u64, counts u32, window sides s32, scales f32.
+_PARAM_CODES = {".u64": ("Q", 8, 8), ".u32": ("I", 4, 4), ".s32": ("i", 4, 4), ".f32": ("f", 4, 4)}
+ALL_ABI_DECLS: dict[str, str] = dict(ABI_PARAMS + VARLEN_ABI_PARAMS + KVCACHE_ABI_PARAMS + WINDOW_ABI_PARAMS
+                                     + SOFTCAP_ABI_PARAMS + SINKS_ABI_PARAMS)
+COMBINE_ABI_DECLS: dict[str, str] = dict(COMBINE_ABI_PARAMS + COMBINE_SINKS_ABI_PARAMS)
+
+
+def param_buffer_layout(decls) -> tuple[str, tuple[int, ...]]:
+    """The little-endian struct format of an entry's parameters from their PTX declarations (in
+    signature order), each at the next multiple of its alignment ('x' pads), the whole padded to the
+    largest alignment; and each parameter's byte offset."""
+    fmt, offsets, off, top = ["<"], [], 0, 1
+    for decl in decls:
+        m = re.fullmatch(r"\.param (?:\.align (\d+) )?(\.\w+) \w+(?:\[(\d+)\])?", decl)
+        if not m:
+            raise ValueError(f"not a parameter declaration this runtime can pack: {decl!r}")
+        if m.group(2) == ".b8":
+            code, size, align = f"{int(m.group(3))}s", int(m.group(3)), int(m.group(1) or 1)
+        else:
+            code, size, align = _PARAM_CODES[m.group(2)]
+            align = int(m.group(1) or align)
+        pad = -off % align
+        fmt.append("x" * pad + code)
+        offsets.append(off + pad)
+        off += pad + size
+        top = max(top, align)
+    fmt.append("x" * (-off % top))
+    return "".join(fmt), tuple(offsets)
 
 
 # KV-cache rules (one definition; fa4gen/spec/schedule.py kvcache_task / kvcache_key_page and BlockInfo
