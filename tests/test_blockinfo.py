@@ -386,3 +386,24 @@ def test_key_limits_ptx_equal_key_begin_and_key_end():
             assert np.array_equal((cols >= b) & (cols < e), want), (sq, sk, causal, left, right, q)
             checked += 1
     assert checked > 500
+
+
+def test_later_blocks_need_a_mask_only_with_causal_or_a_window():
+    """plan.later_blocks_need_mask: the sm_90a kernels emit no masked path for a task's later blocks
+    without causal or a window. Every block after a range's first (any split) is then unmasked; with
+    causal or a window some later block needs the mask (the flag is not vacuous)."""
+    from fa4gen.spec.plan import later_blocks_need_mask
+
+    seen = {(False, False): False, (True, False): False, (False, True): False, (True, True): False}
+    for rows, sq, skv, splits in itertools.product((64, 128), (1, 70, 128, 300), (1, 127, 128, 129, 300, 700),
+                                                    (1, 3)):
+        for causal, window in seen:
+            for m in range(-(-sq // rows)):
+                for split in range(splits):
+                    w = (100, 20 if not causal else 0) if window else None
+                    bi = BlockInfo.of(m, rows, sq, skv, causal, split, splits, window=w)
+                    later = [b for b in list(bi.blocks())[1:] if b < bi.end and bi.needs_mask(b)]
+                    if later:
+                        seen[(causal, window)] = True
+                        assert later_blocks_need_mask(causal, window), (rows, sq, skv, m, split, causal, window)
+    assert seen == {(False, False): False, (True, False): True, (False, True): True, (True, True): True}

@@ -198,7 +198,11 @@ def test_causal_and_tail_masks_only_where_needed():
             # sm_90a compares each column (plan.MASK_AS_WORDS: the word form measured no faster there)
             assert "add.rm.f32" not in masked and "setp.le.s32" in masked and "ex2.approx.ftz.f32 %s0" in masked
             assert "%mw" not in masked
+    # in the K/V loop (every block after the task's first): causal tests the mask; non-causal has no
+    # masked path there (plan.later_blocks_need_mask: only the tail block, which runs first, needs one)
+    for ptx, causal in ((nc, False), (c, True)):
         loop, _ = _kv_loop(ptx)
         m = re.search(r"bra\.uni \$L_consumer_masked(\d+);", loop)
-        unmasked = loop[m.end():loop.index(f"$L_consumer_masked{m.group(1)}:")]
+        assert (m is not None) == causal and ("%p_mask" in loop) == causal
+        unmasked = loop[m.end():loop.index(f"$L_consumer_masked{m.group(1)}:")] if causal else loop
         assert "add.rm.f32" in unmasked

@@ -31,8 +31,8 @@ from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Compute, Cond, Ex
 from ..ir.sm90 import build_sm90_pipeline
 from ..spec.encodings import DescArch, SmemMatrixDesc
 from ..spec.plan import (ARCH_LIMITS, HALF_COLS, block_info_ptx, MASK_AS_WORDS, MASK_WORD_BITS, ROWS, SM90_REGS,
-                         WINDOW_UNBOUNDED, abi_params, combine_context, key_limits_ptx, kv_box_rows, mask_words,
-                         panel_bytes, q_panel_bytes, sm90_consumers)
+                         WINDOW_UNBOUNDED, abi_params, combine_context, key_limits_ptx, kv_box_rows,
+                         later_blocks_need_mask, mask_words, panel_bytes, q_panel_bytes, sm90_consumers)
 from .manifest import ENTRY, GridFacts, manifest
 from .walk import LoweringError, WalkCtx, Walker, dispatch, f32, pairwise, smem_layout
 
@@ -363,11 +363,14 @@ class Sm90Walker(Walker):
         if self.s_block is None:
             raise self.Error(f"{self.p}: softmax before any QK MMA")
         cfg = self.cfg
-        # plan.BlockInfo.needs_mask: block >= n_unmasked, or (a window) block < unmasked_lo
+        # plan.BlockInfo.needs_mask: block >= n_unmasked, or (a window) block < unmasked_lo; a block after
+        # the task's first needs none without causal or a window (plan.later_blocks_need_mask)
         test = [("setp.ge.s32", "%p_mask", "%nb", "%nunm")]
         if cfg.window:
             test += [("setp.lt.or.s32", "%p_mask", "%nb", "%unlo", "%p_mask")]
         where = "blocks >= %nunm or < %unlo" if cfg.window else "blocks >= %nunm"
+        if self.s_block is not BlockRef.FIRST and not later_blocks_need_mask(cfg.causal, cfg.window):
+            test, where = None, "no block (no block after the task's first needs one)"
         cap = "S = tanh(S * softcap_in), " if cfg.softcap else ""
         self.what(f"softmax of S (block {self.block_note(self.s_block)}): {cap}mask on {where}, row max, "
                   f"conditional rescale (threshold {cfg.rescale_threshold:g}), exp2, row sums; "

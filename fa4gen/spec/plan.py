@@ -495,6 +495,14 @@ class BlockInfo:
         return range(self.lo + self.n - 1, self.lo - 1, -1)
 
 
+def later_blocks_need_mask(causal: bool, window: bool) -> bool:
+    """Whether a block a task runs after its first can need a mask (BlockInfo.needs_mask). Without
+    causal or a window only the keys' tail is masked, and the tail block is the highest of every
+    range (a split's too) the task runs, so it runs first: the kernels then emit no masked path for
+    the later blocks (it could never run)."""
+    return bool(causal or window)
+
+
 def block_info_ptx(*, causal: bool, rows: int, m: str, sq: str, skv: str, tmp: str, n: str | None = None,
                    n_unmasked: str | None = None, split: tuple[str, str, str, str] | None = None,
                    window: tuple[str, str] | None = None, lo: str | None = None,
