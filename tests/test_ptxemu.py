@@ -77,8 +77,19 @@ def test_generated_ptx_emulates(name):
     seeds on shapes with tails, a partial second task, GQA packing and (causal) Sq < Skv and Sq > Skv."""
     rep = emulate_file(GEN / f"{name}.ptx", seeds=2)
     assert rep.ok, rep.summary()
-    # every run did real work (the API's default launch, without LSE, is the smallest problem)
-    assert all(r.warp_instructions > (10_000 if r.shape.with_lse else 1_000) for r in rep.runs)
+    # every run did real work (the API's default launch without LSE and the one-row launch over one
+    # whole block are the smallest problems)
+    assert all(r.warp_instructions > (10_000 if r.shape.with_lse and getattr(r.shape, "sq", 2) > 1 else 1_000)
+               for r in rep.runs)
+    assert_every_block_ran(rep)
+
+
+def assert_every_block_ran(rep):
+    """The default shapes reach every basic block of every entry: no path of the shipped PTX goes
+    unexecuted (a path no input can reach is dead code, which the generator must not emit)."""
+    for entry, cov in rep.coverage.entries.items():
+        hit, total = cov.block_fraction()
+        assert hit == total, f"{entry}: {hit}/{total} basic blocks\n" + "\n".join(cov.summary())
 
 
 # A variant whose kernel is a golden file is emulated there (the same PTX, default shapes and seeds:
@@ -98,6 +109,7 @@ def test_sm90_gpu_variants_emulate(cfg):
     ptx, man = emitted(**cfg)
     rep = emulate_file(Path(man["name"] + ".ptx"), ptx_text=ptx, manifest=man, seeds=2)
     assert rep.ok, rep.summary()
+    assert_every_block_ran(rep)
 
 
 # GQA ratios that do not divide 128 (tiles.gqa_pack: one query head per tile, G head groups per kv
@@ -136,8 +148,9 @@ def test_a_wrong_kv_head_of_an_unpacked_ratio_is_caught():
 def test_default_shapes_of_unpacked_ratios():
     for arch in ("sm_100a", "sm_90a"):
         _, man = emitted(arch=arch, head_dim=64, dtype="bf16", causal=True, gqa_ratio=5)
-        for s in default_shapes(man):
-            assert s.hq == 5 * s.hkv and s.sq % 128 and s.skv % 128
+        shapes = default_shapes(man)
+        assert all(s.hq == 5 * s.hkv and s.sq % 128 for s in shapes)
+        assert [s.skv % 128 for s in shapes].count(0) == 1  # the block-aligned one (Sq = 1, one block)
 
 
 def test_default_shapes_exercise_tails_masking_and_the_persistent_loop():
@@ -146,8 +159,11 @@ def test_default_shapes_exercise_tails_masking_and_the_persistent_loop():
         if man["config"].get("varlen") or man["config"].get("kvcache"):  # ragged / decode defaults: checked in
             continue  # tests/test_varlen_sm100.py and tests/test_kvcache_tools.py
         rows = 128 // man["config"]["gqa_ratio"]
-        for s in default_shapes(man):
-            assert s.sq % rows and s.skv % 128  # tails on both lengths
+        shapes = default_shapes(man)
+        assert all(s.sq % rows for s in shapes)  # a query tail everywhere
+        # a key tail everywhere but on one shape: one query row before one whole block, the one launch
+        # whose first block runs unmasked (a key tail masks the first block of every other)
+        assert [(s.sq, s.skv) for s in shapes if not s.skv % 128] == [(1, 128)]
         if man["config"]["causal"]:
             assert any(s.sq > s.skv for s in default_shapes(man))  # rows that see no key
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import reference
 from ...spec.encodings import TensorMapSpec
+from ...spec.plan import BLOCK_N
 from ...runtime.runtime import launch_geometry, manifest_gqa, manifest_tile_rows, tensor_map_geometry, varlen_num_tasks
 from . import units
 from .kvcache import KvShape, KvUsageError, default_kv_shapes, run_kvcache_once  # noqa: F401 (KvShape re-exported)
@@ -128,7 +129,8 @@ def default_shapes(man: dict) -> list:
     both ways, a sequence of more than one task, and seqused_k. First, for both: a small launch
     without LSE (the API's default: lse_ptr = 0).
     Score modifiers (the config's flags; values as shape suffixes, cases.ScoreMods): a window smaller
-    than a block, one crossing block and tile boundaries on Sq != Skv, one leaving whole tiles of
+    than a block, one crossing block and tile boundaries on Sq != Skv that also holds a whole block
+    (the unmasked path), one leaving whole tiles of
     Sq > Skv without a key, window + causal, (0, 0) (one key per row); softcaps cycling
     cases.SOFTCAPS with raw scores ~1e4 (make_inputs huge rows); sinks per seed dominant (50), -inf,
     moderate and random (cases.default_sinks). KV-cache kernels: default_kv_shapes."""
@@ -150,20 +152,38 @@ def default_shapes(man: dict) -> list:
     # (first: a kernel that mishandles it fails at once, before the longer launches)
     if cfg.get("varlen"):
         long_q = rows * per_task + rows // 2 + 3
+        # with a window the long sequence has more keys (450), so that its window (400, 30) cuts leading
+        # blocks (unmasked_lo > 0) and still leaves a block wholly inside (the unmasked path)
+        windowed = bool(cfg.get("window"))
+        # the last sequence, one query over one whole block, is the tile whose first block runs unmasked
         return mods([VarShape((3, 0), (70, 5), g * hkv, hkv, with_lse=False),
-                     VarShape((long_q, 0, 40, 9, 70), (200, 17, 0, 130, 30), g * hkv, hkv),
+                     VarShape((long_q, 0, 40, 9, 70, 1), (450 if windowed else 200, 17, 0, 130, 30, BLOCK_N), g * hkv,
+                              hkv),
                      VarShape((5, rows + 1, 0), (140, 129, 0), g * hkv, hkv, seqused_k=(3, 100, 0))],
-                    [(5, 2), (100, 30), (20, 0)])
+                    [(5, 2), (400, 30), (20, 0)])
     sq = rows * per_task + rows // 2 + 3  # a second task whose tiles are partly / wholly past Sq
+    # keys of the causal Sq < Skv shape: at least three blocks, so that a tile of packed GQA heads (few
+    # positions per tile: short Sq) still runs the K/V loop, masked and unmasked
+    skv = max(sq + 70, 2 * BLOCK_N + 5)
     no_lse = Shape(1, 3, 70, g * hkv, hkv, with_lse=False)
+    # the one shape without a key tail (Skv one block; Sq = 1, a tail): the first block a task runs is
+    # unmasked only when the tile's first row sees every key of it, which a causal tile can do only
+    # when that row is the last query row (a decode-like tile)
+    aligned = Shape(1, 1, BLOCK_N, g, 1)
     if cfg.get("window"):  # Sq > Skv: the first tiles' rows see no key (left window side 20 < Sq - Skv)
-        shapes = [no_lse, Shape(1, sq, sq + 70, g * hkv, hkv), Shape(1, rows * per_task + 150, 97, g, 1),
+        shapes = [no_lse, Shape(1, sq, skv, g * hkv, hkv), Shape(1, rows * per_task + 150, 97, g, 1),
                   Shape(1, sq, 203, g * hkv, hkv)]
-        return mods(shapes, [(5, 2), (100, 30), (20, 5), (0, 0) if causal else (-1, 0)])
+        windows = [(5, 2), (500, 30), (20, 5), (0, 0) if causal else (-1, 0)]
+        shapes.append(aligned)  # window unbounded (a causal kernel's right side is 0)
+        windows.append((-1, -1))
+        # (500, 30) on the second leaves a block wholly inside the window of its last m unit (the unmasked
+        # path of a windowed kernel; plan.BlockInfo judges the unit's whole row span); the left side's
+        # cuts are the first and third shapes' and the varlen long sequence's
+        return mods(shapes, windows)
     if causal:
-        return mods([no_lse, Shape(1, sq, sq + 70, g * hkv, hkv), Shape(1, rows * per_task + 150, 97, g, 1)],
-                    [None] * 3)
-    return mods([no_lse, Shape(1, sq, 203, g * hkv, hkv)], [None] * 2)
+        return mods([no_lse, Shape(1, sq, skv, g * hkv, hkv), Shape(1, rows * per_task + 150, 97, g, 1), aligned],
+                    [None] * 4)
+    return mods([no_lse, Shape(1, sq, 203, g * hkv, hkv), aligned], [None] * 3)
 
 
 def make_varlen_inputs(shape: VarShape, dtype: str, head_dim: int, seed: int, huge: bool = False):

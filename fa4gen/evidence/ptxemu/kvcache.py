@@ -24,7 +24,7 @@ import numpy as np
 from .. import reference
 from ...spec.encodings import TensorMapSpec
 from ...spec.plan import COMBINE_ABI_PARAMS, kvcache_num_tasks
-from ...runtime.runtime import launch_geometry, manifest_gqa, tensor_map_geometry
+from ...runtime.runtime import launch_geometry, manifest_gqa, manifest_tile_rows, tensor_map_geometry
 from ...spec.schedule import kvcache_k_len, kvcache_page
 from . import units
 from .cases import (RunResult, ScoreMods, Shape, UsageError, _from_dtype_bytes, _np_dtype_bytes, default_mods,
@@ -115,23 +115,30 @@ def default_kv_shapes(man: dict) -> list:
     or the paged capacity, 5 or 6 blocks split 2 + 2 + 1 or 2 + 2 + 2, its last block partly past
     the cache; the longest sequence last, so an unclamped page index leaves the table). The second:
     Sq = 1, num_splits = 1 (the kernel writes O and LSE itself, the partials stay untouched). The
-    third: Sq = 64 / P + 3 query positions, so the tile's second 64 rows (the second consumer
-    warpgroup of sm_90a) hold P * 3 real rows, with 2 splits of 2 + 1 blocks, and no LSE asked
+    third: Sq = R / P + 3 query positions, R the rows where a task's second row group starts (sm_90a's
+    second consumer warpgroup: 64; sm_100a's second Q tile: 128), so that group holds P * 3 real rows
+    (its own O rescales run), with 2 splits of 2 + 2 blocks (the 390-key sequence's queries see keys
+    371-389 of blocks 2 and 3: the second split's later block is masked too), and no LSE asked
     (lse_ptr = 0 for fa4_fwd and fa4_combine); with an odd Hq its B * Sq * Hq rows leave the last
     combine CTA partly empty. The fourth: the API's default decode launch, one split (the kernel
     stores O itself) and no LSE: the kernel's direct LSE store must skip lse_ptr = 0.
     Score modifiers (the config's flags): windows (300, -1) on the first (the 600-key sequence's
     window covers blocks 2-4, one per split: it crosses the split boundaries; the 129-key one sees
-    all its keys and leaves split 2 empty), (5, -1) (smaller than a block, at the cache end), (130, 0)
-    and (0, 0) (one key per query); softcaps and sinks as harness.default_shapes."""
+    all its keys and leaves split 2 empty), (200, -1) on the second (its one split walks two blocks,
+    the first cut by the window's left side: the multi-block loop and the rescales of a windowed
+    kernel), (130, 0) and (0, 0) (one key per query); softcaps and sinks as harness.default_shapes."""
     g, pack = manifest_gqa(man)
     hkv = 2 if g <= 2 else 1
     cfg = man["config"]
+    # the rows where a task's second row group starts: sm_90a's second consumer warpgroup (64 rows of
+    # the 128-row tile), sm_100a's second Q tile (the pair's rows 128-255)
+    rows = manifest_tile_rows(man)
+    second = rows // 2 if int(man["grid"].get("tiles_per_task", 1)) == 1 else rows
     shapes = [KvShape((129, 1, -3, 1000), 3, g * hkv, hkv, num_splits=3, capacity=600),
               KvShape((250, 0), 1, g * hkv, hkv, num_splits=1, capacity=260),
-              KvShape((300, 40, 77), 64 // pack + 3, g * hkv, hkv, num_splits=2, capacity=320, with_lse=False),
+              KvShape((390, 40, 77), second // pack + 3, g * hkv, hkv, num_splits=2, capacity=400, with_lse=False),
               KvShape((70,), 1, g * hkv, hkv, num_splits=1, capacity=128, with_lse=False)]
-    for i, (sh, w) in enumerate(zip(shapes, [(300, -1), (5, -1), (130, 0), (0, 0)])):
+    for i, (sh, w) in enumerate(zip(shapes, [(300, -1), (200, -1), (130, 0), (0, 0)])):
         sh.mods = default_mods(cfg, i, w)
     return shapes
 
