@@ -161,13 +161,16 @@ def _check_shapes(q, k, v) -> tuple[int, int, int, int, int, int]:
 
 # ---- score modifiers: window, softcap, sinks -------------------------------------------------------
 
-# tanh.approx.f32 (sm_75+, the MUFU.TANH unit), the softcap's tanh in the kernels. The PTX ISA
-# documents its maximum relative error as about 2^-11 (2^-10.987) over the whole range; measured
-# on sm_75 it is 1.113e-5 relative, 134 ulp (N. Juffa, NVIDIA developer forums, "Hardware-accelerated
-# tanh() on Turing", 2021). fa4_forward and the emulator (ptxemu fp.tanh_approx) model it as the
-# correctly rounded fp32 tanh, NOT bit-exact to the hardware: judging a GPU's output takes
-# this bound (see ptxemu.cases.softcap_score_err), judging the models' takes fp32 rounding.
-TANH_APPROX_MAX_REL_ERR = 2.0 ** -10.987
+# tanh.approx.f32 (sm_75+, the MUFU.TANH unit), the softcap's tanh in the kernels. The PTX ISA,
+# section 9.7.3.22 "Floating Point Instructions: tanh"
+# (https://docs.nvidia.com/cuda/parallel-thread-execution/#floating-point-instructions-tanh):
+# "The maximum relative error over the entire floating point range is 2^-11." (The 2^-10.987 of
+# section 9.7.4.9, the half-precision tanh, is tanh.approx.f16's maximum ABSOLUTE error, not this
+# one.) Measured on sm_75 it is 1.113e-5 relative, 134 ulp (N. Juffa, NVIDIA developer forums,
+# "Hardware-accelerated tanh() on Turing", 2021). fa4_forward and the emulator (ptxemu fp.tanh_approx)
+# model it as the correctly rounded fp32 tanh, NOT bit-exact to the hardware: judging a GPU's output
+# takes this bound (see ptxemu.cases.softcap_score_err), judging the models' takes fp32 rounding.
+TANH_APPROX_MAX_REL_ERR = 2.0 ** -11
 
 
 def tanh_approx_f32(x) -> np.ndarray:
