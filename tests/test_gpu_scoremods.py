@@ -6,11 +6,12 @@ sink in the softmax denominator and the LSE.
 
 Tolerances: test_gpu.py's elementwise bound (its module docstring derives it: P and O rounding,
 exp2 emulation, fp16 subnormals), with the probabilities p normalised by the denominator that
-includes the sink, plus the softcap's tanh.approx.f32: its relative error <= 2^-10.987 (PTX ISA,
-tanh) moves a capped score c = softcap * t by at most |c| 2^-10.987, so each p_j of a row by a factor
-within e^(+-2 delta), delta = 2^-10.987 * max_j |c_j| over the row's visible keys: O may move by
-(e^(2 delta) - 1) * P @ |V| more and the LSE by delta more. A row that sees no key has O = 0 exactly
-and LSE = its sink (-inf without one; the sink to 1e-6 relative, the kernel's log2 / ln2 round trip).
+includes the sink, plus the softcap's tanh.approx.f32: its relative error <= 2^-11 (the PTX ISA's
+bound, reference.TANH_APPROX_MAX_REL_ERR) moves a capped score c = softcap * t by at most |c| 2^-11,
+so each p_j of a row by a factor within e^(+-2 delta), delta = 2^-11 * max_j |c_j| over the row's
+visible keys: O may move by (e^(2 delta) - 1) * P @ |V| more and the LSE by delta more. A row that
+sees no key has O = 0 exactly and LSE = its sink (-inf without one; the sink to 1e-6 relative, the
+kernel's log2 / ln2 round trip).
 """
 
 import math
@@ -22,13 +23,12 @@ torch = pytest.importorskip("torch")
 
 import fa4gen  # noqa: E402
 from fa4gen.runtime import api  # noqa: E402
+from fa4gen.evidence.reference import TANH_APPROX_MAX_REL_ERR  # noqa: E402
 from test_gpu import EMU_AND_LOGITS, SUBNORMAL_HALF_SPACING, TORCH_DTYPE, UNIT_ROUNDOFF  # noqa: E402
 from test_gpu_kvcache import make_cache  # noqa: E402
 from test_gpu_varlen import _cu, ragged_lengths  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-
-TANH_REL = 2.0 ** -10.987  # tanh.approx.f32's maximum relative error
 
 
 # ---- reference ---------------------------------------------------------------------------------
@@ -62,8 +62,8 @@ def reference(q, k, v, causal, scale, window=(-1, -1), softcap=0.0, sink=None):
     lse = torch.logsumexp(s, dim=-1)
     delta = 0.0
     if softcap > 0:
-        delta = TANH_REL * (s.abs().masked_fill(hidden, 0).amax(dim=-1, keepdim=True) if skv else s.new_zeros(
-            (b, hq, sq, 1)))
+        delta = TANH_APPROX_MAX_REL_ERR * (s.abs().masked_fill(hidden, 0).amax(dim=-1, keepdim=True) if skv
+                                           else s.new_zeros((b, hq, sq, 1)))
     if sink is not None:
         lse = torch.logaddexp(lse, sink.float()[None, :, None].expand_as(lse))
     p = torch.exp(s - lse[..., None])

@@ -771,7 +771,7 @@ def _arrivals_per_phase(numbered, lay: _Layout, reads: dict) -> list:
     return diffs
 
 
-# ---- sm_100a --------------------------------------------------------------------------------------
+# ---- the events: read ones folded, the IR's expected, both compared (both targets) ----------------
 def _collapse(events):
     """Fold the repeated instructions of one op (TMA boxes, MMA k steps, store + commit_group);
     each folded event keeps the line of its first instruction."""
@@ -811,16 +811,22 @@ def _collapse(events):
     return out
 
 
-def _expected_sm100(pipe) -> dict:
-    cfg = pipe.config
-    boxes = cfg.head_dim // 64
+def _expected(pipe) -> dict:
+    """Each role instance's events as the reader spells them, from its verified program (on sm_90a the
+    replicated consumer once per instance: its own barrier slots and branches). The ops of both
+    targets share one spelling here; what the targets spell apart is `_target_event`'s."""
     from ..spec.plan import ROWS, kv_box_rows
+    cfg = pipe.config
+    sm100 = cfg.arch == "sm_100a"
+    boxes = cfg.head_dim // 64
     kv_boxes = boxes * (ROWS // kv_box_rows(cfg))  # a paged K/V block: one box per page and 64 columns
     out = {}
-    mtype = {"bf16": "BF16", "fp16": "F16"}[cfg.dtype]
     for role in pipe.roles:
-        tc_any = any(isinstance(op, (Mma, TmemLd, TmemSt)) for op in walk_ops(role.program))
-        tc_ldst = any(isinstance(op, (TmemLd, TmemSt)) for op in walk_ops(role.program))
+        ops = list(walk_ops(role.program))
+        # sm_100a: a role that touches the tensor core fences after each wait / named sync (tcgen05
+        # fence::after_thread_sync); one that does tcgen05.ld/st marks its arrives as such
+        fenced = sm100 and any(isinstance(op, (Mma, TmemLd, TmemSt)) for op in ops)
+        tc_ldst = any(isinstance(op, (TmemLd, TmemSt)) for op in ops)
 
         def slot(s, role=role):
             if isinstance(s, int):
@@ -828,16 +834,12 @@ def _expected_sm100(pipe) -> dict:
             st = role.state(s)
             return st.slot_base if st.depth == 1 else (s, st.slot_base)
 
-        def phys(rname, lo, hi):
-            r = pipe.region(rname)
-            return (r.col + lo // 2, r.col + hi // 2) if r.dtype == "f16" else (r.col + lo, r.col + hi)
-
         evs = []
-        for k, op in enumerate(walk_ops(role.program)):
+        for k, op in enumerate(ops):
             if isinstance(op, Wait):
                 ev = ("wait", op.barrier, slot(op.state), op.state)
-                if tc_any and pipe.barrier(op.barrier).kind is not BarrierKind.TMA:
-                    ev = (ev, ("fence_after",))
+                if fenced and pipe.barrier(op.barrier).kind is not BarrierKind.TMA:
+                    ev += ("fence_after",)
             elif isinstance(op, Arrive):
                 ev = ("arrive", op.barrier, slot(op.slot), op.scope is Scope.ELECTED, tc_ldst)
             elif isinstance(op, ExpectTx):
@@ -849,62 +851,89 @@ def _expected_sm100(pipe) -> dict:
                 ev = ("tma_store_n", ("o", True), boxes, "committed")
             elif isinstance(op, TmaStoreWait):
                 ev = ("store_wait", True)
-            elif isinstance(op, StoreRows):
-                ev = ("store_rows", op.src, slot(op.src_slot), "rows < %sq")
-            elif isinstance(op, StorePartial):
-                ev = ("store_partial_n", "rows < %sq", (op.col_hi - op.col_lo) // 4)
-            elif isinstance(op, Mma):
-                d = pipe.region(op.d)
-                steps = (op.k_hi - op.k_lo) // 16
-                if op.accumulate == "false" or (op.accumulate == "not_first" and op.block is BlockRef.FIRST):
-                    acc = "0"
-                elif op.accumulate == "true":
-                    acc = "1"
-                else:
-                    acc = "%p_acc"
-                b_states = tuple(sorted({op.b_slot} if isinstance(op.b_slot, str) else set()))
-                if op.kind == "qk":
-                    a = ("smem",) + tuple(sorted({op.a_slot} if isinstance(op.a_slot, str) else set()))
-                    n, major = pipe.region(op.d).cols, Major.K.name
-                else:
-                    p = pipe.region(op.a)
-                    a = ("tmem",) + tuple(p.col + kk // 2 for kk in range(op.k_lo, op.k_hi, 16))
-                    n, major = cfg.head_dim, Major.MN.name
-                ev = ("mma_n", d.col, a, b_states, n, major, acc, True, steps, 128, Major.K.name, mtype)
-            elif isinstance(op, Commit):
-                ev = ("commit", op.barrier, slot(op.slot), True)
-            elif isinstance(op, TmemLd):
-                ev = ("tmem_ld", *phys(op.region, op.col_lo, op.col_hi))
-            elif isinstance(op, TmemSt):
-                ev = ("tmem_st", *phys(op.region, op.col_lo, op.col_hi))
-            elif isinstance(op, WaitLd):
-                ev = ("wait_ld",)
-            elif isinstance(op, WaitSt):
-                ev = ("wait_st",)
             elif isinstance(op, NamedArrive):
                 ev = ("bar_arrive", op.barrier, op.slot, tc_ldst, pipe.barrier(op.barrier).count)
             elif isinstance(op, NamedSync):
                 ev = ("bar_sync", op.barrier, op.slot, None, pipe.barrier(op.barrier).count)
-                if tc_any:
-                    ev = (ev, ("fence_after",))
+                if fenced:
+                    ev += ("fence_after",)
             elif isinstance(op, FenceProxyAsync):
                 ev = ("fence_proxy_async",)
-            elif isinstance(op, Advance):
-                st = role.state(op.state)
-                ev = ("advance", op.state, st.stride % (2 * st.depth), 2 * st.depth)
             else:
-                continue
-            if isinstance(ev[0], tuple):  # (event, extras) from a wait followed by its fence
-                ev = (ev[0][0], ev[0][1:] + ev[1])
-            else:
-                ev = (ev[0], ev[1:])
-            evs.append((k, op, ev))
+                ev = (_event_sm100 if sm100 else _event_sm90)(op, pipe, role, slot)
+                if ev is None:
+                    continue
+            evs.append((k, op, (ev[0], ev[1:])))
         out[role.name] = evs
     return out
 
 
+def _event_sm100(op, pipe, role, slot):
+    """sm_100a's own spelling of an op (None: no event): row stores, the tcgen05 MMA / commit / ld / st
+    and their waits, a ring advance's step and wrap over the doubled phase range."""
+    cfg = pipe.config
+
+    def phys(rname, lo, hi):
+        r = pipe.region(rname)
+        return (r.col + lo // 2, r.col + hi // 2) if r.dtype == "f16" else (r.col + lo, r.col + hi)
+
+    if isinstance(op, StoreRows):
+        return ("store_rows", op.src, slot(op.src_slot), "rows < %sq")
+    if isinstance(op, StorePartial):
+        return ("store_partial_n", "rows < %sq", (op.col_hi - op.col_lo) // 4)
+    if isinstance(op, Mma):
+        d = pipe.region(op.d)
+        if op.accumulate == "false" or (op.accumulate == "not_first" and op.block is BlockRef.FIRST):
+            acc = "0"
+        elif op.accumulate == "true":
+            acc = "1"
+        else:
+            acc = "%p_acc"
+        b_states = tuple(sorted({op.b_slot} if isinstance(op.b_slot, str) else set()))
+        if op.kind == "qk":
+            a = ("smem",) + tuple(sorted({op.a_slot} if isinstance(op.a_slot, str) else set()))
+            n, major = d.cols, Major.K.name
+        else:
+            p = pipe.region(op.a)
+            a = ("tmem",) + tuple(p.col + kk // 2 for kk in range(op.k_lo, op.k_hi, 16))
+            n, major = cfg.head_dim, Major.MN.name
+        mtype = {"bf16": "BF16", "fp16": "F16"}[cfg.dtype]
+        return ("mma_n", d.col, a, b_states, n, major, acc, True, (op.k_hi - op.k_lo) // 16, 128, Major.K.name,
+                mtype)
+    if isinstance(op, Commit):
+        return ("commit", op.barrier, slot(op.slot), True)
+    if isinstance(op, TmemLd):
+        return ("tmem_ld", *phys(op.region, op.col_lo, op.col_hi))
+    if isinstance(op, TmemSt):
+        return ("tmem_st", *phys(op.region, op.col_lo, op.col_hi))
+    if isinstance(op, WaitLd):
+        return ("wait_ld",)
+    if isinstance(op, WaitSt):
+        return ("wait_st",)
+    if isinstance(op, Advance):
+        st = role.state(op.state)
+        return ("advance", op.state, st.stride % (2 * st.depth), 2 * st.depth)
+    return None
+
+
+def _event_sm90(op, pipe, role, slot):
+    """sm_90a's own spelling of an op (None: no event): row stores (the consumer's slot is %cw's: the
+    rows' predicate is read back), wgmma groups (k steps) and their waits, a ring advance."""
+    from ..spec.plan import ROWS
+    if isinstance(op, StoreRows):
+        return ("store_rows", "?", None, "rows < %sq")
+    if isinstance(op, Mma):
+        return ("wgmma", pipe.config.head_dim // 16 if op.kind == "qk" else ROWS // 16, True)
+    if isinstance(op, MmaWait):
+        return ("wgmma_wait", op.pending)
+    if isinstance(op, Advance):
+        st = role.state(op.state)
+        return ("advance", op.state, 1, 1) if st.depth == 1 else ("advance", op.state, st.stride, st.depth)
+    return None
+
+
 def _norm(ev):
-    """A parsed event as (kind, fields), the form _expected_* produce."""
+    """A parsed event as (kind, fields), the form _expected produces."""
     return (ev[0], ev[1:])
 
 
@@ -969,6 +998,7 @@ def _init_counts(numbered, pipe, locate) -> list:
     return diffs
 
 
+# ---- sm_100a --------------------------------------------------------------------------------------
 def _prologue_sm100(numbered, pipe, manifest) -> list:
     diffs = _init_counts(numbered, pipe, _Layout(pipe, manifest["smem_layout"]).barrier)
     slot_off = manifest["smem_layout"]["tmem_addr_slot"]
@@ -1047,64 +1077,12 @@ def _check_sm100(ptx: str, manifest: dict, cfg: KernelConfig, pipe, rep: CheckRe
     if unreadable:
         rep.differences += unreadable
         return rep
-    _compare(rep, pipe, got, _expected_sm100(pipe))
+    _compare(rep, pipe, got, _expected(pipe))
     rep.differences += _arrivals_per_phase(numbered, lay, got)
     return rep
 
 
 # ---- sm_90a ---------------------------------------------------------------------------------------
-def _expected_sm90(pipe) -> dict:
-    """Each role instance's events as the reader spells them (the replicated consumer once per instance:
-    its verified program, the instance's own barrier slots and branches)."""
-    from ..spec.plan import ROWS, kv_box_rows
-    cfg = pipe.config
-    boxes = cfg.head_dim // 64
-    kv_boxes = boxes * (ROWS // kv_box_rows(cfg))
-    out = {}
-    for role in pipe.roles:
-        def slot(s, role=role):
-            if isinstance(s, int):
-                return s
-            st = role.state(s)
-            return st.slot_base if st.depth == 1 else (s, st.slot_base)
-
-        evs = []
-        for k, op in enumerate(walk_ops(role.program)):
-            if isinstance(op, Wait):
-                ev = ("wait", op.barrier, slot(op.state), op.state)
-            elif isinstance(op, Arrive):
-                ev = ("arrive", op.barrier, slot(op.slot), op.scope is Scope.ELECTED, False)
-            elif isinstance(op, ExpectTx):
-                ev = ("expect_tx", op.barrier, slot(op.slot), op.bytes, True)
-            elif isinstance(op, TmaLoad):
-                ev = ("tma_load_n", (op.tensor, op.dst, slot(op.dst_slot), op.barrier, slot(op.bar_slot), True),
-                      boxes if op.tensor == "q" else kv_boxes)
-            elif isinstance(op, TmaStore):
-                ev = ("tma_store_n", ("o", True), boxes, "committed")
-            elif isinstance(op, TmaStoreWait):
-                ev = ("store_wait", True)
-            elif isinstance(op, StoreRows):  # the consumer's slot is %cw's: the rows' predicate is read back
-                ev = ("store_rows", "?", None, "rows < %sq")
-            elif isinstance(op, Mma):
-                ev = ("wgmma", cfg.head_dim // 16 if op.kind == "qk" else ROWS // 16, True)
-            elif isinstance(op, MmaWait):
-                ev = ("wgmma_wait", op.pending)
-            elif isinstance(op, NamedArrive):
-                ev = ("bar_arrive", op.barrier, op.slot, False, pipe.barrier(op.barrier).count)
-            elif isinstance(op, NamedSync):
-                ev = ("bar_sync", op.barrier, op.slot, None, pipe.barrier(op.barrier).count)
-            elif isinstance(op, FenceProxyAsync):
-                ev = ("fence_proxy_async",)
-            elif isinstance(op, Advance):
-                st = role.state(op.state)
-                ev = ("advance", op.state, 1, 1) if st.depth == 1 else ("advance", op.state, st.stride, st.depth)
-            else:
-                continue
-            evs.append((k, op, (ev[0], ev[1:])))
-        out[role.name] = evs
-    return out
-
-
 def _check_sm90(ptx: str, manifest: dict, cfg: KernelConfig, pipe, rep: CheckReport) -> CheckReport:
     from ..lower.sm90 import SPELLING
     numbered = _numbered(ptx)
@@ -1112,6 +1090,6 @@ def _check_sm90(ptx: str, manifest: dict, cfg: KernelConfig, pipe, rep: CheckRep
     rep.differences += _init_counts(numbered, pipe, lay.barrier)
     got, sections, unreadable = _read_roles(numbered, pipe, lay, SPELLING, to_ret=True)
     rep.differences += unreadable + _state_inits(sections, pipe, SPELLING)
-    _compare(rep, pipe, got, _expected_sm90(pipe))
+    _compare(rep, pipe, got, _expected(pipe))
     rep.differences += _arrivals_per_phase(numbered, lay, got)
     return rep

@@ -45,6 +45,7 @@ __all__ = [
     "online_softmax_step",
     "round_to_dtype",
     "scale_log2_f32",
+    "sink_terms",
     "softcap_scores",
     "tanh_approx_f32",
     "TANH_APPROX_MAX_REL_ERR",
@@ -160,13 +161,16 @@ def _check_shapes(q, k, v) -> tuple[int, int, int, int, int, int]:
 
 # ---- score modifiers: window, softcap, sinks -------------------------------------------------------
 
-# tanh.approx.f32 (sm_75+, the MUFU.TANH unit), the softcap's tanh in the kernels. The PTX ISA
-# documents its maximum relative error as about 2^-11 (2^-10.987) over the whole range; measured
-# on sm_75 it is 1.113e-5 relative, 134 ulp (N. Juffa, NVIDIA developer forums, "Hardware-accelerated
-# tanh() on Turing", 2021). fa4_forward and the emulator (ptxemu fp.tanh_approx) model it as the
-# correctly rounded fp32 tanh, NOT bit-exact to the hardware: judging a GPU's output takes
-# this bound (see ptxemu.cases.softcap_score_err), judging the models' takes fp32 rounding.
-TANH_APPROX_MAX_REL_ERR = 2.0 ** -10.987
+# tanh.approx.f32 (sm_75+, the MUFU.TANH unit), the softcap's tanh in the kernels. The PTX ISA,
+# section 9.7.3.22 "Floating Point Instructions: tanh"
+# (https://docs.nvidia.com/cuda/parallel-thread-execution/#floating-point-instructions-tanh):
+# "The maximum relative error over the entire floating point range is 2^-11." (The 2^-10.987 of
+# section 9.7.4.9, the half-precision tanh, is tanh.approx.f16's maximum ABSOLUTE error, not this
+# one.) Measured on sm_75 it is 1.113e-5 relative, 134 ulp (N. Juffa, NVIDIA developer forums,
+# "Hardware-accelerated tanh() on Turing", 2021). fa4_forward and the emulator (ptxemu fp.tanh_approx)
+# model it as the correctly rounded fp32 tanh, NOT bit-exact to the hardware: judging a GPU's output
+# takes this bound (see ptxemu.cases.softcap_score_err), judging the models' takes fp32 rounding.
+TANH_APPROX_MAX_REL_ERR = 2.0 ** -11
 
 
 def tanh_approx_f32(x) -> np.ndarray:
@@ -268,11 +272,14 @@ def attention_exact(q, k, v, causal: bool, softmax_scale=None, *, window=None, s
 
 # ---- tile geometry (shared with the simulator and the lowering) ---------------------------------
 
-def tile_block_info(cfg: KernelConfig, m_block: int, seqlen_q: int, seqlen_k: int, window=None) -> BlockInfo:
-    """The K/V blocks of Q tile m_block (plan.BlockInfo over its seq_q_per_tile positions); window:
-    flash-attn's (left, right) (-1 unbounded), or None."""
+def tile_block_info(cfg: KernelConfig, m_block: int, seqlen_q: int, seqlen_k: int, window=None, *,
+                    tiles: int = 1, split: int = 0, num_splits: int = 1) -> BlockInfo:
+    """The K/V blocks of Q tile m_block (plan.BlockInfo over its seq_q_per_tile positions), or with
+    tiles > 1 of unit m_block of that many consecutive tiles (a task's: sm_100a pairs two), split
+    `split` of num_splits (KV cache); window: flash-attn's (left, right) (-1 unbounded), or None."""
     sides = window_sides(window, cfg.causal) if window is not None else None
-    return BlockInfo.of(m_block, cfg.seq_q_per_tile, seqlen_q, seqlen_k, cfg.causal, window=sides)
+    return BlockInfo.of(m_block, tiles * cfg.seq_q_per_tile, seqlen_q, seqlen_k, cfg.causal, split, num_splits,
+                        window=sides)
 
 
 def n_block_max(cfg: KernelConfig, m_block: int, seqlen_q: int, seqlen_k: int, window=None) -> int:
@@ -555,17 +562,23 @@ def fa4_forward(q, k, v, cfg: KernelConfig, softmax_scale=None, stats: dict | No
 
 
 def _sink_epilogue(state: RowState, z: np.ndarray, sl2) -> tuple[np.ndarray, np.ndarray]:
-    """The final normalisation with a sink logit per row (fa4_forward's docstring), fp32."""
+    """The final normalisation with a sink logit per row (fa4_forward's docstring), fp32: (O, LSE)."""
+    factor, lse = sink_terms(state.ref, state.row_sum, z, sl2)
+    return (state.o * factor[:, None]).astype(np.float32), lse
+
+
+def sink_terms(ref, row_sum, z: np.ndarray, sl2) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, O's factor a * (1 / l') and the LSE of the sink epilogue (fa4_forward's docstring)
+    from the final reference, row_sum (fp32) and the row's sink logit z."""
     f32 = np.float32
     with np.errstate(invalid="ignore", over="ignore"):
-        m2 = np.where(state.ref == -np.inf, f32(-np.inf), state.ref * f32(sl2)).astype(f32)
+        m2 = np.where(ref == -np.inf, f32(-np.inf), ref * f32(sl2)).astype(f32)
         z2 = (z.astype(f32) * f32(LOG2E)).astype(f32)
         big = np.maximum(m2, z2)
         live = big > -np.inf
         safe = np.where(live, big, f32(0))
         a = exp2_hardware((m2 - safe).astype(f32))
-        l2 = fma_f32(state.row_sum, a, exp2_hardware((z2 - safe).astype(f32)))
+        l2 = fma_f32(row_sum, a, exp2_hardware((z2 - safe).astype(f32)))
         inv = np.where(live & (l2 > 0), f32(1) / np.where(l2 > 0, l2, f32(1)), f32(0)).astype(f32)
-        o = state.o * (a * inv)[:, None]
         lse = (safe.astype(np.float64) + np.log2(np.where(live, l2, 1).astype(np.float64))) * LN2
-    return o.astype(f32), np.where(live, lse, -np.inf)
+    return (a * inv).astype(f32), np.where(live, lse, -np.inf)

@@ -8,6 +8,13 @@ that publishes it). TMEM is one 128 x 512 float32 array; P is written through a 
 same bytes (16-bit column c -> physical column c // 2), so P really overwrites the upper half of S.
 The softmax math is the reference's (`reference.block_update`, `exp2`), so on a sound pipeline the
 output equals `reference.fa4_forward` up to fp32 rounding of the MMA accumulation order.
+
+Score modifiers (KernelConfig.window / softcap / sinks), with run-time values as fa4_forward takes
+them: a window's blocks and masks come from plan.BlockInfo (`reference.tile_block_info`, per task
+unit and per Q tile) with both per-row column limits; softcap caps the raw scores
+(`reference.tanh_approx_f32`) before the mask; a sink joins the final normalisation
+(`reference.sink_terms`; sm_100a's apply_sink hands the divisor row_sum + 2^(z2 - m2) on to the
+epilogue, as its kernel does) and, with several KV-cache splits, fa4_combine's merge.
 """
 
 from __future__ import annotations
@@ -21,10 +28,10 @@ from ..spec.encodings import TMEM_COLUMNS, TMEM_LANES
 from ..ir import build_pipeline
 from ..ir.core import Cond, Pipeline, Role
 from ..verify.engine import DataModel, Engine, Finding, Scenario
-from ..spec.plan import BlockInfo
-from .reference import (LN2, RowState, _as_compute, _check_shapes, _default_scale, block_update, col_limits,
-                        round_to_dtype, scale_log2_f32)
-from ..spec.exp2 import emulated_columns
+from .reference import (LN2, LOG2E, RowState, _as_compute, _check_shapes, _default_scale, _score_mods_for,
+                        _sink_epilogue, block_update, col_begins, col_limits, kernel_score_args, round_to_dtype,
+                        sink_terms, tanh_approx_f32, tile_block_info)
+from ..spec.exp2 import emulated_columns, exp2_hardware
 from ..spec.schedule import kvcache_k_len, kvcache_page, kvcache_task, task_tile, varlen_tasks
 
 
@@ -65,11 +72,17 @@ def tiles_per_task(cfg: KernelConfig) -> int:
     return 2 if cfg.arch == "sm_100a" else 1
 
 
+def unit_info(cfg: KernelConfig, m: int, sq: int, skv: int, window=None, split: int = 0, num_splits: int = 1):
+    """plan.BlockInfo of task unit m (tiles_per_task Q tiles; sm_100a a pair): the blocks its task
+    runs. window: flash-attn's (left, right) or None, as reference.tile_block_info takes it."""
+    return tile_block_info(cfg, m, sq, skv, window, tiles=tiles_per_task(cfg), split=split, num_splits=num_splits)
+
+
 def schedule_tasks(cfg: KernelConfig, batch: int, hkv: int, sq: int, skv: int,
-                   l2_group: int | None = None) -> list[Task]:
+                   l2_group: int | None = None, window=None) -> list[Task]:
     """Tasks in kernel order (fa4gen.spec.schedule.task_coords): linear for non-causal; causal LPT,
     heaviest m_blocks first, in sections of `l2_group` (batch, kv_head) pairs (default: one section,
-    the simulator has no L2)."""
+    the simulator has no L2); each runs its unit's blocks (a window's from its first)."""
     tpt = tiles_per_task(cfg)
     m_blocks = -(-sq // (tpt * cfg.seq_q_per_tile))
     ng = cfg.head_groups
@@ -78,18 +91,22 @@ def schedule_tasks(cfg: KernelConfig, batch: int, hkv: int, sq: int, skv: int,
     tasks = []
     for t in range(num_bh * m_blocks):
         m, b, kvh, hgrp = (int(x) for x in task_tile(t, batch, hkv, ng, m_blocks, g, cfg.causal))
-        tasks.append(Task(b, kvh, m, BlockInfo.of(m, tpt * cfg.seq_q_per_tile, sq, skv, cfg.causal).n, hgrp))
+        info = unit_info(cfg, m, sq, skv, window)
+        tasks.append(Task(b, kvh, m, info.n, hgrp, block_lo=info.lo))
     return tasks
 
 
 class NumpyData(DataModel):
-    def __init__(self, pipe: Pipeline, q, k, v, scale: float, tasks: list[Task]):
+    def __init__(self, pipe: Pipeline, q, k, v, scale: float, tasks: list[Task], mods=(None, 0.0, None)):
         self.cfg = cfg = pipe.config
         self.pipe = pipe
         self.q, self.k, self.v = q, k, v
         self.b, self.sq, self.hq, self.skv, self.hkv, self.d = _check_shapes(q, k, v)
         self.scale = scale
-        self.sl2 = scale_log2_f32(scale)
+        # the score modifiers' values (_mods): window (left, right) or None, softcap (0: none), sinks [Hq] or None
+        self.window, cap, self.sinks = mods
+        args = kernel_score_args(scale, cap)
+        self.sl2, self.softcap_in = args["scale_log2"], args.get("softcap_in")
         self.tasks = tasks
         self.smem: dict = {}
         self.tmem = np.full((TMEM_LANES, TMEM_COLUMNS), np.nan, np.float32)
@@ -201,12 +218,15 @@ class NumpyData(DataModel):
         nb = self.kv_block(task, t)
         seq = self.tile_rows(task, qtile)[0][rows]
         s = np.array(scores[:, :128], np.float32)
+        if self.softcap_in is not None:  # mul.f32 then tanh.approx.f32 of every raw score, before the mask
+            s = tanh_approx_f32(s * self.softcap_in)
         sq, skv = self.task_sq(task), self.task_skv(task)
-        masked = BlockInfo.of(tiles_per_task(cfg) * task.m_block + qtile, cfg.seq_q_per_tile, sq, skv,
-                              cfg.causal).needs_mask(nb)
+        masked = tile_block_info(cfg, tiles_per_task(cfg) * task.m_block + qtile, sq, skv,
+                                 self.window).needs_mask(nb)
         if masked:
-            limits = col_limits(cfg, seq, sq, skv)
-            s[nb * 128 + np.arange(128)[None, :] >= limits[:, None]] = -np.inf
+            col = nb * 128 + np.arange(128)[None, :]
+            s[(col >= col_limits(cfg, seq, sq, skv, self.window)[:, None])
+              | (col < col_begins(cfg, seq, sq, skv, self.window)[:, None])] = -np.inf
         upd = block_update(RowState(regs["row_max"], regs["row_sum"], np.zeros((n, 1), np.float32)),
                            s, np.zeros((128, 1)), self.sl2, cfg.rescale_threshold, first=t == 0,
                            emulated=emulated_columns(cfg, apply_mask=masked))
@@ -221,11 +241,18 @@ class NumpyData(DataModel):
 
     def _store_lse(self, task: Task, qtile: int, rows: slice, regs):
         seq, head, valid = (x[rows] for x in self.tile_rows(task, qtile))
-        rs, ref = regs["row_sum"], regs["row_max"]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            lse = np.log(rs.astype(np.float64)) + ref.astype(np.float64) * float(self.sl2) * LN2
-        self.lse[task.batch, head[valid], task.q_start + seq[valid]] = \
-            np.where(rs > 0, lse, -np.inf).astype(np.float32)[valid]
+        if self.sinks is not None:  # the sink's LSE (apply_sink / the sm_90a normalize computed it)
+            lse = regs["lse"]
+        else:
+            rs, ref = regs["row_sum"], regs["row_max"]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                lse = np.where(rs > 0, np.log(rs.astype(np.float64)) + ref.astype(np.float64) * float(self.sl2) * LN2,
+                               -np.inf)
+        self.lse[task.batch, head[valid], task.q_start + seq[valid]] = lse.astype(np.float32)[valid]
+
+    def _sink_z(self, task: Task, qtile: int, rows: slice) -> np.ndarray:
+        """The sink logit of each row's query head."""
+        return self.sinks[self.tile_rows(task, qtile)[1][rows]]
 
     def _compute(self, role, op, ctx, task, regs):
         rows = slice(0, 128)
@@ -243,6 +270,15 @@ class NumpyData(DataModel):
             regs["tag"] = (ctx["task"], op.qtile)
         elif op.fn == "store_lse":
             self._store_lse(task, op.qtile, rows, regs)
+        elif op.fn == "apply_sink":
+            # the LSE as the reference's sink epilogue gives it; row_sum becomes O's divisor
+            # row_sum + 2^(z2 - m2) (m2 = ref * scale_log2, z2 = z log2 e), handed on to normalize
+            z = self._sink_z(task, op.qtile, rows)
+            _, regs["lse"] = sink_terms(regs["row_max"], regs["row_sum"], z, self.sl2)
+            with np.errstate(invalid="ignore", over="ignore"):
+                m2 = np.where(regs["row_max"] == -np.inf, np.float32(-np.inf), regs["row_max"] * self.sl2)
+                z2 = (z.astype(np.float32) * np.float32(LOG2E)).astype(np.float32)
+                regs["row_sum"] = (regs["row_sum"] + exp2_hardware((z2 - m2).astype(np.float32))).astype(np.float32)
         elif op.fn == "normalize_partial":  # fp32, not cast: the split's partial O
             inv = np.zeros(regs[op.reads[1]].shape, np.float32)
             pos = regs[op.reads[1]] > 0
@@ -295,6 +331,11 @@ class NumpyDataSm90(NumpyData):
             regs["P"] = round_to_dtype(regs["S"], self.cfg.dtype).astype(np.float32)
         elif op.fn == "rescale_o":
             regs["O"] = (regs["O"] * regs["acc_scale"][:, None]).astype(np.float32)
+        elif op.fn == "normalize" and self.sinks is not None:  # the reference's sink epilogue, fp32
+            o, regs["lse"] = _sink_epilogue(RowState(regs["row_max"], regs["row_sum"], regs["O"]),
+                                            self._sink_z(task, 0, rows), self.sl2)
+            regs["o_out"] = round_to_dtype(o[:, :self.d], self.cfg.dtype)
+            regs["tag"] = (ctx["task"], half)
         elif op.fn == "normalize":
             regs["o_out"] = self._normalized(regs["O"], regs["row_sum"])
             regs["tag"] = (ctx["task"], half)
@@ -311,12 +352,21 @@ class SimResult:
     findings: list[Finding]
 
 
+def _mods(cfg: KernelConfig, hq: int, window, softcap, sinks) -> tuple:
+    """The score modifiers' values checked against the kernel's flags as fa4_forward checks them:
+    (window or None (a windowed kernel without one: unbounded), softcap, sinks [Hq] or None)."""
+    window, cap, z = _score_mods_for(cfg, hq, window, softcap, sinks)
+    return (window if window is not None else (-1, -1)) if cfg.window else None, cap, z
+
+
 def simulate(pipe_or_cfg, q, k, v, softmax_scale=None, seed: int = 0, num_ctas: int = 1,
-             priority=None) -> SimResult:
+             priority=None, *, window=None, softcap: float = 0.0, sinks=None) -> SimResult:
     """Run the pipeline's programs over q [B, Sq, Hq, D], k, v [B, Skv, Hkv, D].
 
     Tasks are dealt to `num_ctas` CTAs round-robin (the persistent scheduler's task += num_ctas);
-    each CTA is one engine run. Returns O, LSE and the engine's findings (hazards, deadlocks).
+    each CTA is one engine run. window / softcap / sinks: the values of the kernel's score
+    modifiers, as reference.fa4_forward takes them. Returns O, LSE and the engine's findings
+    (hazards, deadlocks).
     """
     pipe = pipe_or_cfg if isinstance(pipe_or_cfg, Pipeline) else build_pipeline(pipe_or_cfg)
     cfg = pipe.config
@@ -328,8 +378,9 @@ def simulate(pipe_or_cfg, q, k, v, softmax_scale=None, seed: int = 0, num_ctas: 
         raise ValueError("Skv = 0: no keys (the API returns O = 0, LSE = -inf without a launch)")
     q64, k64, v64 = (_as_compute(t, cfg.dtype, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
     scale = _default_scale(d, softmax_scale)
-    tasks = schedule_tasks(cfg, b, hkv, sq, skv)
-    data = (NumpyData if pipe.arch == "sm_100a" else NumpyDataSm90)(pipe, q64, k64, v64, scale, tasks)
+    mods = _mods(cfg, hq, window, softcap, sinks)
+    tasks = schedule_tasks(cfg, b, hkv, sq, skv, window=mods[0])
+    data = (NumpyData if pipe.arch == "sm_100a" else NumpyDataSm90)(pipe, q64, k64, v64, scale, tasks, mods)
     return SimResult(data.o, data.lse, _run_ctas(pipe, data, tasks, num_ctas, seed, priority))
 
 
@@ -349,14 +400,15 @@ def _run_ctas(pipe, data, tasks, num_ctas: int, seed: int, priority, split_kv: b
 
 
 def simulate_varlen(pipe_or_cfg, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=None, softmax_scale=None,
-                    seed: int = 0, num_ctas: int = 1, priority=None, l2_rows: int = 1) -> SimResult:
+                    seed: int = 0, num_ctas: int = 1, priority=None, l2_rows: int = 1, *, window=None,
+                    softcap: float = 0.0, sinks=None) -> SimResult:
     """Run a varlen pipeline's programs over a packed batch: q (total_q, Hq, D), k, v (total_k, Hkv,
     D), sequence b's rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) and keys [cu_seqlens_k[b], ...), at
     most seqused_k[b] of them. Tasks come in the kernels' varlen order (fa4gen.spec.schedule.varlen_tasks,
     offsets clamped as on the device; causal sections from `l2_rows`, the kernels' l2_group); a TMA
     tile reads the packed tensor's rows whatever sequence they belong to (zero only past its end),
-    as the hardware does. Returns O (total_q, Hq, D) (NaN
-    where no task wrote), LSE (Hq, total_q) and the engine's findings."""
+    as the hardware does; window (per sequence) / softcap / sinks as simulate's. Returns O (total_q,
+    Hq, D) (NaN where no task wrote), LSE (Hq, total_q) and the engine's findings."""
     pipe = pipe_or_cfg if isinstance(pipe_or_cfg, Pipeline) else build_pipeline(pipe_or_cfg)
     cfg = pipe.config
     if not cfg.varlen:
@@ -367,13 +419,14 @@ def simulate_varlen(pipe_or_cfg, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=
         raise ValueError(f"shapes {q.shape[1:]}/{k.shape[1:]} do not fit {cfg.name}")
     q64, k64, v64 = (_as_compute(t, cfg.dtype, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
     scale = _default_scale(d, softmax_scale)
+    mods = _mods(cfg, hq, window, softcap, sinks)
     tpt, ng = tiles_per_task(cfg), cfg.head_groups
     tasks = []
     for b, hg, m, q0, ql, k0, kl in varlen_tasks(cu_seqlens_q, cu_seqlens_k, total_q, total_k, hkv * ng,
                                                  tpt * cfg.seq_q_per_tile, cfg.causal, seqused_k, l2_rows):
-        n = BlockInfo.of(m, tpt * cfg.seq_q_per_tile, ql, kl, cfg.causal).n  # the pair's (or tile's) blocks
-        tasks.append(Task(0, hg // ng, m, n, hg % ng, q0, ql, k0, kl))
-    data = (NumpyData if pipe.arch == "sm_100a" else NumpyDataSm90)(pipe, q64, k64, v64, scale, tasks)
+        info = unit_info(cfg, m, ql, kl, mods[0])  # the pair's (or tile's) blocks
+        tasks.append(Task(0, hg // ng, m, info.n, hg % ng, q0, ql, k0, kl, block_lo=info.lo))
+    data = (NumpyData if pipe.arch == "sm_100a" else NumpyDataSm90)(pipe, q64, k64, v64, scale, tasks, mods)
     findings = _run_ctas(pipe, data, tasks, num_ctas, seed, priority)
     return SimResult(data.o[0], data.lse[0], findings)
 
@@ -387,23 +440,26 @@ class KvSimResult:
     findings: list[Finding]
 
 
-def combine_partials(o_partial: np.ndarray, lse_partial: np.ndarray):
+def combine_partials(o_partial: np.ndarray, lse_partial: np.ndarray, sink=None):
     """fa4_combine's merge (fa4gen/spec/plan.py "KV-cache rules") in NumPy: lse = log sum_s exp(lse_s),
-    O = sum_s exp(lse_s - lse) O_s; O = 0, LSE = -inf where every split is -inf. (S, R, D) -> (R, D), (R,)."""
+    O = sum_s exp(lse_s - lse) O_s; O = 0, LSE = -inf where every split is -inf. (S, R, D) -> (R, D), (R,).
+    sink: (R,) each row's sink logit, one more term of lse's sum and none of O's (counted once)."""
     lp = lse_partial.astype(np.float64)
-    mx = lp.max(axis=0)
+    terms = lp if sink is None else np.concatenate([lp, np.asarray(sink, np.float64)[None]])
+    mx = terms.max(axis=0)
     empty = ~np.isfinite(mx)
     with np.errstate(invalid="ignore", over="ignore"):
-        w = np.exp(lp - np.where(empty, 0.0, mx)[None])
+        w = np.exp(terms - np.where(empty, 0.0, mx)[None])
         tot = w.sum(axis=0)
         lse = np.where(empty, -np.inf, np.log(np.where(empty, 1.0, tot)) + np.where(empty, 0.0, mx))
-        wn = np.where(empty[None], 0.0, w / np.where(empty, 1.0, tot)[None])
+        wn = np.where(empty[None], 0.0, w[:len(lp)] / np.where(empty, 1.0, tot)[None])
     o = np.einsum("sr,srd->rd", wn, np.where(wn[..., None] > 0, o_partial, 0.0))
     return o.astype(np.float32), lse.astype(np.float32)
 
 
 def simulate_kvcache(pipe_or_cfg, q, k_cache, v_cache, cache_seqlens, page_table=None, num_splits: int = 1,
-                     softmax_scale=None, seed: int = 0, num_ctas: int = 1, priority=None) -> KvSimResult:
+                     softmax_scale=None, seed: int = 0, num_ctas: int = 1, priority=None, *, window=None,
+                     softcap: float = 0.0, sinks=None) -> KvSimResult:
     """Run a KV-cache pipeline's programs (fa4gen/spec/plan.py "KV-cache rules") over q (B, Sq, Hq, D)
     and a cache: contiguous k_cache, v_cache (B, Smax, Hkv, D), or paged (num_pages, page_size,
     Hkv, D) through page_table (B, max_pages). Tasks in the kernels' order (schedule.kvcache_task
@@ -411,7 +467,8 @@ def simulate_kvcache(pipe_or_cfg, q, k_cache, v_cache, cache_seqlens, page_table
     (an empty split runs one block whose keys every row's mask hides, as the kernels do), lengths
     and page entries clamped as on the device (kvcache_k_len, kvcache_page). A TMA K/V tile reads
     the keys of its pages (zero past the capacity). num_splits > 1 runs the split-KV epilogue
-    (Cond.SPLIT_KV: StorePartial / store_lse_partial) and merges the partials as fa4_combine does."""
+    (Cond.SPLIT_KV: StorePartial / store_lse_partial) and merges the partials as fa4_combine does
+    (the sink once, there). window (to each cache's end) / softcap / sinks as simulate's."""
     pipe = pipe_or_cfg if isinstance(pipe_or_cfg, Pipeline) else build_pipeline(pipe_or_cfg)
     cfg = pipe.config
     if not cfg.kvcache:
@@ -435,6 +492,7 @@ def simulate_kvcache(pipe_or_cfg, q, k_cache, v_cache, cache_seqlens, page_table
         raise ValueError(f"shapes {q.shape}/{k.shape} do not fit {cfg.name}")
     q64, k64, v64 = (_as_compute(t, cfg.dtype, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
     scale = _default_scale(d, softmax_scale)
+    mods = _mods(cfg, hq, window, softcap, sinks)
     S = max(int(num_splits), 1)
     tpt, ng = tiles_per_task(cfg), cfg.head_groups
     units = -(-sq // (tpt * cfg.seq_q_per_tile))
@@ -442,15 +500,16 @@ def simulate_kvcache(pipe_or_cfg, q, k_cache, v_cache, cache_seqlens, page_table
     for t in range(B * hkv * ng * units * S):
         split, m, b, hg = kvcache_task(t, S, units, hkv * ng)
         kl = kvcache_k_len(int(np.asarray(cache_seqlens)[b]), capacity)
-        info = BlockInfo.of(m, tpt * cfg.seq_q_per_tile, sq, kl, cfg.causal, split, S)
+        info = unit_info(cfg, m, sq, kl, mods[0], split, S)
         tasks.append(Task(b, hg // ng, m, info.n, hg % ng, k_len=kl, split=split, block_lo=info.lo))
-    data = (NumpyData if pipe.arch == "sm_100a" else NumpyDataSm90)(pipe, q64, k64, v64, scale, tasks)
+    data = (NumpyData if pipe.arch == "sm_100a" else NumpyDataSm90)(pipe, q64, k64, v64, scale, tasks, mods)
     R = B * sq * hq
     data.o_partial = np.full((S, R, d), np.nan, np.float32)
     data.lse_partial = np.full((S, R), np.nan, np.float32)
     findings = _run_ctas(pipe, data, tasks, num_ctas, seed, priority, split_kv=S > 1)
     if S == 1:
         return KvSimResult(data.o, data.lse, None, None, findings)
-    o, lse = combine_partials(data.o_partial, data.lse_partial)
+    sink = None if mods[2] is None else np.tile(mods[2], B * sq)  # row r = (b * Sq + seq) * Hq + head
+    o, lse = combine_partials(data.o_partial, data.lse_partial, sink)
     o = round_to_dtype(o, cfg.dtype).reshape(B, sq, hq, d)
     return KvSimResult(o, lse.reshape(B, sq, hq).transpose(0, 2, 1), data.o_partial, data.lse_partial, findings)

@@ -65,6 +65,8 @@ def _tma_box(cta, w, ins, rank, tmap_addr, coord_readers, smem_addr, lane, what)
     if tm.rank != rank:
         raise Fault("TMAP", f"{rank}d copy through the rank-{tm.rank} map {name}", line=ins.line, warp=w.wid)
     coords = tuple(int(_bcast(c(w))[lane]) for c in coord_readers)
+    if what == "load" and cta.emu.tma_loads is not None:
+        cta.emu.tma_loads.append((name, coords))
     goff, valid, phys = _unit(lambda: units.tma_box_plan(tm, coords, smem_addr), ins, w)
     cta.smem_check(phys, tm.esize, ins.line, w.wid, f"TMA {what} SMEM side")
     base, buf, gname = _gmem_for(cta, tm, ins, w)

@@ -250,7 +250,7 @@ def softcap_score_err(softcap: float, tanh_rel_err: float = 2.0 ** -24) -> float
     - the argument carries 2 roundings (softcap_in, the product): relative 2^-23, moving t by at
       most max_a(a sech^2 a) 2^-23 = 0.45 * 2^-23;
     - tanh itself: |t| tanh_rel_err <= tanh_rel_err (2^-24: the emulator's and the model's
-      correctly rounded tanh; reference.TANH_APPROX_MAX_REL_ERR, about 2^-11, for hardware);
+      correctly rounded tanh; reference.TANH_APPROX_MAX_REL_ERR, 2^-11, for hardware);
     - scale_log2 = fp32(softcap log2 e): relative 2^-24 of |t| softcap.
     Times softcap (the scaled score is softcap * t). The raw score's own fp32 error is not
     amplified: d/dx softcap tanh(x scale / softcap) <= scale."""

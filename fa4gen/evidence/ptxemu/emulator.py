@@ -115,6 +115,7 @@ class Emulator:
         self.gwriter: dict = {}  # allocation name -> int32 writer id per byte
         self.gwrites: dict = {}  # allocation name -> writes per byte (an output is written once)
         self.gcta: dict = {}
+        self.tma_loads: list | None = None  # a list: every TMA load's (tensor-map parameter, coordinates) appended
         if mod.maxntid is not None and nthreads > mod.maxntid:
             raise Fault("LAUNCH", f"{nthreads} threads per CTA exceed .maxntid {mod.maxntid}")
 

@@ -178,7 +178,7 @@ def lg2_approx(x, flush=True):
 def tanh_approx(x):
     """tanh.approx.f32 (sm_75+): the correctly rounded fp32 tanh of the fp32 input (tanh(+-inf) =
     +-1, NaN stays NaN, subnormals kept). The hardware's MUFU.TANH is within a relative error of
-    about 2^-11 (reference.TANH_APPROX_MAX_REL_ERR; measured 1.1e-5): the emulator, like
+    2^-11 (reference.TANH_APPROX_MAX_REL_ERR, the PTX ISA's bound; measured 1.1e-5): the emulator, like
     reference.tanh_approx_f32, is not bit-exact to it, so a kernel judged here is judged on its
     use of tanh, not on the unit's error (the GPU tests take that bound)."""
     with _ignore(invalid="ignore"):

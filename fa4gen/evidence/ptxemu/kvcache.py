@@ -339,7 +339,9 @@ def _written(emu, name: str, size: int) -> np.ndarray:
 
 def run_kvcache_once(mods: dict, man: dict, shape: KvShape, seed: int, *, ctas: int = 2,
                      step_limit: int = 30_000_000, progress=None, inputs: KvInputs | None = None,
-                     delays=None, options: dict | None = None):
+                     delays=None, options: dict | None = None, tma_loads: list | None = None):
+    """One decode launch (fa4_fwd, then fa4_combine when split) judged against the reference;
+    tma_loads: a list that gets fa4_fwd's TMA loads, (tensor-map parameter, coordinates) each."""
     cfg = man["config"]
     ps = int(man["kvcache"].get("page_size", 0))
     inp = inputs or make_kv_inputs(shape, cfg["dtype"], int(cfg["head_dim"]), ps, seed, huge=bool(cfg.get("softcap")))
@@ -357,6 +359,7 @@ def run_kvcache_once(mods: dict, man: dict, shape: KvShape, seed: int, *, ctas: 
                        barrier_names=_barrier_names(man), delays=delays,
                        options=dict({"role_regs": role_budgets(man)}, **(options or {})))
         emu.param_sizes = launch.fwd_sizes
+        emu.tma_loads = tma_loads
         emu.run(step_limit, progress=progress)
         res.warp_instructions = emu.total_steps
         findings = [(stage, f) for f in emu.findings]
