@@ -82,6 +82,10 @@ def distinct_ids(ids: np.ndarray) -> list:
 
 # ---- knowledge (vector clocks) ------------------------------------------------------------------
 def _join(dst: dict, src: dict) -> None:
+    """dst[k] = max(dst[k], src[k]) over src's keys (a missing key is below every value: values are >= 0)."""
+    if not dst:  # a fresh accumulator (a phase's first arrival): the join is a copy
+        dst.update(src)
+        return
     get = dst.get  # bound once: joins of whole clocks run per arrival and barrier
     for k, v in src.items():
         if get(k, -1) < v:
@@ -354,7 +358,8 @@ class CTA:
             b.pending = b.count
             b.version += 1
 
-    def mbar_arrive(self, b: MBar, n: int, know: dict, line, warp, tx: int = 0):
+    def mbar_arrive(self, b: MBar, n: int, know: dict, line, warp, tx: int = 0, join: bool = True):
+        """join=False: `know` was joined into b.acc already (an earlier lane of the same arrive)."""
         b.tx += tx
         if abs(b.tx) >= 1 << 20:
             raise Fault("TX_COUNT", f"tx-count of {b.name} out of range ({b.tx})", line=line, warp=warp, addr=b.addr)
@@ -362,7 +367,8 @@ class CTA:
             raise Fault("ARRIVAL_OVERFLOW", f"{n} arrival(s) on {b.name} with only {b.pending} outstanding "
                                             f"in phase {b.phase} (count {b.count})", line=line, warp=warp, addr=b.addr)
         b.pending -= n
-        _join(b.acc, know)
+        if join:
+            _join(b.acc, know)
         self.mbar_complete_check(b)
 
     def mbar_complete_tx(self, b: MBar, nbytes: int, know: dict, line, warp):

@@ -727,12 +727,21 @@ def compile_mbarrier(ctx, ins, parts):
             addrs = ar(w)[lanes]
             w.release_epoch()
             ex = _bcast(extra(w))[lanes] if extra is not None else None
+            # Lane by lane (each lane is an arrival). The lanes of a warp mostly name one barrier: its
+            # lookup is done once, and the warp's knowledge (unchanged during the instruction) is joined
+            # once into each accumulator it reaches (joining it again would change nothing).
+            last_a, b, joined = None, None, None
             for i, a in enumerate(addrs):
-                b = cta.mbar_at(int(a), ins.line, w.wid, w.know)
+                a = int(a)
+                if a != last_a:
+                    b, last_a = cta.mbar_at(a, ins.line, w.wid, w.know), a
+                acc = b.acc
                 if expect:
-                    cta.mbar_arrive(b, 1, w.know, ins.line, w.wid, tx=int(ex[i]))
+                    cta.mbar_arrive(b, 1, w.know, ins.line, w.wid, tx=int(ex[i]), join=acc is not joined)
                 else:
-                    cta.mbar_arrive(b, int(ex[i]) if ex is not None else 1, w.know, ins.line, w.wid)
+                    cta.mbar_arrive(b, int(ex[i]) if ex is not None else 1, w.know, ins.line, w.wid,
+                                    join=acc is not joined)
+                joined = acc
         return fn
     if op in ("try_wait", "test_wait") and "parity" in parts:
         dp = writer(ctx, ops_[0], "pred", ins)
@@ -746,13 +755,19 @@ def compile_mbarrier(ctx, ins, parts):
             pv = _bcast(par(w))[lanes]
             res = np.zeros(WARP, bool)
             blocked_on = None
+            # the lanes mostly wait on one barrier: looked up once, its released knowledge joined once
+            # (the barrier does not change during the instruction; a second join would change nothing)
+            last_a, b, joined = None, None, None
             for i, (a, p) in enumerate(zip(addrs, pv)):
-                b = cta.mbar_at(int(a), ins.line, w.wid, w.know)
+                a = int(a)
+                if a != last_a:
+                    b, last_a = cta.mbar_at(a, ins.line, w.wid, w.know), a
                 ok = (b.phase & 1) != (int(p) & 1)
                 res[lanes[i]] = ok
                 if ok:
-                    if b.phase >= 1:
+                    if b.phase >= 1 and b.know is not joined:
                         _join(w.know, b.know)
+                        joined = b.know
                 else:
                     blocked_on = b
             dp(w, res, m)
