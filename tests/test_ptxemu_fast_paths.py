@@ -135,6 +135,24 @@ def test_add_and_fma_fast_path_round_like_two_sum(flush):
     assert not np.array_equal(got, naive)
 
 
+def test_ex2_ftz_flushes_the_result_only_where_the_definition_can_differ():
+    """ex2.approx.ftz by its definition (flush the input, 2^x rounded to f32, flush the result) against
+    fp.ex2_approx, which skips the input flush (2^x of a subnormal x is 1.0, as 2^0 is) and flushes the
+    result only when some x < -126: every subnormal magnitude step, both signs, the -126 and -150 edges."""
+    tiny = (np.arange(1, 1 << 23, 997, dtype=np.uint32) | np.uint32(1)).view(np.float32)
+    edges = np.array([0.0, -0.0, -126.0, -126.5, -149.0, -149.5, -150.0, -151.0, -np.inf, np.inf, np.nan, 1.5,
+                      np.nextafter(np.float32(-126), np.float32(0)), np.nextafter(np.float32(-126), np.float32(-1e9))],
+                     np.float32)
+    low = np.linspace(-151, -125, 2001, dtype=np.float32)  # results below f32's normal range
+    x = np.concatenate([tiny, -tiny, edges, low, np.linspace(-125, 10, 2001, dtype=np.float32)])
+    with np.errstate(all="ignore"):
+        want = fp.ftz(np.exp2(fp.ftz(x).astype(np.float64)).astype(np.float32))
+        assert np.array_equal(_bits(fp.ex2_approx(x, True)), _bits(want))
+        assert np.array_equal(_bits(fp.ex2_approx(low, True)), _bits(fp.ftz(np.exp2(low.astype(np.float64)).astype(np.float32))))
+        assert np.array_equal(_bits(fp.ex2_approx(x, False)), _bits(np.exp2(x.astype(np.float64)).astype(np.float32)))
+        assert np.count_nonzero(fp.ex2_approx(low, False) != fp.ex2_approx(low, True)) > 1000  # the flush acts there
+
+
 def test_helpers_silence_their_own_warnings_outside_an_emulation():
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -102,16 +102,16 @@ def ftz(x: np.ndarray) -> np.ndarray:
 
 
 def add(a, b, mode="rn", flush=False):
-    a64, b64 = np.asarray(a, F32).astype(F64), np.asarray(b, F32).astype(F64)  # exact
+    a32, b32 = np.asarray(a, F32), np.asarray(b, F32)
     if flush:
-        a64, b64 = ftz(a64.astype(F32)).astype(F64), ftz(b64.astype(F32)).astype(F64)
+        a32, b32 = ftz(a32), ftz(b32)
     if mode == "rn":
         with _ignore(invalid="ignore"):
-            s = a64 + b64  # two_sum's s
+            s = np.add(a32, b32, dtype=F64)  # two_sum's s (the operands widened exactly by the ufunc)
         if _no_tie(s):
             r = np.asarray(s, F64).astype(F32)
             return ftz(r) if flush else r
-    s, e = two_sum(a64, b64)
+    s, e = two_sum(a32.astype(F64), b32.astype(F64))  # exact
     r = round_pair(s, e, mode)
     return ftz(r) if flush else r
 
@@ -133,14 +133,13 @@ def fma(a, b, c, mode="rn", flush=False):
     if flush:
         a32, b32, c32 = ftz(a32), ftz(b32), ftz(c32)
     with _ignore(over="ignore", invalid="ignore"):
-        p = a32.astype(F64) * b32.astype(F64)  # exact: 48 significant bits
-        c64 = c32.astype(F64)
+        p = np.multiply(a32, b32, dtype=F64)  # exact: 48 significant bits (operands widened by the ufunc)
         if mode == "rn":
-            s = p + c64  # two_sum's s
+            s = np.add(p, c32, dtype=F64)  # two_sum's s
             if _no_tie(s):
                 r = np.asarray(s, F64).astype(F32)
                 return ftz(r) if flush else r
-        s, e = two_sum(p, c64)
+        s, e = two_sum(p, c32.astype(F64))
         r = round_pair(s, e, mode)
     return ftz(r) if flush else r
 
@@ -162,10 +161,15 @@ def div(a, b, mode="rn", flush=False):
 
 
 def ex2_approx(x, flush=True):
-    x32 = ftz(np.asarray(x, F32)) if flush else np.asarray(x, F32)
+    """2^x rounded to f32; flush (.ftz): subnormal inputs and results are flushed to zero. A flushed
+    input changes nothing: 2^x of every subnormal x (either sign) is 1.0, as 2^0 is, so only the result
+    is flushed, and only when some x < -126 (2^x >= 2^-126, the smallest normal, otherwise)."""
+    x32 = np.asarray(x, F32)
     with _ignore(over="ignore", under="ignore"):
         r = np.exp2(x32.astype(F64)).astype(F32)
-    return ftz(r) if flush else r
+    if flush and _cnz(x32 < -126):
+        r = ftz(r)
+    return r
 
 
 def lg2_approx(x, flush=True):

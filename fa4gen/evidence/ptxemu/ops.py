@@ -123,12 +123,13 @@ def writer(ctx: Ctx, o, t: str, ins):
     if _WIDTH[rt] != _WIDTH.get(t, -1):
         raise unsupported(ins, f"register {name} is .{rt}, the instruction writes .{t}")
     dt = _DT[t]
+    ddt = np.dtype(dt)  # the dtype object of a lane vector of type t (compared by identity: ~4x cheaper)
     sdt = _STORE[_WIDTH[rt]]
 
     same = dt is sdt
 
     def store(w, v, m):
-        if type(v) is not np.ndarray or v.dtype != dt or v.shape != _LANES:  # else: a lane vector already
+        if type(v) is not np.ndarray or v.dtype is not ddt or v.shape != _LANES:  # else: a lane vector already
             v = np.asarray(v, dtype=dt)
             if v.shape != _LANES:
                 v = np.full(WARP, v, dt)
