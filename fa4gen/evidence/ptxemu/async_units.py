@@ -18,6 +18,7 @@ from .parse import Addr, Reg, TmaAddr, Vec
 from .units import UnitError
 
 _U32, _F32, _U64 = np.uint32, np.float32, np.uint64
+_F32DT = np.dtype(_F32)
 _cnz = np.count_nonzero
 DEFAULT_MMA_MODEL = (16, 2, "rz")  # see mma_accumulate: fitted to the H200 (bench/emu_crosscheck/README.md)
 
@@ -601,7 +602,8 @@ def compile_wgmma(ctx, ins, parts):
     emu = ctx.emu
     if op == "fence":
         def fn(w, m):
-            w.wg_fence = {k: id(v) for k, v in w.regs.items()}
+            # the registers' vectors as of the fence (held, so compared by identity: writes replace them)
+            w.wg_fence = dict(w.regs)
         return fn
     if op == "commit_group":
         def fn(w, m):
@@ -684,7 +686,7 @@ def compile_wgmma(ctx, ins, parts):
         wg, wi = divmod(w.wid, 4)
         fence = w.wg_fence or {}
         for r in dnames + anames:
-            if fence.get(r) != id(w.regs[r]):
+            if fence.get(r) is not w.regs[r]:
                 raise Fault("WGMMA_FENCE", f"wgmma uses {r}, written after the last wgmma.fence of warp {w.wid}",
                             line=ins.line, warp=w.wid, text=ins.text)
         bv = _uniform(_bcast(b_r(w)).astype(np.uint64), np.arange(WARP), "B descriptor", ins, w)
@@ -755,19 +757,21 @@ def compile_wgmma(ctx, ins, parts):
                 D_old = np.zeros((64, N), np.float32)
                 for wi_, c in cs.items():
                     rows, cols = d_idx[wi_]
-                    D_old[rows, cols] = np.stack([np.asarray(c["warp"].regs[n]).view(np.float32) for n in dnames])
+                    regs = c["warp"].regs
+                    D_old[rows, cols] = np.stack([v if v.dtype is _F32DT else v.view(np.float32)
+                                                  for v in (regs[n] for n in dnames)])
             with np.errstate(over="ignore", invalid="ignore"):
                 D = mma_accumulate(A, B, D_old, cta.emu.options.get("mma_model", DEFAULT_MMA_MODEL))
             for wi_, c in cs.items():
                 ww = c["warp"]
                 rows, cols = d_idx[wi_]
-                u32 = D[rows, cols].view(np.uint32)  # a fresh array: its rows are the registers' new values
+                f32 = D[rows, cols]  # a fresh array: its rows are the registers' new values (f32 vectors)
                 fence_ = ww.wg_fence
                 for j, n in enumerate(dnames):
-                    arr = u32[j]
+                    arr = f32[j]
                     ww.regs[n] = arr
                     if fence_ is not None:
-                        fence_[n] = id(arr)
+                        fence_[n] = arr
             pend["done"] = True
         cta.at(t, execute, ("wgmma.mma_async", ins.line, w.wid))
         return None

@@ -168,7 +168,7 @@ class Warp:
         self.wg_groups: list = []
         self.wg_open: list = []
         self.wg_seq = 0
-        self.wg_fence: dict | None = None  # reg -> array id at the last wgmma.fence (None: none yet)
+        self.wg_fence: dict | None = None  # reg -> its vector at the last wgmma.fence (None: none yet)
         self.regbudget = None
         lane = np.arange(WARP, dtype=np.uint32)
         self.sregs = {
