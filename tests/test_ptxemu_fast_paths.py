@@ -153,6 +153,27 @@ def test_ex2_ftz_flushes_the_result_only_where_the_definition_can_differ():
         assert np.count_nonzero(fp.ex2_approx(low, False) != fp.ex2_approx(low, True)) > 1000  # the flush acts there
 
 
+def test_round_toward_zero_by_truncation_is_the_general_rounding(monkeypatch):
+    """round_pair(s, None, "rz") truncates the float64 significand where the result is an f32 (the
+    MMA model's final rounding); against the general path on every range: f32 normals, subnormals,
+    below the smallest subnormal, past FLT_MAX, zeros, infinities, NaN."""
+    rng = np.random.default_rng(11)
+    edge = [0.0, -0.0, np.inf, -np.inf, 2.0 ** -126, 2.0 ** -149, 2.0 ** -150, 3.4028234663852886e38, 2.0 ** 128]
+    arrays = [rng.standard_normal(20000) * 10.0 ** rng.uniform(-46, 39, 20000), rng.standard_normal(500) * 1e3,
+              np.array(edge + [-x for x in edge]), np.array([1.5, np.nan]), np.array([np.inf, 5e-324, -5e-324])]  # the last: +-0
+    fast = [fp.round_pair(x, None, "rz") for x in arrays]
+    assert [fp._trunc_f32(x) is not None for x in arrays] == [False, True, False, False, True]
+    monkeypatch.setattr(fp, "_trunc_f32", lambda s: None)
+    for x, got in zip(arrays, fast):
+        with np.errstate(all="ignore"):
+            assert np.array_equal(_bits(got), _bits(fp.round_pair(x, None, "rz")))
+    x = arrays[0]
+    ok = np.abs(x) >= 2.0 ** -126  # the f32 normals (and past FLT_MAX: those take the general path)
+    ok &= np.abs(x) < 2.0 ** 128
+    got = fp.round_pair(x[ok], None, "rz")
+    assert np.array_equal(_bits(got), _bits(fast[0][ok])) and np.count_nonzero(x[ok] != got) > 10000
+
+
 def test_helpers_silence_their_own_warnings_outside_an_emulation():
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -64,6 +64,10 @@ def two_sum(a: np.ndarray, b: np.ndarray):
 
 def round_pair(s: np.ndarray, err, mode: str = "rn") -> np.ndarray:
     """Round the exact value s + err (float64 arrays, |err| <= ulp(s)/2) to f32 in `mode`."""
+    if mode == "rz" and err is None:
+        f = _trunc_f32(s)
+        if f is not None:
+            return f
     with _ignore(over="ignore", invalid="ignore"):
         if mode == "rn":
             if err is not None:
@@ -91,6 +95,24 @@ def round_pair(s: np.ndarray, err, mode: str = "rn") -> np.ndarray:
         if _cnz(up):
             f = np.where(up, np.nextafter(f, F32(np.inf)), f)
         return f
+
+
+_LOW29 = np.uint64(~((1 << 29) - 1) & ((1 << 64) - 1))  # clears the 29 significand bits f32 lacks
+
+
+def _trunc_f32(s) -> np.ndarray | None:
+    """s (float64) rounded toward zero to f32 by dropping the 29 low significand bits, where that is
+    the rounding: when every truncated value is an f32 (converts exactly; always so in f32's normal
+    range, whose grid is the 24-bit one, and no f32 lies between it and s on the coarser grids below).
+    None otherwise (NaN, values it cannot hold): round_pair's general path. The MMA model's final
+    rounding, ~20x faster than the general path."""
+    s = np.asarray(s, F64)
+    t = (s.view(_U64) & _LOW29).view(F64)
+    with _ignore(over="ignore"):
+        f = t.astype(F32)
+    if _cnz(f == t) != t.size or _cnz(s != s):  # a value that did not convert exactly, or a NaN
+        return None
+    return f
 
 
 def ftz(x: np.ndarray) -> np.ndarray:
