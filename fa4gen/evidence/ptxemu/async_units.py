@@ -537,7 +537,7 @@ def mma_accumulate(A: np.ndarray, B: np.ndarray, old: np.ndarray | None, model: 
             nonzero = (a32[k0:k0 + G] != 0).T.astype(np.float32) @ (b32[k0:k0 + G] != 0).astype(np.float32)
             if _cnz(nonzero[zero]):
                 return _mma_accumulate_f64(A, B, old, model)
-        inv_q = np.ldexp(1.0, sh)
+        inv_q = ((sh.astype(np.int64) + 1023) << 52).view(np.float64)  # 2^sh by its bits (sh in [-126, 125])
         q = 1.0 / inv_q
         part *= inv_q.astype(np.float32)  # exact: a power of two, the result below 2^(24 + E)
         np.trunc(part, out=part)
@@ -679,7 +679,11 @@ def compile_wgmma(ctx, ins, parts):
             raise unsupported(ins, "imm-scale must be 1 or -1")
     lo, hi = emu.delays["wgmma"]
     d_idx = [units.wgmma_d_index(N, i) for i in range(4)]
-    a_idx = [units.wgmma_a_index(i) for i in range(4)]
+    # RS form: A's (row, k) of every warp's register j, half h, lane l as [4, 4, 2, 32] index arrays
+    # (each of the 64 x 16 elements once: the four warps' fragments are assembled in one assignment)
+    a_rows = np.stack([units.wgmma_a_index(i)[0] for i in range(4)])
+    a_ks = np.stack([units.wgmma_a_index(i)[1] for i in range(4)])
+    assert len(set(zip(a_rows.reshape(-1).tolist(), a_ks.reshape(-1).tolist()))) == 64 * 16
 
     def fn(w, m):
         cta = w.cta
@@ -739,12 +743,9 @@ def compile_wgmma(ctx, ins, parts):
             B = conv(cta.smem.view(np.uint16)[b_addr // 2]).astype(np.float64) * isb
             if rs_form:
                 A = np.zeros((64, 16), np.float64)
-                for wi_, c in cs.items():
-                    rows, ks = a_idx[wi_]
-                    for j in range(4):
-                        v = c["aregs"][j].astype(np.uint32)
-                        A[rows[j, 0], ks[j, 0]] = conv((v & 0xFFFF).astype(np.uint16))
-                        A[rows[j, 1], ks[j, 1]] = conv((v >> 16).astype(np.uint16))
+                regs = np.array([cs[wi_]["aregs"][j] for wi_ in range(4) for j in range(4)], np.uint32)
+                halves = regs.view(np.uint16).reshape(4, 4, WARP, 2).transpose(0, 1, 3, 2)  # (low, high)
+                A[a_rows, a_ks] = conv(halves)
             else:
                 cta.check_guards(cta.sguard[a_addr], know, f"wgmma (PTX line {ins.line}) A operand", async_proxy=True,
                                  own=None, line=ins.line, warp=w.wid, addrs=a_addr)
@@ -758,7 +759,7 @@ def compile_wgmma(ctx, ins, parts):
                 for wi_, c in cs.items():
                     rows, cols = d_idx[wi_]
                     regs = c["warp"].regs
-                    D_old[rows, cols] = np.stack([v if v.dtype is _F32DT else v.view(np.float32)
+                    D_old[rows, cols] = np.array([v if v.dtype is _F32DT else v.view(np.float32)
                                                   for v in (regs[n] for n in dnames)])
             with np.errstate(over="ignore", invalid="ignore"):
                 D = mma_accumulate(A, B, D_old, cta.emu.options.get("mma_model", DEFAULT_MMA_MODEL))
