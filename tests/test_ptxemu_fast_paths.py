@@ -135,6 +135,45 @@ def test_add_and_fma_fast_path_round_like_two_sum(flush):
     assert not np.array_equal(got, naive)
 
 
+def test_ex2_ftz_flushes_the_result_only_where_the_definition_can_differ():
+    """ex2.approx.ftz by its definition (flush the input, 2^x rounded to f32, flush the result) against
+    fp.ex2_approx, which skips the input flush (2^x of a subnormal x is 1.0, as 2^0 is) and flushes the
+    result only when some x < -126: every subnormal magnitude step, both signs, the -126 and -150 edges."""
+    tiny = (np.arange(1, 1 << 23, 997, dtype=np.uint32) | np.uint32(1)).view(np.float32)
+    edges = np.array([0.0, -0.0, -126.0, -126.5, -149.0, -149.5, -150.0, -151.0, -np.inf, np.inf, np.nan, 1.5,
+                      np.nextafter(np.float32(-126), np.float32(0)), np.nextafter(np.float32(-126), np.float32(-1e9))],
+                     np.float32)
+    low = np.linspace(-151, -125, 2001, dtype=np.float32)  # results below f32's normal range
+    x = np.concatenate([tiny, -tiny, edges, low, np.linspace(-125, 10, 2001, dtype=np.float32)])
+    with np.errstate(all="ignore"):
+        want = fp.ftz(np.exp2(fp.ftz(x).astype(np.float64)).astype(np.float32))
+        assert np.array_equal(_bits(fp.ex2_approx(x, True)), _bits(want))
+        assert np.array_equal(_bits(fp.ex2_approx(low, True)), _bits(fp.ftz(np.exp2(low.astype(np.float64)).astype(np.float32))))
+        assert np.array_equal(_bits(fp.ex2_approx(x, False)), _bits(np.exp2(x.astype(np.float64)).astype(np.float32)))
+        assert np.count_nonzero(fp.ex2_approx(low, False) != fp.ex2_approx(low, True)) > 1000  # the flush acts there
+
+
+def test_round_toward_zero_by_truncation_is_the_general_rounding(monkeypatch):
+    """round_pair(s, None, "rz") truncates the float64 significand where the result is an f32 (the
+    MMA model's final rounding); against the general path on every range: f32 normals, subnormals,
+    below the smallest subnormal, past FLT_MAX, zeros, infinities, NaN."""
+    rng = np.random.default_rng(11)
+    edge = [0.0, -0.0, np.inf, -np.inf, 2.0 ** -126, 2.0 ** -149, 2.0 ** -150, 3.4028234663852886e38, 2.0 ** 128]
+    arrays = [rng.standard_normal(20000) * 10.0 ** rng.uniform(-46, 39, 20000), rng.standard_normal(500) * 1e3,
+              np.array(edge + [-x for x in edge]), np.array([1.5, np.nan]), np.array([np.inf, 5e-324, -5e-324])]  # the last: +-0
+    fast = [fp.round_pair(x, None, "rz") for x in arrays]
+    assert [fp._trunc_f32(x) is not None for x in arrays] == [False, True, False, False, True]
+    monkeypatch.setattr(fp, "_trunc_f32", lambda s: None)
+    for x, got in zip(arrays, fast):
+        with np.errstate(all="ignore"):
+            assert np.array_equal(_bits(got), _bits(fp.round_pair(x, None, "rz")))
+    x = arrays[0]
+    ok = np.abs(x) >= 2.0 ** -126  # the f32 normals (and past FLT_MAX: those take the general path)
+    ok &= np.abs(x) < 2.0 ** 128
+    got = fp.round_pair(x[ok], None, "rz")
+    assert np.array_equal(_bits(got), _bits(fast[0][ok])) and np.count_nonzero(x[ok] != got) > 10000
+
+
 def test_helpers_silence_their_own_warnings_outside_an_emulation():
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -18,6 +18,7 @@ from .parse import Addr, Reg, TmaAddr, Vec
 from .units import UnitError
 
 _U32, _F32, _U64 = np.uint32, np.float32, np.uint64
+_F32DT = np.dtype(_F32)
 _cnz = np.count_nonzero
 DEFAULT_MMA_MODEL = (16, 2, "rz")  # see mma_accumulate: fitted to the H200 (bench/emu_crosscheck/README.md)
 
@@ -538,7 +539,7 @@ def mma_accumulate(A: np.ndarray, B: np.ndarray, old: np.ndarray | None, model: 
             nonzero = (a32[k0:k0 + G] != 0).T.astype(np.float32) @ (b32[k0:k0 + G] != 0).astype(np.float32)
             if _cnz(nonzero[zero]):
                 return _mma_accumulate_f64(A, B, old, model)
-        inv_q = np.ldexp(1.0, sh)
+        inv_q = ((sh.astype(np.int64) + 1023) << 52).view(np.float64)  # 2^sh by its bits (sh in [-126, 125])
         q = 1.0 / inv_q
         part *= inv_q.astype(np.float32)  # exact: a power of two, the result below 2^(24 + E)
         np.trunc(part, out=part)
@@ -603,7 +604,8 @@ def compile_wgmma(ctx, ins, parts):
     emu = ctx.emu
     if op == "fence":
         def fn(w, m):
-            w.wg_fence = {k: id(v) for k, v in w.regs.items()}
+            # the registers' vectors as of the fence (held, so compared by identity: writes replace them)
+            w.wg_fence = dict(w.regs)
         return fn
     if op == "commit_group":
         def fn(w, m):
@@ -679,14 +681,18 @@ def compile_wgmma(ctx, ins, parts):
             raise unsupported(ins, "imm-scale must be 1 or -1")
     lo, hi = emu.delays["wgmma"]
     d_idx = [units.wgmma_d_index(N, i) for i in range(4)]
-    a_idx = [units.wgmma_a_index(i) for i in range(4)]
+    # RS form: A's (row, k) of every warp's register j, half h, lane l as [4, 4, 2, 32] index arrays
+    # (each of the 64 x 16 elements once: the four warps' fragments are assembled in one assignment)
+    a_rows = np.stack([units.wgmma_a_index(i)[0] for i in range(4)])
+    a_ks = np.stack([units.wgmma_a_index(i)[1] for i in range(4)])
+    assert len(set(zip(a_rows.reshape(-1).tolist(), a_ks.reshape(-1).tolist()))) == 64 * 16
 
     def fn(w, m):
         cta = w.cta
         wg, wi = divmod(w.wid, 4)
         fence = w.wg_fence or {}
         for r in dnames + anames:
-            if fence.get(r) != id(w.regs[r]):
+            if fence.get(r) is not w.regs[r]:
                 raise Fault("WGMMA_FENCE", f"wgmma uses {r}, written after the last wgmma.fence of warp {w.wid}",
                             line=ins.line, warp=w.wid, text=ins.text)
         bv = _uniform(_bcast(b_r(w)).astype(np.uint64), np.arange(WARP), "B descriptor", ins, w)
@@ -739,12 +745,9 @@ def compile_wgmma(ctx, ins, parts):
             B = conv(cta.smem.view(np.uint16)[b_addr // 2]).astype(np.float64) * isb
             if rs_form:
                 A = np.zeros((64, 16), np.float64)
-                for wi_, c in cs.items():
-                    rows, ks = a_idx[wi_]
-                    for j in range(4):
-                        v = c["aregs"][j].astype(np.uint32)
-                        A[rows[j, 0], ks[j, 0]] = conv((v & 0xFFFF).astype(np.uint16))
-                        A[rows[j, 1], ks[j, 1]] = conv((v >> 16).astype(np.uint16))
+                regs = np.array([cs[wi_]["aregs"][j] for wi_ in range(4) for j in range(4)], np.uint32)
+                halves = regs.view(np.uint16).reshape(4, 4, WARP, 2).transpose(0, 1, 3, 2)  # (low, high)
+                A[a_rows, a_ks] = conv(halves)
             else:
                 cta.check_guards(cta.sguard[a_addr], know, f"wgmma (PTX line {ins.line}) A operand", async_proxy=True,
                                  own=None, line=ins.line, warp=w.wid, addrs=a_addr)
@@ -757,19 +760,21 @@ def compile_wgmma(ctx, ins, parts):
                 D_old = np.zeros((64, N), np.float32)
                 for wi_, c in cs.items():
                     rows, cols = d_idx[wi_]
-                    D_old[rows, cols] = np.stack([np.asarray(c["warp"].regs[n]).view(np.float32) for n in dnames])
+                    regs = c["warp"].regs
+                    D_old[rows, cols] = np.array([v if v.dtype is _F32DT else v.view(np.float32)
+                                                  for v in (regs[n] for n in dnames)])
             with np.errstate(over="ignore", invalid="ignore"):
                 D = mma_accumulate(A, B, D_old, cta.emu.options.get("mma_model", DEFAULT_MMA_MODEL))
             for wi_, c in cs.items():
                 ww = c["warp"]
                 rows, cols = d_idx[wi_]
-                u32 = D[rows, cols].view(np.uint32)  # a fresh array: its rows are the registers' new values
+                f32 = D[rows, cols]  # a fresh array: its rows are the registers' new values (f32 vectors)
                 fence_ = ww.wg_fence
                 for j, n in enumerate(dnames):
-                    arr = u32[j]
+                    arr = f32[j]
                     ww.regs[n] = arr
                     if fence_ is not None:
-                        fence_[n] = id(arr)
+                        fence_[n] = arr
             pend["done"] = True
         cta.at(t, execute, ("wgmma.mma_async", ins.line, w.wid))
         return None

@@ -39,15 +39,16 @@ def compile_instr(ctx: Ctx, ins) -> Op:
     if ins.guard:
         srcs = srcs + (ins.guard,)
     aligned = "aligned" in parts
+    guard_pred = ins.guard is not None and ctx.mod.regs.get(ins.guard) == ".pred"
     if head == "bra":
         if len(ops_) != 1 or not isinstance(ops_[0], Sym):
             raise unsupported(ins, "bra needs one label")
         tgt = ctx.mod.labels.get(ops_[0].name)
         if tgt is None:
             raise UnsupportedInstruction(f"bra to an undefined label {ops_[0].name} at line {ins.line}")
-        return Op(ins, None, "bra", tgt, uni="uni" in parts, srcs=srcs)
+        return Op(ins, None, "bra", tgt, uni="uni" in parts, srcs=srcs, guard_pred=guard_pred)
     if head in ("ret", "exit"):
-        return Op(ins, None, "ret")
+        return Op(ins, None, "ret", guard_pred=guard_pred)
     if head == "setp":
         fn = compile_setp(ctx, ins, parts)
     elif head == "cvt":
@@ -75,7 +76,7 @@ def compile_instr(ctx: Ctx, ins) -> Op:
         fn = compile_alu(ctx, ins, parts)
     else:
         raise unsupported(ins)
-    return Op(ins, fn, "alu", aligned=aligned, srcs=srcs, dsts=dsts)
+    return Op(ins, fn, "alu", aligned=aligned, srcs=srcs, dsts=dsts, guard_pred=guard_pred)
 
 
 def compile_program(emu) -> list:

@@ -64,6 +64,10 @@ def two_sum(a: np.ndarray, b: np.ndarray):
 
 def round_pair(s: np.ndarray, err, mode: str = "rn") -> np.ndarray:
     """Round the exact value s + err (float64 arrays, |err| <= ulp(s)/2) to f32 in `mode`."""
+    if mode == "rz" and err is None:
+        f = _trunc_f32(s)
+        if f is not None:
+            return f
     with _ignore(over="ignore", invalid="ignore"):
         if mode == "rn":
             if err is not None:
@@ -93,6 +97,24 @@ def round_pair(s: np.ndarray, err, mode: str = "rn") -> np.ndarray:
         return f
 
 
+_LOW29 = np.uint64(~((1 << 29) - 1) & ((1 << 64) - 1))  # clears the 29 significand bits f32 lacks
+
+
+def _trunc_f32(s) -> np.ndarray | None:
+    """s (float64) rounded toward zero to f32 by dropping the 29 low significand bits, where that is
+    the rounding: when every truncated value is an f32 (converts exactly; always so in f32's normal
+    range, whose grid is the 24-bit one, and no f32 lies between it and s on the coarser grids below).
+    None otherwise (NaN, values it cannot hold): round_pair's general path. The MMA model's final
+    rounding, ~20x faster than the general path."""
+    s = np.asarray(s, F64)
+    t = (s.view(_U64) & _LOW29).view(F64)
+    with _ignore(over="ignore"):
+        f = t.astype(F32)
+    if _cnz(f == t) != t.size or _cnz(s != s):  # a value that did not convert exactly, or a NaN
+        return None
+    return f
+
+
 def ftz(x: np.ndarray) -> np.ndarray:
     """Flush f32 subnormals to sign-preserving zero."""
     sub = (np.abs(x) < _F32_MIN_NORMAL) & (x != 0)
@@ -102,16 +124,16 @@ def ftz(x: np.ndarray) -> np.ndarray:
 
 
 def add(a, b, mode="rn", flush=False):
-    a64, b64 = np.asarray(a, F32).astype(F64), np.asarray(b, F32).astype(F64)  # exact
+    a32, b32 = np.asarray(a, F32), np.asarray(b, F32)
     if flush:
-        a64, b64 = ftz(a64.astype(F32)).astype(F64), ftz(b64.astype(F32)).astype(F64)
+        a32, b32 = ftz(a32), ftz(b32)
     if mode == "rn":
         with _ignore(invalid="ignore"):
-            s = a64 + b64  # two_sum's s
+            s = np.add(a32, b32, dtype=F64)  # two_sum's s (the operands widened exactly by the ufunc)
         if _no_tie(s):
             r = np.asarray(s, F64).astype(F32)
             return ftz(r) if flush else r
-    s, e = two_sum(a64, b64)
+    s, e = two_sum(a32.astype(F64), b32.astype(F64))  # exact
     r = round_pair(s, e, mode)
     return ftz(r) if flush else r
 
@@ -133,14 +155,13 @@ def fma(a, b, c, mode="rn", flush=False):
     if flush:
         a32, b32, c32 = ftz(a32), ftz(b32), ftz(c32)
     with _ignore(over="ignore", invalid="ignore"):
-        p = a32.astype(F64) * b32.astype(F64)  # exact: 48 significant bits
-        c64 = c32.astype(F64)
+        p = np.multiply(a32, b32, dtype=F64)  # exact: 48 significant bits (operands widened by the ufunc)
         if mode == "rn":
-            s = p + c64  # two_sum's s
+            s = np.add(p, c32, dtype=F64)  # two_sum's s
             if _no_tie(s):
                 r = np.asarray(s, F64).astype(F32)
                 return ftz(r) if flush else r
-        s, e = two_sum(p, c64)
+        s, e = two_sum(p, c32.astype(F64))
         r = round_pair(s, e, mode)
     return ftz(r) if flush else r
 
@@ -162,10 +183,15 @@ def div(a, b, mode="rn", flush=False):
 
 
 def ex2_approx(x, flush=True):
-    x32 = ftz(np.asarray(x, F32)) if flush else np.asarray(x, F32)
+    """2^x rounded to f32; flush (.ftz): subnormal inputs and results are flushed to zero. A flushed
+    input changes nothing: 2^x of every subnormal x (either sign) is 1.0, as 2^0 is, so only the result
+    is flushed, and only when some x < -126 (2^x >= 2^-126, the smallest normal, otherwise)."""
+    x32 = np.asarray(x, F32)
     with _ignore(over="ignore", under="ignore"):
         r = np.exp2(x32.astype(F64)).astype(F32)
-    return ftz(r) if flush else r
+    if flush and _cnz(x32 < -126):
+        r = ftz(r)
+    return r
 
 
 def lg2_approx(x, flush=True):

@@ -63,6 +63,8 @@ class Fault(Exception):
 # a plain C call (~0.3 us) where ndarray.any()/.all() go through NumPy's Python-level reduction
 # wrappers (~1.5-2.5 us). Same answers on bool lane vectors.
 _cnz = np.count_nonzero
+_NO_LANES = np.zeros(WARP, np.bool_)  # the executing lanes of an instruction no lane executes
+_NO_LANES.flags.writeable = False
 
 
 def distinct_ids(ids: np.ndarray) -> list:
@@ -80,6 +82,10 @@ def distinct_ids(ids: np.ndarray) -> list:
 
 # ---- knowledge (vector clocks) ------------------------------------------------------------------
 def _join(dst: dict, src: dict) -> None:
+    """dst[k] = max(dst[k], src[k]) over src's keys (a missing key is below every value: values are >= 0)."""
+    if not dst:  # a fresh accumulator (a phase's first arrival): the join is a copy
+        dst.update(src)
+        return
     get = dst.get  # bound once: joins of whole clocks run per arrival and barrier
     for k, v in src.items():
         if get(k, -1) < v:
@@ -162,7 +168,7 @@ class Warp:
         self.wg_groups: list = []
         self.wg_open: list = []
         self.wg_seq = 0
-        self.wg_fence: dict | None = None  # reg -> array id at the last wgmma.fence (None: none yet)
+        self.wg_fence: dict | None = None  # reg -> its vector at the last wgmma.fence (None: none yet)
         self.regbudget = None
         lane = np.arange(WARP, dtype=np.uint32)
         self.sregs = {
@@ -204,6 +210,7 @@ class Op:
     aligned: bool = False  # .sync.aligned: every lane of the warp must execute it together
     srcs: tuple = ()
     dsts: tuple = ()
+    guard_pred: bool = False  # the guard is a declared .pred register (its value a bool lane vector)
 
 
 class CTA:
@@ -351,7 +358,8 @@ class CTA:
             b.pending = b.count
             b.version += 1
 
-    def mbar_arrive(self, b: MBar, n: int, know: dict, line, warp, tx: int = 0):
+    def mbar_arrive(self, b: MBar, n: int, know: dict, line, warp, tx: int = 0, join: bool = True):
+        """join=False: `know` was joined into b.acc already (an earlier lane of the same arrive)."""
         b.tx += tx
         if abs(b.tx) >= 1 << 20:
             raise Fault("TX_COUNT", f"tx-count of {b.name} out of range ({b.tx})", line=line, warp=warp, addr=b.addr)
@@ -359,7 +367,8 @@ class CTA:
             raise Fault("ARRIVAL_OVERFLOW", f"{n} arrival(s) on {b.name} with only {b.pending} outstanding "
                                             f"in phase {b.phase} (count {b.count})", line=line, warp=warp, addr=b.addr)
         b.pending -= n
-        _join(b.acc, know)
+        if join:
+            _join(b.acc, know)
         self.mbar_complete_check(b)
 
     def mbar_complete_tx(self, b: MBar, nbytes: int, know: dict, line, warp):
@@ -386,9 +395,11 @@ class CTA:
     def run(self, step_limit: int) -> None:
         rng = self.rng
         warps = self.warps
+        step, runnable = self.step, self.runnable
         exit_checked = False
         while True:
-            ready = [w for w in warps if self.runnable(w)]
+            # runnable(w), inline for the warps that are neither blocked nor done (most of them)
+            ready = [w for w in warps if (w.block is None and not w.done) or runnable(w)]
             if not ready:
                 if self.events and not exit_checked and all(w.done for w in warps):
                     exit_checked = True
@@ -404,7 +415,7 @@ class CTA:
             w = ready[int(rng.integers(len(ready)))] if len(ready) > 1 else ready[0]
             burst = int(rng.integers(1, 64))
             for _ in range(burst):
-                self.step(w)
+                step(w)
                 if w.done or w.block is not None:
                     break
             self.now += burst
@@ -475,9 +486,18 @@ class CTA:
             p = w.regs.get(ins.guard)
             if p is None:
                 raise Fault("REG", f"guard predicate {ins.guard} is not declared", line=ins.line, warp=w.wid)
-            m = act & ~p if ins.guard_neg else act & p
-            n = _cnz(m)
-            full, any_ = n == WARP, n > 0
+            if act_full and op.guard_pred:
+                # every lane executes: the executing lanes are the predicate's own (a bool lane vector),
+                # counted once; a uniform predicate (the common case) needs no mask at all
+                n = _cnz(p)
+                if ins.guard_neg:
+                    n = WARP - n
+                full, any_ = n == WARP, n > 0
+                m = act if full else _NO_LANES if not any_ else (~p if ins.guard_neg else p)
+            else:
+                m = act & ~p if ins.guard_neg else act & p
+                n = _cnz(m)
+                full, any_ = n == WARP, n > 0
         elif act_full:
             m, full, any_ = act, True, True
         else:
@@ -499,7 +519,11 @@ class CTA:
         nxt = pc + 1
         if kind == "alu":
             blk = op.fn(w, None if full else m) if any_ else None
-            self._advance(w, pc, act, nxt)
+            if w.div:  # _advance, inline: the common instruction of a converged warp only moves on
+                w.pcs[act] = nxt
+                CTA._reconverge(w)
+            else:
+                w.pc = nxt
             if blk is not None:
                 w.block = blk
                 if blk.ready():  # completes at once

@@ -73,14 +73,16 @@ def reader(ctx: Ctx, o, t: str, ins):
         rt = ctx.reg_type(name, ins)
         if _WIDTH[rt] != _WIDTH.get(t, -1) and not (t in ("u8", "s8", "b8")):
             raise unsupported(ins, f"register {name} is .{rt}, the instruction reads .{t}")
-        sdt = _STORE[_WIDTH[rt]]
         if neg:
             if t != "pred":
                 raise unsupported(ins, "! on a non-predicate operand")
             return lambda w: ~w.regs[name]
-        if sdt == dt:
-            return lambda w: w.regs[name]
-        return lambda w: w.regs[name].view(dt)
+        ddt = np.dtype(dt)
+
+        def read(w):  # the register's bits as type t: itself when it holds a type-t vector (writer says why)
+            v = w.regs[name]
+            return v if v.dtype is ddt else v.view(dt)
+        return read
     if isinstance(o, Imm):
         c = _const(o.value, t)
         return lambda w: c
@@ -123,21 +125,22 @@ def writer(ctx: Ctx, o, t: str, ins):
     if _WIDTH[rt] != _WIDTH.get(t, -1):
         raise unsupported(ins, f"register {name} is .{rt}, the instruction writes .{t}")
     dt = _DT[t]
-    sdt = _STORE[_WIDTH[rt]]
+    ddt = np.dtype(dt)  # the dtype object of a lane vector of type t (compared by identity: ~4x cheaper)
 
-    same = dt is sdt
-
+    # A register holds the lane vector as it was written, in the writer's type (of the declared width):
+    # an f32 result stays an f32 vector, and the next f32 read takes it as it is. A read in another
+    # type of that width views the same bits (reader), so no view is made per write and per read of
+    # the common case; bits never change (np.where and views copy or share them unchanged).
     def store(w, v, m):
-        if type(v) is not np.ndarray or v.dtype != dt or v.shape != _LANES:  # else: a lane vector already
+        if type(v) is not np.ndarray or v.dtype is not ddt or v.shape != _LANES:  # else: a lane vector already
             v = np.asarray(v, dtype=dt)
             if v.shape != _LANES:
                 v = np.full(WARP, v, dt)
-        if not same:
-            v = v.view(sdt)
         if m is None:
             w.regs[name] = v
         else:
-            w.regs[name] = np.where(m, v, w.regs[name])
+            old = w.regs[name]
+            w.regs[name] = np.where(m, v, old if old.dtype is ddt else old.view(dt))
     return store
 
 
@@ -727,12 +730,21 @@ def compile_mbarrier(ctx, ins, parts):
             addrs = ar(w)[lanes]
             w.release_epoch()
             ex = _bcast(extra(w))[lanes] if extra is not None else None
+            # Lane by lane (each lane is an arrival). The lanes of a warp mostly name one barrier: its
+            # lookup is done once, and the warp's knowledge (unchanged during the instruction) is joined
+            # once into each accumulator it reaches (joining it again would change nothing).
+            last_a, b, joined = None, None, None
             for i, a in enumerate(addrs):
-                b = cta.mbar_at(int(a), ins.line, w.wid, w.know)
+                a = int(a)
+                if a != last_a:
+                    b, last_a = cta.mbar_at(a, ins.line, w.wid, w.know), a
+                acc = b.acc
                 if expect:
-                    cta.mbar_arrive(b, 1, w.know, ins.line, w.wid, tx=int(ex[i]))
+                    cta.mbar_arrive(b, 1, w.know, ins.line, w.wid, tx=int(ex[i]), join=acc is not joined)
                 else:
-                    cta.mbar_arrive(b, int(ex[i]) if ex is not None else 1, w.know, ins.line, w.wid)
+                    cta.mbar_arrive(b, int(ex[i]) if ex is not None else 1, w.know, ins.line, w.wid,
+                                    join=acc is not joined)
+                joined = acc
         return fn
     if op in ("try_wait", "test_wait") and "parity" in parts:
         dp = writer(ctx, ops_[0], "pred", ins)
@@ -746,13 +758,19 @@ def compile_mbarrier(ctx, ins, parts):
             pv = _bcast(par(w))[lanes]
             res = np.zeros(WARP, bool)
             blocked_on = None
+            # the lanes mostly wait on one barrier: looked up once, its released knowledge joined once
+            # (the barrier does not change during the instruction; a second join would change nothing)
+            last_a, b, joined = None, None, None
             for i, (a, p) in enumerate(zip(addrs, pv)):
-                b = cta.mbar_at(int(a), ins.line, w.wid, w.know)
+                a = int(a)
+                if a != last_a:
+                    b, last_a = cta.mbar_at(a, ins.line, w.wid, w.know), a
                 ok = (b.phase & 1) != (int(p) & 1)
                 res[lanes[i]] = ok
                 if ok:
-                    if b.phase >= 1:
+                    if b.phase >= 1 and b.know is not joined:
                         _join(w.know, b.know)
+                        joined = b.know
                 else:
                     blocked_on = b
             dp(w, res, m)
@@ -968,5 +986,6 @@ def compile_fence(ctx, ins, parts):
 
 # ---- dispatch -----------------------------------------------------------------------------------
 def init_registers(mod) -> dict:
-    """Every declared register, zero (shared read-only arrays: writes always replace)."""
+    """Every declared register, zero (shared read-only arrays: writes always replace), as an unsigned
+    vector of its width (a register's vector keeps the type it was last written as: writer)."""
     return {name: _ZERO[_STORE[_WIDTH[t[1:]]]] for name, t in mod.regs.items()}
