@@ -56,11 +56,17 @@ def _smem(cfg: KernelConfig, nq: int, kv: int) -> tuple[tuple[Region, ...], tupl
     return regions, barriers
 
 
+def smem_pipeline(cfg: KernelConfig, nq: int, kv: int) -> Pipeline:
+    """The kernel's regions and barriers with nq Q slots and a kv-deep K/V ring, without roles: what
+    its SMEM layout (ir/layout.py) is computed from."""
+    return Pipeline(cfg, TARGET, 4 * (1 + sm90_consumers(cfg.block_m)), *_smem(cfg, nq, kv), (), 0,
+                    ARCH_LIMITS[TARGET].smem_per_cta)
+
+
 def _fits(cfg: KernelConfig, nq: int, kv: int) -> bool:
     """The layout of the pipeline with these rings (ir/layout.py, the kernel's own) fits the SMEM limit."""
-    limit = ARCH_LIMITS[TARGET].smem_per_cta
-    pipe = Pipeline(cfg, TARGET, 4 * (1 + sm90_consumers(cfg.block_m)), *_smem(cfg, nq, kv), (), 0, limit)
-    return layout_of(pipe).total <= limit
+    pipe = smem_pipeline(cfg, nq, kv)
+    return layout_of(pipe).total <= pipe.smem_limit
 
 
 def sm90_stages(cfg: KernelConfig, kv_cap: int | None = None) -> tuple[int, int]:
