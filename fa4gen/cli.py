@@ -7,10 +7,29 @@ from pathlib import Path
 
 import click
 
-from .spec.config import ConfigError, KernelConfig
+from .spec.config import HEAD_DIM_PAIRS, ConfigError, KernelConfig
 from .spec.plan import ARCH_LIMITS
 
 _ARCH = click.Choice(["sm_100a", "sm_90a"])
+
+
+class HeadDims(click.ParamType):
+    """--head-dim D or D,DV: (head_dim, head_dim_v); DV defaults to D. Which pairs are generated is
+    KernelConfig's to say (spec.config.HEAD_DIM_PAIRS), so this only parses."""
+
+    name = "D[,DV]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        parts = str(value).split(",")
+        try:
+            dims = tuple(int(p) for p in parts)
+        except ValueError:
+            dims = ()
+        if len(dims) not in (1, 2):
+            self.fail(f"{value!r} is not D or D,DV (integers: head_dim, and head_dim_v when v's differs)", param, ctx)
+        return dims if len(dims) == 2 else (dims[0], dims[0])
 
 
 def _config_options(f):
@@ -18,7 +37,10 @@ def _config_options(f):
         click.option("--arch", type=_ARCH, default="sm_100a", show_default=True,
                      help="Target: sm_100a (Blackwell, generated and checked here, not executed) or sm_90a "
                           "(Hopper H100/H200, runs)."),
-        click.option("--head-dim", "head_dim", type=int, default=128, show_default=True, help="Head dimension (64 or 128)."),
+        click.option("--head-dim", "head_dim", type=HeadDims(), default="128", show_default=True,
+                     help="Head dimension D of q and k, or D,DV with v's (and o's) DV. (D, DV) pairs generated: "
+                          + "; ".join(f"{a} " + ", ".join(f"{d},{dv}" if dv != d else str(d) for d, dv in pairs)
+                                      for a, pairs in HEAD_DIM_PAIRS.items()) + "."),
         click.option("--dtype", type=click.Choice(["bf16", "fp16"]), default="bf16", show_default=True),
         click.option("--causal", is_flag=True, help="Bottom-right causal mask with block skipping and LPT order."),
         click.option("--gqa", "gqa", type=int, default=1, show_default=True,
@@ -62,13 +84,14 @@ def _config_options(f):
 
 def _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, varlen=False, kvcache=False,
                  page_size=0, block_m="auto", window=False, softcap=False, sinks=False) -> KernelConfig:
-    kw = dict(arch=arch, head_dim=head_dim, dtype=dtype, causal=causal, gqa_ratio=gqa, varlen=varlen, kvcache=kvcache,
-              page_size=page_size, window=window, softcap=softcap, sinks=sinks)
+    d, dv = head_dim
+    kw = dict(arch=arch, head_dim=d, head_dim_v=dv, dtype=dtype, causal=causal, gqa_ratio=gqa, varlen=varlen,
+              kvcache=kvcache, page_size=page_size, window=window, softcap=softcap, sinks=sinks)
     if block_m != "auto":
         kw["block_m"] = int(block_m)
-    elif head_dim in (64, 128) and isinstance(gqa, int) and gqa >= 1:  # others: KernelConfig says what is wrong
+    elif (d, dv) in HEAD_DIM_PAIRS[arch] and isinstance(gqa, int) and gqa >= 1:  # others: KernelConfig says what is wrong
         from .spec.tiles import q_tile_rows
-        kw["block_m"] = q_tile_rows(arch, head_dim, gqa, varlen, kvcache)
+        kw["block_m"] = q_tile_rows(arch, d, gqa, varlen, kvcache)
     if kv_stages is not None:
         kw["kv_stages"] = kv_stages
     if rescale_threshold is not None:

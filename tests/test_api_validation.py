@@ -86,7 +86,7 @@ def test_rank_must_be_4(shape):
 
 def test_k_v_shape_mismatch():
     q, k, _ = qkv()
-    raises(InputValueError, "k and v must have the same shape", q, k, meta("v", (2, 299, 2, 128)))
+    raises(InputValueError, "k and v must have the same shape but for the last dim", q, k, meta("v", (2, 299, 2, 128)))
 
 
 def test_batch_mismatch():
@@ -101,7 +101,48 @@ def test_head_dim_mismatch():
 
 @pytest.mark.parametrize("d", [32, 96, 192, 256, 0])
 def test_unsupported_head_dim_says_which_are(d):
-    raises(InputValueError, f"head_dim {d} is not supported; fa4gen generates head_dim 64 and 128", *qkv(d=d))
+    planned = r" \(planned: docs/HEAD_DIMS.md\)" if d in (96, 256) else ""
+    raises(InputValueError, rf"^head_dim {d} is not supported{planned}; fa4gen generates \(head_dim, head_dim_v\) "
+                            r"\(64, 64\), \(128, 128\)$", *qkv(d=d))
+
+
+@pytest.mark.parametrize("d,dv", [(128, 64), (64, 128), (192, 128), (128, 96)])
+def test_v_head_dim_other_than_q_is_refused_as_a_head_dim_pair(d, dv):
+    """v's last dim is head_dim_v: a pair fa4gen does not generate is a head-dim error naming the pairs
+    it does, not a shape mismatch."""
+    q, k, _ = qkv(d=d)
+    planned = r" \(planned: docs/HEAD_DIMS.md\)" if (d, dv) == (192, 128) else ""
+    raises(InputValueError, rf"^head_dim {d} with head_dim_v {dv} \(q's and v's last dims\) is not supported{planned}; "
+                            r"fa4gen generates \(head_dim, head_dim_v\) \(64, 64\), \(128, 128\)$",
+           q, k, meta("v", (2, 300, 2, dv)))
+
+
+def test_v_head_dim_is_refused_by_every_entry_point():
+    from fa4gen.runtime.validate import check_kvcache_problem, check_varlen_problem
+
+    msg = r"head_dim 128 with head_dim_v 64 \(q's and v's last dims\) is not supported"
+    cu = meta("cu_seqlens_q", (3,), "int32")
+    with pytest.raises(InputValueError, match=msg):
+        check_varlen_problem(meta("q", (100, 8, 128)), meta("k", (300, 2, 128)), meta("v", (300, 2, 64)), cu,
+                             meta("cu_seqlens_k", (3,), "int32"), 50, 150)
+    with pytest.raises(InputValueError, match=msg):
+        check_kvcache_problem(meta("q", (2, 1, 8, 128)), meta("k", (2, 300, 2, 128)), meta("v", (2, 300, 2, 64)),
+                              meta("cache_seqlens", (2,), "int32"))
+
+
+def test_prebuilt_kernel_compares_head_dim_v():
+    """A prebuilt kernel's (head_dim, head_dim_v) must be the call's, dv included (checked before
+    anything touches the device)."""
+    from fa4gen.runtime.api import PrebuiltKernel
+    from fa4gen.spec.config import KernelConfig
+
+    kernel = PrebuiltKernel(None, {}, KernelConfig(arch="sm_90a", head_dim=128), "k.cubin")
+    p = Problem(batch=1, seqlen_q=8, seqlen_k=8, heads_q=2, heads_kv=2, head_dim=128, dtype="bf16", causal=False,
+                softmax_scale=0.1, return_lse=False, device="cuda:0", head_dim_v=64)
+    assert p.head_dims == (128, 64) and p.out_shape == (1, 8, 2, 64)
+    with pytest.raises(InputValueError, match=r"built for \(head_dim, head_dim_v\) \(128, 128\).* the inputs are "
+                                              r"\(head_dim, head_dim_v\) \(128, 64\)"):
+        kernel._check_fits(None, p, None, None, None)
 
 
 def test_heads_not_multiple():

@@ -130,3 +130,36 @@ def test_build_outputs_are_replaced_atomically(tmp_path, monkeypatch):
     res = codegen.build(cfg, out_dir=tmp_path, emit=("ptx",))
     assert old[".ptx"].read_text() == res.ptx
 
+
+
+# ---- --head-dim D[,DV] (issue 26 groundwork) ---------------------------------------------------------
+@pytest.mark.parametrize("arg,dims", [("128", (128, 128)), ("64", (64, 64)), ("64,64", (64, 64)), ("128,128", (128, 128))])
+def test_head_dim_takes_d_or_d_comma_dv(arg, dims, tmp_path, monkeypatch):
+    seen = []
+
+    def fake_build(cfg, **kw):
+        seen.append(cfg)
+        raise RuntimeError("stop here")
+    monkeypatch.setattr(codegen, "build", fake_build)
+    r = CliRunner().invoke(main, ["build", "--arch", "sm_90a", "--head-dim", arg, "--out", str(tmp_path)])
+    assert r.exit_code == 1 and "stop here" in r.stderr
+    from fa4gen.spec.tiles import q_tile_rows
+
+    assert seen[0].head_dims == dims
+    assert seen[0] == KernelConfig(arch="sm_90a", head_dim=dims[0], block_m=q_tile_rows("sm_90a", dims[0], 1))
+
+
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])
+@pytest.mark.parametrize("arg,field", [("192,128", "head_dim"), ("128,64", "head_dim_v"), ("256", "head_dim")])
+def test_head_dim_pairs_not_generated_are_refused_naming_the_generated_ones(arch, arg, field, monkeypatch):
+    monkeypatch.setattr(codegen, "build", lambda *a, **k: pytest.fail("built a refused config"))
+    err = _one_line_error(CliRunner().invoke(main, ["build", "--arch", arch, "--head-dim", arg]))
+    d, _, dv = arg.partition(",")
+    assert err.startswith(f"fa4gen: error: invalid {field}=")
+    assert f"({d}, {dv or d}) is not generated for {arch}" in err and err.endswith("it generates (64, 64), (128, 128)")
+
+
+@pytest.mark.parametrize("arg", ["12x", "1,2,3", ",128", ""])
+def test_head_dim_that_is_not_d_or_d_comma_dv_is_a_usage_error(arg):
+    r = CliRunner().invoke(main, ["verify", "--head-dim", arg])
+    assert r.exit_code == 2 and "is not D or D,DV" in r.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import pytest
@@ -16,6 +17,10 @@ BAD_VALUES = [
     ("head_dim", 96),
     ("head_dim", 256),
     ("head_dim", True),
+    ("head_dim_v", 64),  # with the default head_dim 128: (128, 64) is no pair fa4gen generates
+    ("head_dim_v", 192),
+    ("head_dim_v", True),
+    ("head_dim_v", 128.0),
     ("causal", 1),
     ("causal", "yes"),
     ("gqa_ratio", 0),
@@ -130,8 +135,10 @@ def test_hash_and_name_change_with_each_field(field):
 
 def test_fixed_fields_have_no_alternative_but_are_hashed():
     # block_m, block_n, q_stages admit one value today; the hash still reads every field
-    # (page_size has alternatives only with kvcache=True: test_kvcache_fields_combine_as_documented)
-    fixed = {f.name for f in dataclasses.fields(KernelConfig)} - set(ALTERNATIVES) - {"page_size"}
+    # (page_size has alternatives only with kvcache=True: test_kvcache_fields_combine_as_documented;
+    # head_dim_v only with a planned pair, and the dict carries it only where it differs from head_dim:
+    # test_head_dim_v_is_in_the_dict_name_and_hash_only_where_it_differs)
+    fixed = {f.name for f in dataclasses.fields(KernelConfig)} - set(ALTERNATIVES) - {"page_size", "head_dim_v"}
     assert fixed == {"block_m", "block_n", "q_stages"}
     assert set(KernelConfig().to_dict()) >= fixed
 
@@ -200,3 +207,56 @@ def test_kvcache_fields_combine_as_documented():
     for ps in (16, 32, 64, 128, 256):
         cfg = KernelConfig(kvcache=True, page_size=ps)
         assert cfg.replace(page_size=0).content_hash != cfg.content_hash
+
+
+# ---- head_dim_v (issue 26 groundwork) --------------------------------------------------------------
+def test_head_dim_v_defaults_to_head_dim_and_changes_nothing_for_dv_equal_d():
+    for arch, d in itertools.product(("sm_100a", "sm_90a"), (64, 128)):
+        cfg = KernelConfig(arch=arch, head_dim=d)
+        same = KernelConfig(arch=arch, head_dim=d, head_dim_v=d)
+        assert cfg.head_dim_v == d and cfg.head_dims == (d, d)
+        assert same == cfg and same.name == cfg.name and same.content_hash == cfg.content_hash
+        assert "head_dim_v" not in cfg.to_dict()  # the manifests' config dict is the one before head_dim_v
+        assert KernelConfig.from_dict(cfg.to_dict()) == cfg == KernelConfig.from_dict(cfg.to_dict() | {"head_dim_v": d})
+    assert KernelConfig(head_dim=64).replace(head_dim=128).head_dims == (128, 128)  # dv follows d
+
+
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])
+@pytest.mark.parametrize("kwargs,field", [({"head_dim": 192, "head_dim_v": 128}, "head_dim"),
+                                          ({"head_dim": 256}, "head_dim"), ({"head_dim": 96}, "head_dim"),
+                                          ({"head_dim": 128, "head_dim_v": 64}, "head_dim_v"),
+                                          ({"head_dim": 64, "head_dim_v": 128}, "head_dim_v")])
+def test_unsupported_head_dim_pairs_name_the_supported_ones(arch, kwargs, field):
+    with pytest.raises(ConfigError) as info:
+        KernelConfig(arch=arch, **kwargs)
+    assert info.value.field == field
+    msg = str(info.value)
+    assert config_module.head_dim_pairs_text(arch) == "(64, 64), (128, 128)" and "(64, 64), (128, 128)" in msg
+    pair = (kwargs["head_dim"], kwargs.get("head_dim_v", kwargs["head_dim"]))
+    assert f"= {pair}" in msg and arch in msg
+    assert ("planned" in msg) == (pair in config_module.HEAD_DIM_PLANNED)
+
+
+def test_head_dim_v_is_in_the_dict_name_and_hash_only_where_it_differs():
+    with config_module.planning_head_dims():
+        deepseek = KernelConfig(head_dim=192, head_dim_v=128)
+        d256 = KernelConfig(head_dim=256)
+    assert deepseek.head_dims == (192, 128) and deepseek.to_dict()["head_dim_v"] == 128
+    assert deepseek.name == "fa4_sm100a_d192v128_bf16_noncausal_gqa1"  # no hash: the pair's default kernel
+    assert d256.name == "fa4_sm100a_d256_bf16_noncausal_gqa1" and "head_dim_v" not in d256.to_dict()
+    with pytest.raises(ConfigError, match=r"\(192, 128\) is not generated for sm_100a \(planned"):
+        KernelConfig.from_dict(deepseek.to_dict())  # outside planning_head_dims: refused
+
+
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])
+def test_a_planned_head_dim_pair_builds_ir_but_no_lowering_emits_it(arch):
+    from fa4gen.ir import build_pipeline
+    from fa4gen.lower.sm90 import Sm90LoweringError, lower_sm90
+    from fa4gen.lower.sm100 import Sm100LoweringError, lower_sm100
+
+    with config_module.planning_head_dims():
+        cfg = KernelConfig(arch=arch, head_dim=96)
+        pipe = build_pipeline(cfg)
+    lower, error = (lower_sm90, Sm90LoweringError) if arch == "sm_90a" else (lower_sm100, Sm100LoweringError)
+    with pytest.raises(error, match=r"\(96, 96\) is not generated .* no lowering emits it"):
+        lower(pipe)

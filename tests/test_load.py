@@ -69,6 +69,23 @@ def test_manifest_must_match_the_cubin(tmp_path, built):
         fa4gen.load(cubin)
 
 
+def test_manifest_head_dim_v_is_checked(tmp_path, built):
+    """The manifest's config carries head_dim_v where it differs from head_dim: a pair this fa4gen
+    does not generate, or another kernel's name, is refused before the cubin is read."""
+    cubin, manifest = _copy(built, tmp_path, built[1])
+    m = json.loads(manifest.read_text())
+    assert "head_dim_v" not in m["config"]  # a dv == d kernel's manifest, as before head_dim_v existed
+    m["config"]["head_dim_v"] = 128
+    manifest.write_text(json.dumps(m))
+    with pytest.raises(fa4gen.runtime.api.KernelLoadError,
+                       match=r"its config is not valid here \(invalid head_dim_v=128: \(head_dim, head_dim_v\) = "
+                             r"\(64, 128\) is not generated for sm_90a; it generates \(64, 64\), \(128, 128\)\)"):
+        fa4gen.load(cubin)
+    m["config"]["head_dim_v"] = 64
+    manifest.write_text(json.dumps(m))
+    assert fa4gen.runtime.api.read_prebuilt(cubin)[2].head_dims == (64, 64)
+
+
 def test_sm100a_kernels_are_not_launched(tmp_path, built):
     cubin, _ = _copy(built, tmp_path, built[2])
     with pytest.raises(fa4gen.runtime.api.KernelLoadError, match="fa4gen launches sm_90a"):

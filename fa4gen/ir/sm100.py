@@ -9,7 +9,7 @@ so the K walk and the V walk are two States over the same ring with stride 2.
 from __future__ import annotations
 
 from ..spec.config import KernelConfig
-from ..spec.plan import ARCH_LIMITS, SM100_STATS_BAR_ID, tile_bytes as plan_tile_bytes
+from ..spec.plan import ARCH_LIMITS, SM100_STATS_BAR_ID, tile_bytes as plan_tile_bytes, v_tile_bytes
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
                    FenceProxyAsync, If, Loop, LoopKind, Mma, NamedArrive, NamedSync, Pipeline, Region,
                    PageLookup, Role, Scope, SmemLd, SmemSt, Space, State, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd,
@@ -23,18 +23,19 @@ SOFTMAX_REGS, CORRECTION_REGS, WG3_REGS = 200, 64, 48  # 128 x (200 + 200 + 64 +
 
 
 def regions(cfg: KernelConfig) -> tuple[Region, ...]:
-    d, tile_bytes = cfg.head_dim, plan_tile_bytes(cfg)
+    dv, tile_bytes, vtile = cfg.head_dim_v, plan_tile_bytes(cfg), v_tile_bytes(cfg)
     return (
         Region("Q", Space.SMEM, cfg.dtype, 128, slots=cfg.q_stages, bytes_per_slot=tile_bytes),
-        Region("KV", Space.SMEM, cfg.dtype, 128, slots=cfg.kv_stages, bytes_per_slot=tile_bytes),
-        Region("O_smem", Space.SMEM, cfg.dtype, 128, slots=2, bytes_per_slot=tile_bytes),
+        # K and V share the ring: a slot holds the larger of the two tiles
+        Region("KV", Space.SMEM, cfg.dtype, 128, slots=cfg.kv_stages, bytes_per_slot=max(tile_bytes, vtile)),
+        Region("O_smem", Space.SMEM, cfg.dtype, 128, slots=2, bytes_per_slot=vtile),
         Region("sScale", Space.SMEM, "f32", 128, slots=2, bytes_per_slot=128 * 4),
         Region("S0", Space.TMEM, "f32", 128, col=0, cols=128),
         Region("P0", Space.TMEM, "f16", 128, col=64, cols=64, alias_of="S0"),
         Region("S1", Space.TMEM, "f32", 128, col=128, cols=128),
         Region("P1", Space.TMEM, "f16", 128, col=192, cols=64, alias_of="S1"),
-        Region("O0", Space.TMEM, "f32", 128, col=256, cols=d),
-        Region("O1", Space.TMEM, "f32", 128, col=384, cols=d),
+        Region("O0", Space.TMEM, "f32", 128, col=256, cols=dv),
+        Region("O1", Space.TMEM, "f32", 128, col=384, cols=dv),
     )
 
 
@@ -44,6 +45,8 @@ def barriers(cfg: KernelConfig) -> tuple[Barrier, ...]:
     return (
         Barrier("q_full", BarrierKind.TMA, 2, 1, tx_bytes=tile_bytes),
         Barrier("q_empty", BarrierKind.TCGEN05, 2, 1),
+        # one tx count for the ring, K's: a dv != d ring (V tiles of another size in the same slots)
+        # needs a count per load, which the IR's barriers cannot say yet (docs/HEAD_DIMS.md)
         Barrier("kv_full", BarrierKind.TMA, cfg.kv_stages, 1, tx_bytes=tile_bytes),
         Barrier("kv_empty", BarrierKind.TCGEN05, cfg.kv_stages, 1),
         Barrier("s_ready", BarrierKind.TCGEN05, 2, 1),
@@ -65,8 +68,9 @@ def _load_role(cfg: KernelConfig) -> Role:
     kv = cfg.kv_stages
 
     def load_kv(state: str, tensor: str, block: BlockRef):
-        return (Wait("kv_empty", state), ExpectTx("kv_full", state, tb),
-                TmaLoad(tensor, "KV", state, "kv_full", state, tb, block=block), Advance(state))
+        nbytes = tb if tensor == "k" else v_tile_bytes(cfg)
+        return (Wait("kv_empty", state), ExpectTx("kv_full", state, nbytes),
+                TmaLoad(tensor, "KV", state, "kv_full", state, nbytes, block=block), Advance(state))
 
     def load_q(state: str, qtile: int):
         return (Wait("q_empty", state), ExpectTx("q_full", state, tb),
@@ -128,12 +132,12 @@ def _mma_role(cfg: KernelConfig) -> Role:
 def _epilogue_ops(cfg: KernelConfig, i: int, o_state: str, e_state: str, row_sum_src: str, regs: int) -> tuple:
     """Normalise O tile i, cast, stage it in O_smem and hand it to the store warp.
 
-    A role whose register budget cannot hold the whole fp32 row (WG2: 64 registers, D up to 128)
+    A role whose register budget cannot hold the whole fp32 row (WG2: 64 registers, dv up to 128)
     loads, normalises and stages one 32-column chunk at a time; the softmax warpgroups (200) load
     the row at once."""
-    loads = [TmemLd(f"O{i}", c, c + LD_CHUNK, "o") for c in range(0, cfg.head_dim, LD_CHUNK)]
+    loads = [TmemLd(f"O{i}", c, c + LD_CHUNK, "o") for c in range(0, cfg.head_dim_v, LD_CHUNK)]
     step = (Compute("normalize", i, reads=("o", row_sum_src), writes=("o_out",)), SmemSt("O_smem", e_state, "o_out"))
-    if cfg.head_dim > regs - 32:  # keep 32 registers for addresses, loop state and row statistics
+    if cfg.head_dim_v > regs - 32:  # keep 32 registers for addresses, loop state and row statistics
         body = [op for ld in loads for op in (ld, WaitLd(), *step)]
     else:
         body = [*loads, WaitLd(), *step]
@@ -152,7 +156,7 @@ def _epilogue_ops(cfg: KernelConfig, i: int, o_state: str, e_state: str, row_sum
         # (D registers) beside the partial's addresses does not fit the softmax budget, nor 32
         # columns WG2's 64 registers (ptxas spilled): 16-column chunks there
         chunk = LD_CHUNK if regs > 2 * LD_CHUNK else RESCALE_CHUNK
-        split = [op for c in range(0, cfg.head_dim, chunk)
+        split = [op for c in range(0, cfg.head_dim_v, chunk)
                  for op in (TmemLd(f"O{i}", c, c + chunk, "o"), WaitLd(), *part(c, c + chunk))]
         staged = (If(Cond.SPLIT_KV, tuple(split), staged),)
     return (Wait("o_ready", o_state), Wait("corr_epi_empty", e_state), *staged,
@@ -203,7 +207,7 @@ def _softmax_role(cfg: KernelConfig, i: int) -> Role:
 def _correction_role(cfg: KernelConfig) -> Role:
     def rescale(i: int):
         chunks = []
-        for c in range(0, cfg.head_dim, RESCALE_CHUNK):
+        for c in range(0, cfg.head_dim_v, RESCALE_CHUNK):
             chunks += [TmemLd(f"O{i}", c, c + RESCALE_CHUNK, "o"), WaitLd(),
                        Compute("rescale_o", i, reads=("o", "acc_scale"), writes=("o",)),
                        TmemSt(f"O{i}", c, c + RESCALE_CHUNK, "o")]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..spec.config import K_SPLIT_DEFAULT, KV_STAGES_MAX, ConfigError, KernelConfig
 from ..spec.plan import (ARCH_LIMITS, SM90_CONSUMER_REGS, SM90_PRODUCER_REGS, SM90_REGS, SM90_SCHED_BAR_ID, q_tile_bytes,
-                         sm90_consumers, sm90_epi_bar_id, tile_bytes)
+                         sm90_consumers, sm90_epi_bar_id, tile_bytes, v_tile_bytes)
 from ..spec.tiles import PlanError
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync,
                    If, InstSlot, Loop, LoopKind, Mma, PageLookup, MmaWait, NamedArrive, NamedSync, Pipeline, Region, Role, Scope,
@@ -30,15 +30,15 @@ PRODUCER_REGS, CONSUMER_REGS = SM90_PRODUCER_REGS, SM90_CONSUMER_REGS
 
 def _smem(cfg: KernelConfig, nq: int, kv: int) -> tuple[tuple[Region, ...], tuple[Barrier, ...]]:
     """The regions and barriers of the kernel with nq Q slots and a kv-deep K/V ring."""
-    d, tile, qtile = cfg.head_dim, tile_bytes(cfg), q_tile_bytes(cfg)
+    dv, tile, vtile, qtile = cfg.head_dim_v, tile_bytes(cfg), v_tile_bytes(cfg), q_tile_bytes(cfg)
     nc = sm90_consumers(cfg.block_m)
     arrivals = 4 * nc  # one per consumer warp
     regions = (
         Region("Q", Space.SMEM, cfg.dtype, cfg.block_m, slots=nq, bytes_per_slot=qtile),
         Region("K", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=tile),
-        Region("V", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=tile),
+        Region("V", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=vtile),
         # KV cache: no O staging (O and the split partials leave from the registers)
-        *(() if cfg.kvcache else (Region("O_smem", Space.SMEM, cfg.dtype, 64, slots=nc, bytes_per_slot=64 * d * 2),)),
+        *(() if cfg.kvcache else (Region("O_smem", Space.SMEM, cfg.dtype, 64, slots=nc, bytes_per_slot=64 * dv * 2),)),
         Region("S", Space.REG, "f32", 64),
         Region("P", Space.REG, cfg.dtype, 64),
         Region("O", Space.REG, "f32", 64),
@@ -48,7 +48,7 @@ def _smem(cfg: KernelConfig, nq: int, kv: int) -> tuple[tuple[Region, ...], tupl
         Barrier("q_empty", BarrierKind.MBAR, nq, arrivals),
         Barrier("k_full", BarrierKind.TMA, kv, 1, tx_bytes=tile),
         Barrier("k_empty", BarrierKind.MBAR, kv, arrivals),
-        Barrier("v_full", BarrierKind.TMA, kv, 1, tx_bytes=tile),
+        Barrier("v_full", BarrierKind.TMA, kv, 1, tx_bytes=vtile),
         Barrier("v_empty", BarrierKind.MBAR, kv, arrivals),
         Barrier("sched", BarrierKind.NAMED, nc, 256, named_id=SCHED_BAR_ID),
         *(() if cfg.kvcache else (Barrier("epi", BarrierKind.NAMED, nc, 128, named_id=sm90_epi_bar_id(nc)),)),
@@ -56,11 +56,17 @@ def _smem(cfg: KernelConfig, nq: int, kv: int) -> tuple[tuple[Region, ...], tupl
     return regions, barriers
 
 
+def smem_pipeline(cfg: KernelConfig, nq: int, kv: int) -> Pipeline:
+    """The kernel's regions and barriers with nq Q slots and a kv-deep K/V ring, without roles: what
+    its SMEM layout (ir/layout.py) is computed from."""
+    return Pipeline(cfg, TARGET, 4 * (1 + sm90_consumers(cfg.block_m)), *_smem(cfg, nq, kv), (), 0,
+                    ARCH_LIMITS[TARGET].smem_per_cta)
+
+
 def _fits(cfg: KernelConfig, nq: int, kv: int) -> bool:
     """The layout of the pipeline with these rings (ir/layout.py, the kernel's own) fits the SMEM limit."""
-    limit = ARCH_LIMITS[TARGET].smem_per_cta
-    pipe = Pipeline(cfg, TARGET, 4 * (1 + sm90_consumers(cfg.block_m)), *_smem(cfg, nq, kv), (), 0, limit)
-    return layout_of(pipe).total <= limit
+    pipe = smem_pipeline(cfg, nq, kv)
+    return layout_of(pipe).total <= pipe.smem_limit
 
 
 def sm90_stages(cfg: KernelConfig, kv_cap: int | None = None) -> tuple[int, int]:
@@ -106,7 +112,7 @@ def refuse_ignored(cfg: KernelConfig) -> KernelConfig:
 def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
     if cfg.arch != TARGET:
         raise ValueError(f"build_sm90_pipeline needs arch sm_90a, got {cfg.arch}")
-    d, tile, qtile = cfg.head_dim, tile_bytes(cfg), q_tile_bytes(cfg)
+    d, tile, vtile, qtile = cfg.head_dim, tile_bytes(cfg), v_tile_bytes(cfg), q_tile_bytes(cfg)
     # the verified pipeline has exactly the rings the emitted PTX has: both read them from here
     nq, kv = sm90_stages(cfg)
     nc = sm90_consumers(cfg.block_m)
@@ -114,7 +120,7 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
     regions, barriers = _smem(cfg, nq, kv)
 
     def load(tensor: str, bar: str, state: str, block: BlockRef, dst: str):
-        nbytes = qtile if tensor == "q" else tile
+        nbytes = {"q": qtile, "k": tile, "v": vtile}[tensor]
         # paged K/V: the block's page-table entries are read before the empty wait (their latency
         # hides under it); K(t) and V(t-1) are different blocks, so each load looks its block up
         lookup = (PageLookup(block),) if cfg.page_size and tensor != "q" else ()

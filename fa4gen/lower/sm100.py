@@ -34,7 +34,7 @@ from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, 
                        StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt, Wait,
                        WaitLd, WaitSt, walk_ops)
 from .manifest import ENTRY, GridFacts, manifest, smem_layout_section
-from .walk import LoweringError, SmemLayout, WalkCtx, Walker, dispatch, f32, pairwise, smem_layout
+from .walk import LoweringError, SmemLayout, WalkCtx, Walker, dispatch, f32, pairwise, refuse_planned, smem_layout
 
 __all__ = ["ENTRY", "OP_PTX", "Ptx", "SPELLING", "Sm100LoweringError", "SmemLayout", "lower_sm100",
            "lowered_sm100", "manifest_sm100", "smem_layout"]
@@ -829,6 +829,7 @@ def lower_sm100(pipe: Pipeline) -> dict:
     cfg = pipe.config
     if pipe.arch != TARGET or cfg.arch != TARGET:
         raise Sm100LoweringError(f"arch {cfg.arch!r}: this lowering emits {TARGET} only")
+    refuse_planned(cfg, Sm100LoweringError)
     if cfg.head_dim % HALF_COLS:
         raise Sm100LoweringError(f"head_dim {cfg.head_dim}: a multiple of {HALF_COLS} (128-byte swizzle rows)")
     check_tmem_alloc(pipe.tmem_alloc_cols)

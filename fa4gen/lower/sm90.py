@@ -34,7 +34,7 @@ from ..spec.plan import (ARCH_LIMITS, HALF_COLS, block_info_ptx, MASK_AS_WORDS, 
                          WINDOW_UNBOUNDED, abi_params, combine_context, key_limits_ptx, kv_box_rows,
                          later_blocks_need_mask, mask_words, panel_bytes, q_panel_bytes, sm90_consumers)
 from .manifest import ENTRY, GridFacts, manifest
-from .walk import LoweringError, WalkCtx, Walker, dispatch, f32, pairwise, smem_layout
+from .walk import LoweringError, WalkCtx, Walker, dispatch, f32, pairwise, refuse_planned, smem_layout
 
 __all__ = ["OP_PTX", "SPELLING", "Sm90LoweringError", "Sm90Options", "entry_regs_of", "lower_sm90",
            "lowered_sm90", "manifest_sm90", "threads_of"]
@@ -510,6 +510,7 @@ def lower_sm90(pipe: Pipeline) -> dict:
     cfg = pipe.config
     if pipe.arch != TARGET or cfg.arch != TARGET:
         raise Sm90LoweringError(f"arch {cfg.arch!r}: this lowering emits {TARGET} only")
+    refuse_planned(cfg, Sm90LoweringError)
     _check_instances(pipe)
     layout = smem_layout(pipe, Sm90LoweringError)
     ctx = Sm90Ctx(pipe, layout)

@@ -27,14 +27,23 @@ from ..ir.core import (Advance, Arrive, BlockRef, Cond, ExpectTx, FenceProxyAsyn
                        LoopKind, NamedArrive, NamedSync, Pipeline, Role, Scope, TmaStoreWait, Wait,
                        walk_ops)
 from ..ir.layout import SmemLayout, smem_layout as ir_smem_layout
+from ..spec.config import KernelConfig, head_dim_refusal
 from ..spec.plan import ARCH_LIMITS
 
 __all__ = ["COMMON_PTX", "LoweringError", "SmemLayout", "Spelling", "WalkCtx", "Walker", "dispatch", "f32", "pairwise",
-           "smem_layout"]
+           "refuse_planned", "smem_layout"]
 
 
 class LoweringError(ValueError):
     """A pipeline or config a lowering cannot emit (says what and why)."""
+
+
+def refuse_planned(cfg: KernelConfig, error: type[LoweringError]) -> None:
+    """A head-dim pair the target does not generate (a config made inside
+    spec.config.planning_head_dims, for the IR's budgets only) never reaches PTX."""
+    why = head_dim_refusal(cfg.arch, cfg.head_dim, cfg.head_dim_v)
+    if why:
+        raise error(f"{why}: the IR may plan it, no lowering emits it")
 
 
 def f32(x: float) -> str:

@@ -238,7 +238,7 @@ def score_mods_refusal(cfg: KernelConfig, mods) -> str | None:
 
 class PrebuiltKernel:
     """A kernel loaded from a shipped cubin: call it like fa4gen.attention, minus `causal` (fixed at
-    build time). Inputs are validated the same way; head_dim, dtype and GQA ratio must be the ones
+    build time). Inputs are validated the same way; head_dim, head_dim_v, dtype and GQA ratio must be the ones
     the kernel was built for, and so must the score modifiers: a kernel built with --window takes any
     window_size (unbounded too), one without refuses a bounded window; --softcap needs softcap > 0
     and --sinks a learnable_sink, and a kernel without them refuses them."""
@@ -279,11 +279,12 @@ class PrebuiltKernel:
     def _check_fits(self, torch, p, q, k, v) -> None:
         """The validated problem p is one this kernel was built for, on its device, without grad."""
         cfg = self.config
-        got = (p.head_dim, p.dtype, p.gqa_ratio)
-        if not p.is_empty and got != (cfg.head_dim, cfg.dtype, cfg.gqa_ratio):
+        got = (p.head_dims, p.dtype, p.gqa_ratio)
+        if not p.is_empty and got != (cfg.head_dims, cfg.dtype, cfg.gqa_ratio):
             raise validate.InputValueError(
-                f"{cfg.name} was built for head_dim {cfg.head_dim}, {cfg.dtype}, GQA ratio {cfg.gqa_ratio}; "
-                f"the inputs are head_dim {p.head_dim}, {p.dtype}, GQA ratio {p.gqa_ratio}")
+                f"{cfg.name} was built for (head_dim, head_dim_v) {cfg.head_dims}, {cfg.dtype}, GQA ratio "
+                f"{cfg.gqa_ratio}; the inputs are (head_dim, head_dim_v) {p.head_dims}, {p.dtype}, GQA ratio "
+                f"{p.gqa_ratio}")
         if q.device.index != self.kernel.device:
             raise validate.DeviceError(f"{self.path} was loaded on cuda:{self.kernel.device}, the inputs are on "
                                        f"{q.device}: load it once per device")

@@ -19,11 +19,9 @@ from . import validate
 from ..assemble.cache import KERNELS, CubinCache, EntryState
 from ..spec.config import KernelConfig
 from ..spec.tiles import q_tile_rows
-from .validate import Fa4genInputError, Problem
+from .validate import RUNTIME_ARCH, Fa4genInputError, Problem
 
 log = logging.getLogger("fa4gen")
-
-RUNTIME_ARCH = "sm_90a"  # the only arch with a runtime that has run (see validate.check_arch)
 
 
 @dataclass(frozen=True)
@@ -67,7 +65,8 @@ def config_fields(problem) -> tuple[tuple[str, object], ...]:
     query length) is in the memo key too."""
     kv = isinstance(problem, validate.KvcacheProblem)
     varlen = isinstance(problem, validate.VarlenProblem)
-    return (("arch", RUNTIME_ARCH), ("head_dim", problem.head_dim), ("causal", problem.causal),
+    return (("arch", RUNTIME_ARCH), ("head_dim", problem.head_dim), ("head_dim_v", problem.head_dim_v),
+            ("causal", problem.causal),
             ("gqa_ratio", problem.gqa_ratio), ("dtype", problem.dtype), ("varlen", varlen), ("kvcache", kv),
             ("page_size", problem.page_size if kv else 0),
             ("block_m", q_tile_rows(RUNTIME_ARCH, problem.head_dim, problem.gqa_ratio, varlen, kv, problem.causal,
@@ -461,7 +460,7 @@ def kvcache_answer(torch, problem, get_kernel, q, k_cache, v_cache, cache_seqlen
         o_part = lse_part = None
         if S > 1:
             rows = problem.batch * problem.seqlen_q * problem.heads_q
-            o_part = torch.empty((S, rows, problem.head_dim), dtype=torch.float32, device=dev)
+            o_part = torch.empty((S, rows, problem.head_dim_v), dtype=torch.float32, device=dev)
             lse_part = torch.empty((S, rows), dtype=torch.float32, device=dev)
         kernel.kvcache(q, k, v, o, cache_seqlens, page_table, num_splits=S, lse=lse,
                        softmax_scale=problem.softmax_scale, o_partial=o_part, lse_partial=lse_part,

@@ -15,8 +15,10 @@ import numbers
 import struct
 from dataclasses import dataclass
 
-from ..spec.config import GQA_RATIO_MAX, HEAD_DIMS
+from ..spec.config import GQA_RATIO_MAX, HEAD_DIM_PLANNED, HEAD_DIMS, head_dim_pairs_text, head_dim_refusal
 from ..spec.plan import WINDOW_SEQ_LIMIT
+
+RUNTIME_ARCH = "sm_90a"  # the only arch with a runtime that has run (see check_arch)
 
 LOG2E = 1.4426950408889634
 TMA_ALIGN = 16  # bytes: cuTensorMapEncodeTiled wants the base address and every stride 16-byte aligned
@@ -89,7 +91,20 @@ class TensorMeta:
     element_size: int = 2
 
 
-class _BshdOutputs:
+class _HeadDims:
+    """head_dim (q's and k's last dim) and head_dim_v (v's and o's; a problem made without it has
+    head_dim's)."""
+
+    def __post_init__(self):
+        if self.head_dim_v is None:
+            object.__setattr__(self, "head_dim_v", self.head_dim)
+
+    @property
+    def head_dims(self) -> tuple[int, int]:
+        return self.head_dim, self.head_dim_v
+
+
+class _BshdOutputs(_HeadDims):
     """The outputs of a problem in flash-attn's (B, Sq, Hq, D) layout (dense and KV-cache calls)."""
 
     @property
@@ -98,7 +113,7 @@ class _BshdOutputs:
 
     @property
     def out_shape(self) -> tuple[int, int, int, int]:
-        return (self.batch, self.seqlen_q, self.heads_q, self.head_dim)
+        return (self.batch, self.seqlen_q, self.heads_q, self.head_dim_v)
 
     @property
     def lse_shape(self) -> tuple[int, int, int]:
@@ -236,6 +251,7 @@ class Problem(_BshdOutputs):
     device: str
     relayout: tuple[tuple[str, str], ...] = ()  # (tensor name, why) for inputs copied for TMA
     mods: ScoreMods = NO_SCORE_MODS  # window, softcap, sinks
+    head_dim_v: int | None = None  # v's last dim (o's); None: head_dim
 
     @property
     def no_keys(self) -> bool:
@@ -294,33 +310,48 @@ def check_dtypes(metas: tuple[TensorMeta, ...]) -> str:
     return _DTYPES[metas[0].dtype]
 
 
-def check_shapes(q: TensorMeta, k: TensorMeta, v: TensorMeta) -> tuple[int, int, int, int, int, int]:
-    """(B, Sq, Skv, Hq, Hkv, D) of flash-attn-layout tensors q (B, Sq, Hq, D), k/v (B, Skv, Hkv, D)."""
+def _check_kv_shapes(k: TensorMeta, v: TensorMeta, k_name: str = "k", v_name: str = "v") -> None:
+    """k and v alike but for the last dim (v's is head_dim_v, which may differ from k's head_dim)."""
+    if k.shape[:-1] != v.shape[:-1]:
+        raise InputValueError(f"{k_name} and {v_name} must have the same shape but for the last dim (head_dim, "
+                              f"head_dim_v), got {k_name} {k.shape} and {v_name} {v.shape}")
+
+
+def check_shapes(q: TensorMeta, k: TensorMeta, v: TensorMeta) -> tuple[int, int, int, int, int, int, int]:
+    """(B, Sq, Skv, Hq, Hkv, D, DV) of flash-attn-layout tensors q (B, Sq, Hq, D), k (B, Skv, Hkv, D),
+    v (B, Skv, Hkv, DV)."""
     for m in (q, k, v):
         if len(m.shape) != 4:
             raise InputValueError(
                 f"{m.name} must have 4 dims (batch, seqlen, heads, head_dim), got shape {m.shape}")
-    if k.shape != v.shape:
-        raise InputValueError(f"k and v must have the same shape, got k {k.shape} and v {v.shape}")
+    _check_kv_shapes(k, v)
     b, sq, hq, d = q.shape
     bk, skv, hkv, dk = k.shape
+    dv = v.shape[-1]
     if b != bk:
         raise InputValueError(f"q and k must have the same batch size, got {b} and {bk}")
-    _check_heads(d, dk, hq, hkv)
+    _check_heads(d, dk, dv, hq, hkv)
     for label, n in (("batch", b), ("seqlen_q", sq), ("seqlen_k", skv), ("heads_q", hq)):
         if n >= U32_PARAM_LIMIT:
             raise InputValueError(f"{label} = {n} does not fit the kernel's 32-bit parameters")
-    return b, sq, skv, hq, hkv, d
+    return b, sq, skv, hq, hkv, d, dv
 
 
-def _check_heads(d: int, dk: int, hq: int, hkv: int) -> None:
-    """head_dim the same for q and k and one fa4gen generates; Hq a multiple of Hkv (GQA) within
-    the ratio the kernels take."""
+def check_head_dims(d: int, dk: int, dv: int) -> None:
+    """q's and k's last dims equal (head_dim), and (head_dim, v's last dim) a pair fa4gen generates
+    for the runtime's arch (spec.config.HEAD_DIM_PAIRS)."""
     if d != dk:
         raise InputValueError(f"q and k must have the same head_dim, got {d} and {dk}")
-    if d not in HEAD_DIMS:
-        raise InputValueError(
-            f"head_dim {d} is not supported; fa4gen generates head_dim {' and '.join(map(str, HEAD_DIMS))}")
+    if head_dim_refusal(RUNTIME_ARCH, d, dv):
+        what = f"head_dim {d}" if dv == d else f"head_dim {d} with head_dim_v {dv} (q's and v's last dims)"
+        planned = " (planned: docs/HEAD_DIMS.md)" if (d, dv) in HEAD_DIM_PLANNED else ""
+        raise InputValueError(f"{what} is not supported{planned}; fa4gen generates (head_dim, head_dim_v) "
+                              f"{head_dim_pairs_text(RUNTIME_ARCH)}")
+
+
+def _check_heads(d: int, dk: int, dv: int, hq: int, hkv: int) -> None:
+    """check_head_dims; Hq a multiple of Hkv (GQA) within the ratio the kernels take."""
+    check_head_dims(d, dk, dv)
     if hq > 0 and hkv == 0:
         raise InputValueError(f"k and v have 0 heads but q has {hq}")
     if hkv > 0 and hq % hkv:
@@ -443,7 +474,7 @@ def check_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, *, causal=False, 
                    heads_q=shapes[3] if shapes else None, device=device, softmax_scale=scale or 1.0,
                    lengths=(("seqlen_q", shapes[1]), ("seqlen_k", shapes[2])) if shapes else ())
     raise_all(errors)
-    b, sq, skv, hq, hkv, d = shapes
+    b, sq, skv, hq, hkv, d, dv = shapes
     relayout = []
     for m in metas if layout else ():
         why = tma_layout_problem(m)
@@ -451,12 +482,12 @@ def check_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, *, causal=False, 
             relayout.append((m.name, why))
     return Problem(batch=b, seqlen_q=sq, seqlen_k=skv, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=dtype,
                    causal=causal, softmax_scale=scale, return_lse=return_lse, device=device,
-                   relayout=tuple(relayout), mods=mods)
+                   relayout=tuple(relayout), mods=mods, head_dim_v=dv)
 
 
 # ---- varlen (fa4gen.attention_varlen) ------------------------------------------------------------
 @dataclass(frozen=True)
-class VarlenProblem:
+class VarlenProblem(_HeadDims):
     """A validated varlen call: packed q (total_q, Hq, D), k/v (total_k, Hkv, D), B sequences."""
 
     batch: int
@@ -475,6 +506,7 @@ class VarlenProblem:
     has_seqused_k: bool
     relayout: tuple[tuple[str, str], ...] = ()
     mods: ScoreMods = NO_SCORE_MODS
+    head_dim_v: int | None = None  # v's last dim (o's); None: head_dim
 
     @property
     def gqa_ratio(self) -> int:
@@ -482,7 +514,7 @@ class VarlenProblem:
 
     @property
     def out_shape(self) -> tuple[int, int, int]:
-        return (self.total_q, self.heads_q, self.head_dim)
+        return (self.total_q, self.heads_q, self.head_dim_v)
 
     @property
     def lse_shape(self) -> tuple[int, int]:
@@ -497,23 +529,23 @@ class VarlenProblem:
         return not self.is_empty and self.total_k == 0
 
 
-def check_varlen_shapes(q: TensorMeta, k: TensorMeta, v: TensorMeta) -> tuple[int, int, int, int, int]:
-    """(total_q, total_k, Hq, Hkv, D) of packed q (total_q, Hq, D), k/v (total_k, Hkv, D)."""
+def check_varlen_shapes(q: TensorMeta, k: TensorMeta, v: TensorMeta) -> tuple[int, int, int, int, int, int]:
+    """(total_q, total_k, Hq, Hkv, D, DV) of packed q (total_q, Hq, D), k (total_k, Hkv, D), v (total_k, Hkv, DV)."""
     for m in (q, k, v):
         if len(m.shape) != 3:
             raise InputValueError(f"{m.name} must have 3 dims (total_tokens, heads, head_dim) for attention_varlen, "
                                   f"got shape {m.shape}")
-    if k.shape != v.shape:
-        raise InputValueError(f"k and v must have the same shape, got k {k.shape} and v {v.shape}")
+    _check_kv_shapes(k, v)
     tq, hq, d = q.shape
     tk, hkv, dk = k.shape
-    _check_heads(d, dk, hq, hkv)
+    dv = v.shape[-1]
+    _check_heads(d, dk, dv, hq, hkv)
     for label, n in (("total_q", tq), ("total_k", tk), ("heads_q", hq)):
         if n >= U32_PARAM_LIMIT:
             raise InputValueError(f"{label} = {n} does not fit the kernel's 32-bit parameters")
     if tq * hq * d * 2 >= 1 << 48 or tk * hkv * d * 2 >= 1 << 48:
         raise InputValueError("q or k is too large to address")
-    return tq, tk, hq, hkv, d
+    return tq, tk, hq, hkv, d, dv
 
 
 def check_offsets_meta(m: TensorMeta | None, name: str, length: int | None, device: str | None) -> int:
@@ -594,12 +626,12 @@ def check_varlen_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cu_q: Tens
                    heads_q=shapes[2] if shapes else None, device=device, softmax_scale=scale or 1.0,
                    lengths=(("total_q", shapes[0]), ("total_k", shapes[1])) if shapes else ())
     raise_all(errors)
-    tq, tk, hq, hkv, d = shapes
+    tq, tk, hq, hkv, d, dv = shapes
     relayout = tuple((m.name, why) for m in metas if (why := tma_layout_problem(m)) is not None)
     return VarlenProblem(batch=batch, total_q=tq, total_k=tk, heads_q=hq, heads_kv=hkv, head_dim=d,
                          max_seqlen_q=mq, max_seqlen_k=mk, dtype=dtype, causal=causal, softmax_scale=scale,
                          return_lse=return_lse, device=device, has_seqused_k=seqused_k is not None,
-                         relayout=relayout, mods=mods)
+                         relayout=relayout, mods=mods, head_dim_v=dv)
 
 
 # ---- KV cache (fa4gen.attention_with_kvcache) ----------------------------------------------------------
@@ -626,6 +658,7 @@ class KvcacheProblem(_BshdOutputs):
     host_index: bool  # cache_seqlens / page_table given on the CPU: checked here, then copied
     relayout: tuple[tuple[str, str], ...] = ()
     mods: ScoreMods = NO_SCORE_MODS
+    head_dim_v: int | None = None  # v_cache's last dim (o's); None: head_dim
 
     @property
     def no_keys(self) -> bool:
@@ -675,17 +708,21 @@ def check_kvcache_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cache_seq
                 f"{m.name}_cache must have 4 dims: (batch, max_seqlen, heads_kv, head_dim), or (num_pages, "
                 f"page_size, heads_kv, head_dim) with a page_table; got shape {m.shape}"))
             ok = False
-    if ok and k.shape != v.shape:
-        errors.append(InputValueError(f"k_cache and v_cache must have the same shape, got {k.shape} and {v.shape}"))
-        ok = False
-    b = sq = hq = d = hkv = 0
+    if ok:
+        try:
+            _check_kv_shapes(k, v, "k_cache", "v_cache")
+        except Fa4genInputError as e:
+            errors.append(e)
+            ok = False
+    b = sq = hq = d = dv = hkv = 0
     page_size = num_pages = max_pages = 0
     capacity = 0
     if ok:
         b, sq, hq, d = q.shape
         n0, n1, hkv, dk = k.shape
+        dv = v.shape[-1]
         try:
-            _check_heads(d, dk, hq, hkv)
+            _check_heads(d, dk, dv, hq, hkv)
         except Fa4genInputError as e:
             errors.append(e)
         if page_table is None:
@@ -738,7 +775,7 @@ def check_kvcache_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cache_seq
     return KvcacheProblem(batch=b, seqlen_q=sq, capacity=capacity, heads_q=hq, heads_kv=hkv, head_dim=d,
                           page_size=page_size, num_pages=num_pages, max_pages=max_pages, num_splits=int(num_splits),
                           dtype=dtype, causal=causal, softmax_scale=scale, return_lse=return_lse, device=device,
-                          host_index=host, relayout=relayout, mods=mods)
+                          host_index=host, relayout=relayout, mods=mods, head_dim_v=dv)
 
 
 def check_kvcache_values(cache_seqlens, page_table, problem: KvcacheProblem) -> None:

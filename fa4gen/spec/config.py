@@ -8,6 +8,8 @@ loads a stale cubin.
 from __future__ import annotations
 
 import dataclasses
+import contextlib
+import contextvars
 import enum
 import functools
 import hashlib
@@ -46,7 +48,17 @@ def generator_fingerprint() -> str:
     return h.hexdigest()[:12]
 
 ARCHS = ("sm_100a", "sm_90a")
-HEAD_DIMS = (64, 128)
+# (head_dim, head_dim_v) pairs each target generates: q and k have head_dim columns, v and o head_dim_v.
+# The one table KernelConfig, the API (runtime/validate.py), the CLI and prebuilt-kernel checks read.
+HEAD_DIM_PAIRS: dict[str, tuple[tuple[int, int], ...]] = {
+    "sm_100a": ((64, 64), (128, 128)),
+    "sm_90a": ((64, 64), (128, 128)),
+}
+HEAD_DIMS = tuple(sorted({d for pairs in HEAD_DIM_PAIRS.values() for d, _ in pairs}))  # every head_dim of some pair
+# Pairs the design of docs/HEAD_DIMS.md plans (D = 96 and 256, DeepSeek's (192, 128)): no target generates
+# them; inside `planning_head_dims()` a KernelConfig takes them so the IR's budget checks can be asked
+# about them (scripts/head_dim_budgets.py), and the lowerings refuse them.
+HEAD_DIM_PLANNED: tuple[tuple[int, int], ...] = ((96, 96), (192, 128), (256, 256))
 DTYPES = ("fp16", "bf16")
 PAGE_SIZES = (16, 32, 64, 128, 256)  # keys per KV-cache page (kvcache kernels; 0 = contiguous cache)
 MMA_K = 16  # reduction positions per MMA step for 16-bit inputs (tcgen05 kind::f16, wgmma k16)
@@ -62,6 +74,35 @@ K_SPLIT_DEFAULT = {False: 6 * MMA_K, True: 4 * MMA_K}  # 96 + 32 non-causal, 64 
 KV_STAGES_MIN, KV_STAGES_MAX = 2, 4  # the K/V ring depths a config may ask for
 
 
+def head_dim_pairs_text(arch: str) -> str:
+    """The pairs `arch` generates, as an error message names them: "(64, 64), (128, 128)"."""
+    return ", ".join(f"({d}, {dv})" for d, dv in HEAD_DIM_PAIRS[arch])
+
+
+def head_dim_refusal(arch: str, head_dim: int, head_dim_v: int) -> str | None:
+    """Why `arch` does not generate this (head_dim, head_dim_v) pair (None when it does)."""
+    if (head_dim, head_dim_v) in HEAD_DIM_PAIRS[arch]:
+        return None
+    planned = " (planned: docs/HEAD_DIMS.md)" if (head_dim, head_dim_v) in HEAD_DIM_PLANNED else ""
+    return (f"(head_dim, head_dim_v) = ({head_dim}, {head_dim_v}) is not generated for {arch}{planned}; "
+            f"it generates {head_dim_pairs_text(arch)}")
+
+
+_PLANNING = contextvars.ContextVar("fa4gen_head_dim_planning", default=False)
+
+
+@contextlib.contextmanager
+def planning_head_dims():
+    """Inside, KernelConfig also takes the HEAD_DIM_PLANNED pairs: the IR can be built and its budget
+    checks read for a head size no target generates yet (scripts/head_dim_budgets.py). The lowerings
+    refuse such a config wherever it goes (lower/sm90.py, lower/sm100.py)."""
+    token = _PLANNING.set(True)
+    try:
+        yield
+    finally:
+        _PLANNING.reset(token)
+
+
 class ConfigError(ValueError):
     """An invalid KernelConfig field: names the field, the value and what is allowed."""
 
@@ -72,7 +113,7 @@ class ConfigError(ValueError):
         super().__init__(f"invalid {field_name}={value!r}: {allowed}")
 
 
-_INT_FIELDS = ("head_dim", "gqa_ratio", "block_m", "block_n", "q_stages", "kv_stages", "emu_pairs", "emu_start",
+_INT_FIELDS = ("head_dim", "head_dim_v", "gqa_ratio", "block_m", "block_n", "q_stages", "kv_stages", "emu_pairs", "emu_start",
                "k_split", "page_size")
 _STR_FIELDS = ("arch", "dtype")
 GQA_RATIO_MAX = 1 << 16  # Hq = Hkv * G and the task counts stay far inside the kernels' 32-bit arithmetic
@@ -89,7 +130,8 @@ def _exact_int(name: str, value):
 @dataclass(frozen=True)
 class KernelConfig:
     arch: str = "sm_100a"
-    head_dim: int = 128
+    head_dim: int = 128  # columns of q and k
+    head_dim_v: int | None = None  # columns of v and o; None: head_dim (normalised to it)
     causal: bool = False
     gqa_ratio: int = 1
     dtype: str = "bf16"
@@ -121,7 +163,7 @@ class KernelConfig:
             fix(name, str(v.value) if isinstance(v, enum.Enum) else str(v))
         for name in _INT_FIELDS:
             v = getattr(self, name)
-            if v is not None or name not in ("emu_pairs", "emu_start", "k_split"):
+            if v is not None or name not in ("head_dim_v", "emu_pairs", "emu_start", "k_split"):
                 fix(name, _exact_int(name, v))
         for name in ("causal", "varlen", "kvcache", "window", "softcap", "sinks"):
             flag = getattr(self, name)
@@ -133,8 +175,16 @@ class KernelConfig:
                 fix(name, bool(flag))
         if self.arch not in ARCHS:
             raise ConfigError("arch", self.arch, f"one of {', '.join(ARCHS)}")
-        if isinstance(self.head_dim, bool) or self.head_dim not in HEAD_DIMS:
-            raise ConfigError("head_dim", self.head_dim, f"one of {', '.join(map(str, HEAD_DIMS))}")
+        if self.head_dim_v is None:
+            fix("head_dim_v", self.head_dim)
+        allowed = HEAD_DIM_PAIRS[self.arch] + (HEAD_DIM_PLANNED if _PLANNING.get() else ())
+        if (self.head_dim, self.head_dim_v) not in allowed:
+            # the field to blame: head_dim when no pair has it, else head_dim_v
+            field = "head_dim_v" if any(d == self.head_dim for d, _ in allowed) else "head_dim"
+            raise ConfigError(field, getattr(self, field),
+                              head_dim_refusal(self.arch, self.head_dim, self.head_dim_v)
+                              if not _PLANNING.get() else f"(head_dim, head_dim_v) one of "
+                              f"{', '.join(map(str, allowed))} (generated and planned)")
         if not isinstance(self.causal, bool):
             raise ConfigError("causal", self.causal, "True or False")
         if isinstance(self.gqa_ratio, bool) or not 1 <= self.gqa_ratio <= GQA_RATIO_MAX:
@@ -203,8 +253,14 @@ class KernelConfig:
         return 2
 
     @property
+    def head_dims(self) -> tuple[int, int]:
+        """(head_dim, head_dim_v): the columns of q/k and of v/o."""
+        return self.head_dim, self.head_dim_v
+
+    @property
     def name(self) -> str:
-        parts = ["fa4", self.arch.replace("_", ""), f"d{self.head_dim}", self.dtype]
+        d = f"d{self.head_dim}" if self.head_dim_v == self.head_dim else f"d{self.head_dim}v{self.head_dim_v}"
+        parts = ["fa4", self.arch.replace("_", ""), d, self.dtype]
         parts.append("causal" if self.causal else "noncausal")
         parts.append(f"gqa{self.gqa_ratio}")
         if self.varlen:
@@ -214,16 +270,23 @@ class KernelConfig:
         parts += [tag for flag, tag in ((self.window, "win"), (self.softcap, "cap"), (self.sinks, "sink")) if flag]
         if self.block_m != 128:
             parts.append(f"m{self.block_m}")
-        defaults = KernelConfig(arch=self.arch, head_dim=self.head_dim, causal=self.causal,
-                                gqa_ratio=self.gqa_ratio, dtype=self.dtype, varlen=self.varlen,
-                                kvcache=self.kvcache, page_size=self.page_size, block_m=self.block_m,
-                                window=self.window, softcap=self.softcap, sinks=self.sinks)
+        with planning_head_dims():  # self's head-dim pair passed validation when self was made
+            defaults = KernelConfig(arch=self.arch, head_dim=self.head_dim, head_dim_v=self.head_dim_v,
+                                    causal=self.causal, gqa_ratio=self.gqa_ratio, dtype=self.dtype, varlen=self.varlen,
+                                    kvcache=self.kvcache, page_size=self.page_size, block_m=self.block_m,
+                                    window=self.window, softcap=self.softcap, sinks=self.sinks)
         if self != defaults:  # tuned variants must never share a name with the default one
             parts.append(self.content_hash[:8])
         return "_".join(parts)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Every field, except head_dim_v where it equals head_dim: the dict (so the manifests, the
+        content hash's config part and the golden files) of every dv == d kernel is the one it had
+        before head_dim_v existed. from_dict reads a missing head_dim_v as head_dim."""
+        out = dataclasses.asdict(self)
+        if self.head_dim_v == self.head_dim:
+            del out["head_dim_v"]
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> "KernelConfig":
@@ -242,4 +305,7 @@ class KernelConfig:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def replace(self, **changes) -> "KernelConfig":
+        """A copy with `changes`; head_dim_v follows a changed head_dim unless it differed or is given."""
+        if "head_dim" in changes and "head_dim_v" not in changes and self.head_dim_v == self.head_dim:
+            changes["head_dim_v"] = None
         return dataclasses.replace(self, **changes)

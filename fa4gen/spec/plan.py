@@ -281,8 +281,13 @@ def qo_map_dims(cfg: KernelConfig) -> list[str]:
 
 
 def tile_bytes(cfg: KernelConfig) -> int:
-    """One 128-row x head_dim tile of 16-bit elements: a K or V stage and its TMA tx count."""
+    """One 128-row x head_dim tile of 16-bit elements: a K stage (a V stage when dv == d) and its TMA tx count."""
     return ROWS * cfg.head_dim * cfg.elem_bytes
+
+
+def v_tile_bytes(cfg: KernelConfig) -> int:
+    """One 128-row x head_dim_v tile: a V stage and its TMA tx count (tile_bytes when dv == d)."""
+    return ROWS * cfg.head_dim_v * cfg.elem_bytes
 
 
 def q_tile_bytes(cfg: KernelConfig) -> int:
