@@ -53,6 +53,8 @@ def test_mma_accumulate_float32_form_is_the_float64_definition(model):
                 B[: N // 2] = conv(np.ldexp(1.0, -30) * rng.standard_normal((N // 2, 16)))
         with np.errstate(all="ignore"):
             got, want = mma_accumulate(A, B, old, model), _mma_accumulate_f64(A, B, old, model)
+            if trial % 6 == 0:  # the emulator's call: its operands are 16-bit floats by construction
+                assert np.array_equal(_bits(mma_accumulate(A, B, old, model, sixteen_bit=True)), _bits(want))
         assert np.array_equal(_bits(got), _bits(want)), (trial, model)
         fast += model is not None and _f32_exact(A, B, *model[:2])
     if model is not None and model[1] < 20:
@@ -75,6 +77,8 @@ def test_mma_float32_form_refuses_what_it_cannot_do_exactly():
     A4 = A.copy()
     A4[0, 0] = 1 + 2.0 ** -20  # more significant bits than a 16-bit float has
     assert not _f32_exact(A4, B, 16, 2)
+    assert _f32_exact(A4, B, 16, 2, sixteen_bit=True)  # the caller vouches for the operands: not counted
+    assert not _f32_exact(A2, B, 16, 2, sixteen_bit=True) and not _f32_exact(A3, B3, 16, 2, sixteen_bit=True)
 
 
 def test_mma_products_that_vanish_in_float32_are_still_exact():

@@ -7,6 +7,7 @@ issue order per pipe); guards on the bytes and cells they write say what a reade
 """
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -380,8 +381,13 @@ def compile_tcgen05(ctx, ins, parts):
     raise unsupported(ins)
 
 
+@functools.lru_cache(maxsize=None)
 def _tmem_addr_grid(lane0, col, n, lanes=32):
-    return ((np.arange(lanes)[:, None] + lane0) << 16) | (np.arange(n)[None, :] + col)
+    """The TMEM addresses (lane << 16 | column) of a block of cells, for fault reports (read-only,
+    memoised: the checks pass one on every access and read it only when they fail)."""
+    g = ((np.arange(lanes)[:, None] + lane0) << 16) | (np.arange(n)[None, :] + col)
+    g.flags.writeable = False
+    return g
 
 
 def compile_tcgen05_mma(ctx, ins, parts):
@@ -490,14 +496,16 @@ def compile_tcgen05_mma(ctx, ins, parts):
                               line=ins.line, warp=wid, addrs=_tmem_addr_grid(0, dc, N, M), space="TMEM")
                 cta.trguard[0:M, dc: dc + N] = 0
                 with np.errstate(over="ignore", invalid="ignore"):
-                    D = mma_accumulate(A, B, old, cta.emu.options.get("mma_model", DEFAULT_MMA_MODEL))
+                    D = mma_accumulate(A, B, old, cta.emu.options.get("mma_model", DEFAULT_MMA_MODEL),
+                                       sixteen_bit=True)
                 cta.tmem[0:M, dc: dc + N] = D.view(np.uint32)
                 cta.tguard[0:M, dc: dc + N] = cta.guard_id(own, seq, f"tcgen05.mma #{seq} of warp {wid} (PTX line {ins.line})")
             cta.at(t, execute, ("tcgen05.mma", ins.line, w.wid))
     return fn
 
 
-def mma_accumulate(A: np.ndarray, B: np.ndarray, old: np.ndarray | None, model: tuple | None) -> np.ndarray:
+def mma_accumulate(A: np.ndarray, B: np.ndarray, old: np.ndarray | None, model: tuple | None,
+                   sixteen_bit: bool = False) -> np.ndarray:
     """D = old + A @ B.T for one MMA instruction (A [M, K], B [N, K] float64 holding 16-bit values,
     old [M, N] f32 or None), returned as f32.
 
@@ -514,12 +522,15 @@ def mma_accumulate(A: np.ndarray, B: np.ndarray, old: np.ndarray | None, model: 
     nothing where its quantum is at least 2^-125: it scales to at most 1/2 and truncates to a zero of
     its sign, exactly as the exact product does, and the largest term, hence the quantum, is then a
     normal product or the accumulator. The [K, M, N] layout makes the reductions over K element-wise
-    passes over contiguous planes. About 2.5x faster than the float64 form."""
+    passes over contiguous planes. About 2.5x faster than the float64 form.
+
+    sixteen_bit: the caller's A and B are 16-bit floats by construction (converted from bf16/fp16
+    bits, negated at most): _f32_exact need not count their significant bits."""
     if model is None:
         return _mma_accumulate_f64(A, B, old, model)
     G, E = model[:2]
     final = model[2] if len(model) > 2 else "rz"
-    if not _f32_exact(A, B, G, E):
+    if not _f32_exact(A, B, G, E, sixteen_bit):
         return _mma_accumulate_f64(A, B, old, model)
     # [K, M], [K, N], exact (16-bit values); C order, so that the products are [K, M, N] planes
     # (A.T.astype would keep A's layout and put K innermost: the reductions 5x slower)
@@ -548,7 +559,7 @@ def mma_accumulate(A: np.ndarray, B: np.ndarray, old: np.ndarray | None, model: 
     return acc.astype(np.float32)
 
 
-def _f32_exact(A: np.ndarray, B: np.ndarray, G: int, E: int) -> bool:
+def _f32_exact(A: np.ndarray, B: np.ndarray, G: int, E: int, sixteen_bit: bool = False) -> bool:
     """Whether mma_accumulate's float32 form may run on these operands: finite 16-bit values whose
     products do not overflow f32, and group sums that stay below 2^53 (the quanta are checked there)."""
     if 24 + E + int(G).bit_length() + 1 > 53 or 24 + E > 100:
@@ -557,6 +568,8 @@ def _f32_exact(A: np.ndarray, B: np.ndarray, G: int, E: int) -> bool:
         amax, bmax = np.abs(A).max(initial=0.0), np.abs(B).max(initial=0.0)
     if not (np.isfinite(amax) and np.isfinite(bmax)) or amax * bmax >= 2.0 ** 127:
         return False
+    if sixteen_bit:
+        return True
     # 16-bit values: at most 11 significant bits (the products then have <= 22)
     for x in (A, B):
         m, _ = np.frexp(x)
@@ -594,6 +607,8 @@ def _own_mask(cta, ids, own):
     mine = [g for g in distinct_ids(ids) if g > 2 and cta.guards[g][0] == "know" and cta.guards[g][1] == own]
     if not mine:
         return np.zeros(ids.shape, bool)
+    if len(mine) == 1:  # the common case: np.isin's sort for one value is an equality
+        return ids == mine[0]
     return np.isin(ids, mine)
 
 
@@ -764,7 +779,8 @@ def compile_wgmma(ctx, ins, parts):
                     D_old[rows, cols] = np.array([v if v.dtype is _F32DT else v.view(np.float32)
                                                   for v in (regs[n] for n in dnames)])
             with np.errstate(over="ignore", invalid="ignore"):
-                D = mma_accumulate(A, B, D_old, cta.emu.options.get("mma_model", DEFAULT_MMA_MODEL))
+                D = mma_accumulate(A, B, D_old, cta.emu.options.get("mma_model", DEFAULT_MMA_MODEL),
+                                   sixteen_bit=True)
             for wi_, c in cs.items():
                 ww = c["warp"]
                 rows, cols = d_idx[wi_]

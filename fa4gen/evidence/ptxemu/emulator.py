@@ -76,7 +76,8 @@ def compile_instr(ctx: Ctx, ins) -> Op:
         fn = compile_alu(ctx, ins, parts)
     else:
         raise unsupported(ins)
-    return Op(ins, fn, "alu", aligned=aligned, srcs=srcs, dsts=dsts, guard_pred=guard_pred)
+    return Op(ins, fn, "alu", aligned=aligned, srcs=srcs, dsts=dsts, guard_pred=guard_pred,
+              plain=ins.guard is None)
 
 
 def compile_program(emu) -> list:

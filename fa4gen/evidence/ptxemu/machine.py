@@ -211,6 +211,7 @@ class Op:
     srcs: tuple = ()
     dsts: tuple = ()
     guard_pred: bool = False  # the guard is a declared .pred register (its value a bool lane vector)
+    plain: bool = False  # kind alu without a guard: CTA.run executes it inline on a converged full warp
 
 
 class CTA:
@@ -396,6 +397,8 @@ class CTA:
         rng = self.rng
         warps = self.warps
         step, runnable = self.step, self.runnable
+        prog = self.prog
+        nprog = len(prog)
         exit_checked = False
         while True:
             # runnable(w), inline for the warps that are neither blocked nor done (most of them)
@@ -414,7 +417,28 @@ class CTA:
                 self.deadlock()
             w = ready[int(rng.integers(len(ready)))] if len(ready) > 1 else ready[0]
             burst = int(rng.integers(1, 64))
+            hits = self.hits[w.wid]
             for _ in range(burst):
+                # step(w), inline for the common instruction: an unguarded synchronous one on a warp
+                # whose 32 lanes run converged with no register in flight (every lane executes it)
+                if w.full and not w.div and not w.poison:
+                    pc = w.pc
+                    if pc < nprog:
+                        op = prog[pc]
+                        if op.plain:
+                            hits[pc] = 1
+                            blk = op.fn(w, None)
+                            w.pc = pc + 1
+                            if blk is not None:
+                                w.block = blk
+                                if blk.ready():  # completes at once
+                                    w.block = None
+                                    if blk.release is not None:
+                                        blk.release()
+                            w.steps += 1
+                            if w.block is not None:
+                                break
+                            continue
                 step(w)
                 if w.done or w.block is not None:
                     break
