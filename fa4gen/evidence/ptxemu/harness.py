@@ -129,9 +129,9 @@ def default_shapes(man: dict) -> list:
     both ways, a sequence of more than one task, and seqused_k. First, for both: a small launch
     without LSE (the API's default: lse_ptr = 0).
     Score modifiers (the config's flags; values as shape suffixes, cases.ScoreMods): a window smaller
-    than a block, one crossing block and tile boundaries on Sq != Skv that also holds a whole block
-    (the unmasked path), one leaving whole tiles of
-    Sq > Skv without a key, window + causal, (0, 0) (one key per row); softcaps cycling
+    than a block, one crossing block and tile boundaries on Sq != Skv, one leaving whole tiles of
+    Sq > Skv without a key, an unbounded left side (whole blocks unmasked), window + causal, (0, 0)
+    (one key per row); softcaps cycling
     cases.SOFTCAPS with raw scores ~1e4 (make_inputs huge rows); sinks per seed dominant (50), -inf,
     moderate and random (cases.default_sinks). KV-cache kernels: default_kv_shapes."""
     cfg = man["config"]
@@ -173,12 +173,12 @@ def default_shapes(man: dict) -> list:
     if cfg.get("window"):  # Sq > Skv: the first tiles' rows see no key (left window side 20 < Sq - Skv)
         shapes = [no_lse, Shape(1, sq, skv, g * hkv, hkv), Shape(1, rows * per_task + 150, 97, g, 1),
                   Shape(1, sq, 203, g * hkv, hkv)]
-        windows = [(5, 2), (500, 30), (20, 5), (0, 0) if causal else (-1, 0)]
+        # (100, 30) on the second: its left side cuts blocks below the diagonal (unmasked_lo > 0); the
+        # fourth leaves the left side unbounded, so later blocks run unmasked (causal: (0, 0), one key
+        # per row, is the first's); the aligned one runs its first block unmasked
+        windows = [(0, 0) if causal else (5, 2), (100, 30), (20, 5), (-1, 0)]
         shapes.append(aligned)  # window unbounded (a causal kernel's right side is 0)
         windows.append((-1, -1))
-        # (500, 30) on the second leaves a block wholly inside the window of its last m unit (the unmasked
-        # path of a windowed kernel; plan.BlockInfo judges the unit's whole row span); the left side's
-        # cuts are the first and third shapes' and the varlen long sequence's
         return mods(shapes, windows)
     if causal:
         return mods([no_lse, Shape(1, sq, skv, g * hkv, hkv), Shape(1, rows * per_task + 150, 97, g, 1), aligned],
