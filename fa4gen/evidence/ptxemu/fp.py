@@ -185,11 +185,12 @@ def div(a, b, mode="rn", flush=False):
 def ex2_approx(x, flush=True):
     """2^x rounded to f32; flush (.ftz): subnormal inputs and results are flushed to zero. A flushed
     input changes nothing: 2^x of every subnormal x (either sign) is 1.0, as 2^0 is, so only the result
-    is flushed, and only when some x < -126 (2^x >= 2^-126, the smallest normal, otherwise)."""
+    is flushed, and only when some x lies in (-151, -126): 2^x is at least 2^-126, the smallest normal,
+    from -126 up, and rounds to 0 from -150 down (-inf, a masked score, among them)."""
     x32 = np.asarray(x, F32)
     with _ignore(over="ignore", under="ignore"):
         r = np.exp2(x32.astype(F64)).astype(F32)
-    if flush and _cnz(x32 < -126):
+    if flush and _cnz((x32 < -126) & (x32 > -151)):
         r = ftz(r)
     return r
 
