@@ -173,8 +173,13 @@ def addr_reader(ctx, o: Addr, ins, t="u32"):
     return f
 
 
+_ALL_LANES = np.arange(WARP)
+_ALL_LANES.flags.writeable = False
+
+
 def _lanes(m):
-    return np.arange(WARP) if m is None else np.flatnonzero(m)
+    """The executing lanes' indices (a shared read-only vector when all 32 execute)."""
+    return _ALL_LANES if m is None else np.flatnonzero(m)
 
 
 def _mask(m):
@@ -495,6 +500,19 @@ def compile_cvt(ctx, ins, parts):
         d = writer(ctx, ops_[0], "b32", ins)
         conv = fp.f32_to_bf16_bits if dt_ == "bf16x2" else fp.f32_to_f16_bits
         mode = rnd or "rn"
+        if dt_ == "bf16x2" and mode == "rn":
+            def fn(w, m):
+                x = np.empty(2 * WARP, _F32)  # lane i's low half (b) at 2i, its high half (a) at 2i + 1
+                x[0::2], x[1::2] = b(w), a(w)
+                if _cnz(x != x):  # a NaN: the general conversion (its quiet-NaN bits)
+                    d(w, np.ascontiguousarray(conv(x, mode), np.uint16).view(_U32), m)
+                    return
+                # fp.f32_to_bf16_bits' rounding to nearest even at bit 16; the high 16 bits of each
+                # f32 are its bf16, so the 64 high halves viewed as 32 .b32 lanes are the packed pairs
+                bits = x.view(_U32)
+                r = (bits + 0x7FFF) + ((bits >> 16) & 1)
+                d(w, r.view(np.uint16)[1::2].copy().view(_U32), m)
+            return fn
 
         def fn(w, m):
             # one conversion of both sources: lane i's low half (b) at 2i, its high half (a) at 2i + 1,
