@@ -312,6 +312,36 @@ def test_bf16x2_pack_puts_the_first_source_high():
     assert out[0] == (0x3F80 << 16 | 0xC000)
 
 
+def test_bf16x2_pack_rounds_each_lane_like_the_scalar_conversion():
+    """cvt.rn.bf16x2.f32 of 32 lanes (ties to even both ways, carries into the exponent, infinities,
+    subnormals, a NaN in one warp and none in the other) equals fp.f32_to_bf16_bits of each source."""
+    ptx = _kernel(".param .u64 src,\n    .param .u64 out", """
+    .reg .b64 %rd<4>; .reg .b32 %r<3>; .reg .f32 %f<2>;
+    ld.param.u64 %rd0, [src];
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r0, %tid.x;
+    mul.wide.u32 %rd2, %r0, 8;
+    add.s64 %rd2, %rd0, %rd2;
+    ld.global.f32 %f0, [%rd2];
+    ld.global.f32 %f1, [%rd2+4];
+    cvt.rn.bf16x2.f32 %r1, %f0, %f1;
+    mul.wide.u32 %rd3, %r0, 4;
+    add.s64 %rd3, %rd1, %rd3;
+    st.global.u32 [%rd3], %r1;
+    ret;""")
+    rng = np.random.default_rng(4)
+    special = np.array([0x3F808000, 0x3F818000, 0x3F7FFFFF, 0x7F7FFFFF, 0x7F800000, 0xFF800000, 0x00000001,
+                        0x80008000, 0x00018000, 0x3F800000, 0xBF808001, 0x477FE000], np.uint32)
+    src = rng.integers(0, 1 << 32, (64, 2), dtype=np.uint64).astype(np.uint32)
+    src[:12, 0], src[12:24, 1] = special, special
+    src[src.view(np.float32) != src.view(np.float32)] = 0x3F808000  # no NaN in the first warp
+    src[40, 1] = 0x7FC00001  # one in the second
+    _, out = run_raw(ptx, threads=64, args=(src.view(np.float32).copy(), np.zeros(64, np.uint32)))
+    f = src.view(np.float32)
+    want = fp.f32_to_bf16_bits(f[:, 0]).astype(np.uint32) << 16 | fp.f32_to_bf16_bits(f[:, 1]).astype(np.uint32)
+    assert np.array_equal(out, want)
+
+
 # ---- descriptors read what TMA wrote ---------------------------------------------------------------
 def _tma_tile(rows: int, cols: int, base: int):
     """SMEM byte address of element (r, c) of a [rows, cols] bf16 tile written by 64-column TMA

@@ -178,6 +178,26 @@ def test_round_toward_zero_by_truncation_is_the_general_rounding(monkeypatch):
     assert np.array_equal(_bits(got), _bits(fast[0][ok])) and np.count_nonzero(x[ok] != got) > 10000
 
 
+def test_add_to_nearest_in_f32_is_the_two_sum_rounding():
+    """fp.add to nearest is one f32 addition: the same bits as TwoSum rounding, also where float64
+    rounds the sum (exponents 29 or more apart), at f32 ties, near cancellation, on any bit pattern."""
+    rng = np.random.default_rng(13)
+    n = 60000
+    a = (rng.standard_normal(n) * 2.0 ** rng.integers(-120, 120, n)).astype(np.float32)
+    gap = rng.integers(20, 60, n).astype(np.float64)
+    b = (a * 2.0 ** -gap * rng.choice([-1.0, 1.0], n) * (1 + rng.integers(0, 1 << 23, n) * 2.0 ** -23)).astype(np.float32)
+    near = (-a.astype(np.float64) * (1 + rng.integers(-8, 8, n) * 2.0 ** -23)).astype(np.float32)
+    bits = rng.integers(0, 1 << 32, (2, n), dtype=np.uint64).astype(np.uint32).view(np.float32)
+    t = np.float32(1 + 2.0 ** -23)
+    ties = (np.array([1.0, 1.0, t, -t], np.float32), np.array([2.0 ** -24, -(2.0 ** -24), 2.0 ** -24, -(2.0 ** -24)], np.float32))
+    with np.errstate(all="ignore"):
+        assert np.count_nonzero(fp.two_sum(a.astype(np.float64), b.astype(np.float64))[1]) > n // 2  # inexact in f64
+        for x, y in ((a, b), (b, a), (a, near), bits, ties):
+            for flush in (False, True):
+                want = _add_ref(fp.ftz(x) if flush else x, fp.ftz(y) if flush else y, "rn")
+                assert np.array_equal(_bits(fp.add(x, y, "rn", flush)), _bits(fp.ftz(want) if flush else want))
+
+
 def test_helpers_silence_their_own_warnings_outside_an_emulation():
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -327,12 +327,12 @@ class CTA:
     def smem_check(self, addrs: np.ndarray, nbytes: int, line, warp, what="access"):
         lo, hi = SMEM_BASE, SMEM_BASE + self.emu.dyn_smem
         bad = (addrs < lo) | (addrs + nbytes > hi)
-        if bad.any():
+        if _cnz(bad):
             i = int(np.flatnonzero(bad)[0])
             raise Fault("SMEM_OOB", f"shared-memory {what} of {nbytes} B outside the dynamic window "
                                     f"[{lo:#x}, {hi:#x})", line=line, warp=warp, addr=int(addrs.reshape(-1)[i]))
         mis = (addrs % nbytes) != 0
-        if mis.any():
+        if _cnz(mis):
             i = int(np.flatnonzero(mis)[0])
             raise Fault("SMEM_MISALIGNED", f"shared-memory {what} of {nbytes} B is not {nbytes}-byte aligned",
                         line=line, warp=warp, addr=int(addrs.reshape(-1)[i]))

@@ -173,8 +173,13 @@ def addr_reader(ctx, o: Addr, ins, t="u32"):
     return f
 
 
+_ALL_LANES = np.arange(WARP)
+_ALL_LANES.flags.writeable = False
+
+
 def _lanes(m):
-    return np.arange(WARP) if m is None else np.flatnonzero(m)
+    """The executing lanes' indices (a shared read-only vector when all 32 execute)."""
+    return _ALL_LANES if m is None else np.flatnonzero(m)
 
 
 def _mask(m):
@@ -387,7 +392,13 @@ def _compile_mov_vec(ctx, ins, t):
 
         def fn(w, m):
             # the .b64 lanes as (low, high) .b32 pairs (little-endian), each half copied out
-            v = np.ascontiguousarray(_bcast(np.asarray(a(w), _U64))).view(_U32).reshape(WARP, 2)
+            x = a(w)
+            if type(x) is np.ndarray and x.shape == _LANES and x.flags.c_contiguous:  # a register's lanes
+                v = x.view(_U32)
+                lo(w, v[0::2].copy(), m)
+                hi(w, v[1::2].copy(), m)
+                return
+            v = np.ascontiguousarray(_bcast(np.asarray(x, _U64))).view(_U32).reshape(WARP, 2)
             lo(w, v[:, 0].copy(), m)
             hi(w, v[:, 1].copy(), m)
         return fn
@@ -395,9 +406,9 @@ def _compile_mov_vec(ctx, ins, t):
     d = writer(ctx, ops_[0], "b64", ins)
 
     def pack(w, m):
-        v = np.empty((WARP, 2), _U32)  # (low, high) pairs: the .b64 lanes, little-endian
-        v[:, 0], v[:, 1] = lo(w), hi(w)
-        d(w, v.view(_U64).reshape(WARP), m)
+        v = np.empty(2 * WARP, _U32)  # (low, high) pairs: the .b64 lanes, little-endian
+        v[0::2], v[1::2] = lo(w), hi(w)
+        d(w, v.view(_U64), m)
     return pack
 
 
@@ -489,6 +500,19 @@ def compile_cvt(ctx, ins, parts):
         d = writer(ctx, ops_[0], "b32", ins)
         conv = fp.f32_to_bf16_bits if dt_ == "bf16x2" else fp.f32_to_f16_bits
         mode = rnd or "rn"
+        if dt_ == "bf16x2" and mode == "rn":
+            def fn(w, m):
+                x = np.empty(2 * WARP, _F32)  # lane i's low half (b) at 2i, its high half (a) at 2i + 1
+                x[0::2], x[1::2] = b(w), a(w)
+                if _cnz(x != x):  # a NaN: the general conversion (its quiet-NaN bits)
+                    d(w, np.ascontiguousarray(conv(x, mode), np.uint16).view(_U32), m)
+                    return
+                # fp.f32_to_bf16_bits' rounding to nearest even at bit 16; the high 16 bits of each
+                # f32 are its bf16, so the 64 high halves viewed as 32 .b32 lanes are the packed pairs
+                bits = x.view(_U32)
+                r = (bits + 0x7FFF) + ((bits >> 16) & 1)
+                d(w, r.view(np.uint16)[1::2].copy().view(_U32), m)
+            return fn
 
         def fn(w, m):
             # one conversion of both sources: lane i's low half (b) at 2i, its high half (a) at 2i + 1,
@@ -654,7 +678,7 @@ def compile_ld_st(ctx, ins, parts):
             cta.smem_check(addrs, nb, ins.line, w.wid, "store")
             idx = addrs[:, None] + np.arange(nb)[None, :]
             g = cta.sguard[idx]
-            if (g == 1).any() or (g == 2).any():
+            if _cnz(g == 1) or _cnz(g == 2):
                 what = "an mbarrier object" if (g == 2).any() else "bytes an asynchronous write is still filling"
                 hit = idx.reshape(-1)[np.flatnonzero((g == 1) | (g == 2))[0]]
                 raise Fault("RACE", f"st.shared overwrites {what}", line=ins.line, warp=w.wid, addr=int(hit),
@@ -662,7 +686,10 @@ def compile_ld_st(ctx, ins, parts):
             cta.check_war(cta.srguard[idx], w.know, f"st.shared of warp {w.wid}", own=w.wid, line=ins.line,
                           warp=w.wid, addrs=idx)
             cta.srguard[idx] = 0
-            vals = np.stack([_bcast(np.asarray(r(w), dt))[lanes] for r in rs], axis=1)
+            if vec == 1:  # one column: the lanes' values themselves (np.stack's Python-level loop skipped)
+                vals = _bcast(np.asarray(rs[0](w), dt))[lanes][:, None]
+            else:
+                vals = np.stack([_bcast(np.asarray(r(w), dt))[lanes] for r in rs], axis=1)
             cta.smem[idx] = vals.reshape(len(lanes), vec).copy().view(np.uint8).reshape(len(lanes), nb)
             cta.sguard[idx] = cta.guard_id(("w", w.wid), w.epoch + 1, f"st.shared of warp {w.wid}")
             cta.swriter[idx] = cta.emu.writer_id(("st.shared", w.wid, ins.line))
