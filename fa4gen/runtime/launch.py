@@ -240,6 +240,16 @@ def kernel_for(problem, dev, fields=None):
     return kernel, info
 
 
+def check_device_and_grad(torch, dev, tensors, check_grad: bool, entry: str) -> None:
+    """The checks of a validated call that need the device: its compute capability (once per device)
+    and, when check_grad, no input that requires grad while grad mode is on (forward only)."""
+    if dev.index not in _arch_ok:
+        validate.check_arch(torch.cuda.get_device_capability(dev), torch.cuda.get_device_name(dev))
+        _arch_ok.add(dev.index)
+    if check_grad and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise validate.InputValueError(FORWARD_ONLY.replace("fa4gen.attention", entry))
+
+
 def _tma_ready(t, name: str, take):
     """t as the launch takes it (Prepared.takes): itself, the same storage with legal strides for its
     size-1 dims, or, when TMA cannot address it (take: why), a packed copy."""
@@ -283,11 +293,7 @@ def attention_eager(torch, q, k, v, causal, softmax_scale, return_lse, check_gra
                     check, ((q, "q"), (k, "k"), (v, "v")))
     problem = prep.problem
     dev = q.device
-    if dev.index not in _arch_ok:
-        validate.check_arch(torch.cuda.get_device_capability(dev), torch.cuda.get_device_name(dev))
-        _arch_ok.add(dev.index)
-    if check_grad and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise validate.InputValueError(FORWARD_ONLY)
+    check_device_and_grad(torch, dev, (q, k, v), check_grad, "fa4gen.attention")
 
     sink = sink_f32(torch, learnable_sink)
 
@@ -386,11 +392,7 @@ def attention_varlen_eager(torch, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqle
                     check, ((q, "q"), (k, "k"), (v, "v")))
     problem = prep.problem
     dev = q.device
-    if dev.index not in _arch_ok:
-        validate.check_arch(torch.cuda.get_device_capability(dev), torch.cuda.get_device_name(dev))
-        _arch_ok.add(dev.index)
-    if check_grad and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise validate.InputValueError(FORWARD_ONLY.replace("fa4gen.attention", "fa4gen.attention_varlen"))
+    check_device_and_grad(torch, dev, (q, k, v), check_grad, "fa4gen.attention_varlen")
     sink = sink_f32(torch, learnable_sink)
 
     def launch(q, k, v, o, lse):
@@ -422,11 +424,7 @@ def attention_with_kvcache_eager(torch, q, k_cache, v_cache, cache_seqlens, page
                     ((q, "q"), (k_cache, "k"), (v_cache, "v")))
     problem = prep.problem
     dev = q.device
-    if dev.index not in _arch_ok:
-        validate.check_arch(torch.cuda.get_device_capability(dev), torch.cuda.get_device_name(dev))
-        _arch_ok.add(dev.index)
-    if torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad):
-        raise validate.InputValueError(FORWARD_ONLY.replace("fa4gen.attention", "fa4gen.attention_with_kvcache"))
+    check_device_and_grad(torch, dev, (q, k_cache, v_cache), True, "fa4gen.attention_with_kvcache")
     return _record(problem, t0, *kvcache_answer(torch, problem, lambda: kernel_for(problem, dev, prep.fields), q,
                                                  k_cache, v_cache, cache_seqlens, page_table, return_lse,
                                                  sink_f32(torch, learnable_sink), prep.takes))

@@ -310,6 +310,18 @@ def score_mod_scalars(config: dict, softmax_scale: float, mods=None, sink=None) 
     return out
 
 
+def _memoised(cache: dict, key, limit: int, compute):
+    """cache[key], computed once; a cache past `limit` entries starts over (shapes seen by one process
+    are few, but nothing bounds them)."""
+    hit = cache.get(key)
+    if hit is None:
+        hit = compute()
+        if len(cache) > limit:
+            cache.clear()
+        cache[key] = hit
+    return hit
+
+
 class Kernel:
     """One loaded fa4_fwd kernel. Construct with `Kernel.load(cubin, manifest)`."""
 
@@ -387,39 +399,22 @@ class Kernel:
     # ---- launching -----------------------------------------------------------------------------
     def _encode(self, role: str, t) -> bytes:
         """The tensor map of one input or output (its 128 bytes), memoised per pointer, shape and strides."""
-        key = (role, t.data_ptr(), t.shape, t.stride())
-        cached = self._maps_cache.get(key)
-        if cached is not None:
-            return cached
-        spec = self.manifest["tensor_maps"][role]
-        geo = tensor_map_geometry(role, spec, tuple(t.shape), tuple(t.stride()), t.element_size(),
-                                  manifest_gqa(self.manifest)[1])
-        tmap = _libcuda().encode_tiled(role, spec["dtype"], spec["swizzle"], t.data_ptr(), geo)
-        if len(self._maps_cache) > 64:
-            self._maps_cache.clear()
-        self._maps_cache[key] = tmap
-        return tmap
+        def encode():
+            spec = self.manifest["tensor_maps"][role]
+            geo = tensor_map_geometry(role, spec, tuple(t.shape), tuple(t.stride()), t.element_size(),
+                                      manifest_gqa(self.manifest)[1])
+            return _libcuda().encode_tiled(role, spec["dtype"], spec["swizzle"], t.data_ptr(), geo)
+        return _memoised(self._maps_cache, (role, t.data_ptr(), t.shape, t.stride()), 64, encode)
 
     def _geometry(self, batch: int, num_heads_kv: int, seqlen_q: int) -> LaunchGeometry:
-        key = ("geometry", batch, num_heads_kv, seqlen_q)
-        hit = self._l2_cache.get(key)
-        if hit is None:
-            hit = launch_geometry(self.manifest, batch, num_heads_kv, seqlen_q)
-            if len(self._l2_cache) > 256:
-                self._l2_cache.clear()
-            self._l2_cache[key] = hit
-        return hit
+        return _memoised(self._l2_cache, ("geometry", batch, num_heads_kv, seqlen_q), 256,
+                         lambda: launch_geometry(self.manifest, batch, num_heads_kv, seqlen_q))
 
     def _score_scalars(self, softmax_scale: float, mods, sink) -> dict:
         """score_mod_scalars of this kernel, memoised per (scale, mods, whether a sink came); the
         sink's pointer is the call's."""
-        key = (softmax_scale, mods, sink is None)
-        hit = self._scalars_cache.get(key)
-        if hit is None:
-            hit = score_mod_scalars(self._cfg, softmax_scale, mods, sink)
-            if len(self._scalars_cache) > 64:
-                self._scalars_cache.clear()
-            self._scalars_cache[key] = hit
+        hit = _memoised(self._scalars_cache, (softmax_scale, mods, sink is None), 64,
+                        lambda: score_mod_scalars(self._cfg, softmax_scale, mods, sink))
         return {**hit, "sink_ptr": 0 if sink is None else sink.data_ptr()}
 
     def grid(self, num_tasks: int) -> int:
@@ -434,24 +429,18 @@ class Kernel:
                  elem_bytes: int) -> L2Choice:
         """The `l2_group` launch parameter for this problem on this device (fa4gen/spec/schedule.py),
         memoised per shape: the persistent grid's choice evaluates the deal's balance."""
-        key = (batch, num_heads_kv, seqlen_q, seqlen_k, head_dim, elem_bytes)
-        hit = self._l2_cache.get(key)
-        if hit is not None:
-            return hit
-        geo = launch_geometry(self.manifest, batch, num_heads_kv, seqlen_q)
-        per_task = int(self.manifest["grid"].get("tiles_per_task", 1))
-        m_count = -(-geo.num_m_blocks // per_task)
-        # the scheduler's pairs are (batch, head group): head_groups of them per kv head
-        choice = choose_l2_group(
-            causal=bool(self._cfg["causal"]), persistent=self.manifest["grid"]["policy"] == "persistent",
-            l2_bytes=self.l2_bytes, batch=batch, num_heads_kv=num_heads_kv * geo.head_groups, seqlen_q=seqlen_q,
-            seqlen_k=seqlen_k, head_dim=head_dim, elem_bytes=elem_bytes, m_count=m_count,
-            nctas=max(self.grid(geo.num_tasks), 1), seq_q_per_tile=geo.rows_per_tile,
-            tiles_per_task=per_task)
-        if len(self._l2_cache) > 256:
-            self._l2_cache.clear()
-        self._l2_cache[key] = choice
-        return choice
+        def choose():
+            geo = self._geometry(batch, num_heads_kv, seqlen_q)
+            per_task = int(self.manifest["grid"].get("tiles_per_task", 1))
+            m_count = -(-geo.num_m_blocks // per_task)
+            # the scheduler's pairs are (batch, head group): head_groups of them per kv head
+            return choose_l2_group(
+                causal=bool(self._cfg["causal"]), persistent=self.manifest["grid"]["policy"] == "persistent",
+                l2_bytes=self.l2_bytes, batch=batch, num_heads_kv=num_heads_kv * geo.head_groups, seqlen_q=seqlen_q,
+                seqlen_k=seqlen_k, head_dim=head_dim, elem_bytes=elem_bytes, m_count=m_count,
+                nctas=max(self.grid(geo.num_tasks), 1), seq_q_per_tile=geo.rows_per_tile,
+                tiles_per_task=per_task)
+        return _memoised(self._l2_cache, (batch, num_heads_kv, seqlen_q, seqlen_k, head_dim, elem_bytes), 256, choose)
 
     def varlen(self, q, k, v, o, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, lse=None,
                seqused_k=None, softmax_scale: float | None = None, mods=None, sink=None) -> None:
@@ -497,15 +486,9 @@ class Kernel:
         from ..spec.plan import BLOCK_N, KVCACHE_MAX_SPLITS
         from ..spec.schedule import choose_num_splits
 
-        key = ("splits", batch, num_heads_kv, seqlen_q, kv_len)
-        hit = self._l2_cache.get(key)
-        if hit is None:
-            geo = launch_geometry(self.manifest, batch, num_heads_kv, seqlen_q)
-            hit = choose_num_splits(geo.num_tasks, -(-int(kv_len) // BLOCK_N), self.sm_count, KVCACHE_MAX_SPLITS)
-            if len(self._l2_cache) > 256:
-                self._l2_cache.clear()
-            self._l2_cache[key] = hit
-        return hit
+        return _memoised(self._l2_cache, ("splits", batch, num_heads_kv, seqlen_q, kv_len), 256,
+                         lambda: choose_num_splits(self._geometry(batch, num_heads_kv, seqlen_q).num_tasks,
+                                                   -(-int(kv_len) // BLOCK_N), self.sm_count, KVCACHE_MAX_SPLITS))
 
     def kvcache(self, q, k_cache, v_cache, o, cache_seqlens, page_table=None, num_splits: int = 1, lse=None,
                 softmax_scale: float | None = None, o_partial=None, lse_partial=None, mods=None, sink=None) -> None:
