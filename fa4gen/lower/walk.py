@@ -432,11 +432,11 @@ class Walker:
         first = 0 if lp.kind is LoopKind.KV else 1
         before, adv = dict(self.cache), self._advanced(lp.body)
         self._drop(adv)
-        self.emit("kv_begin", head=head, done=done, first=first)
+        self.emit("kv_begin", head=head, done=done, first=first, count_down=self.COUNT_DOWN)
         self.loop_kind = lp.kind
         self.stmts(lp.body)
         self.loop_kind = LoopKind.TASKS
-        self.emit("kv_end", head=head, done=done, first=first)
+        self.emit("kv_end", head=head, done=done, first=first, count_down=self.COUNT_DOWN)
         self.cache = {k: v for k, v in before.items() if k[1] not in adv}
 
     def task_begin(self, head: str, done: str) -> None:
