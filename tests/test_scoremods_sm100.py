@@ -9,18 +9,21 @@
   clamped; masked blocks are b >= %nunm or b < %unmlo; the block base %nlo is added to the K/V
   coordinates; softcap's tanh.approx.f32 runs on all 128 scores before the mask branch and the row
   max; the sink joins the divisor and the LSE.
-What the code computes is judged by `fa4gen emulate` (tests/test_ptxemu.py emulates the unmutated kernel
-and the corpus mutations window_begin_word_dropped, window_unmasked_lo_ignored, sink_dropped_from_divisor).
+What the code computes is judged by `fa4gen emulate`: the dense kernel and the corpus mutations
+window_begin_word_dropped, window_unmasked_lo_ignored, sink_dropped_from_divisor in tests/test_ptxemu.py,
+the KV-cache kernel with all three modifiers here.
 """
 from __future__ import annotations
 
 import functools
 import re
+from pathlib import Path
 
 from fa4gen.spec.config import KernelConfig
 from fa4gen.ir import build_pipeline
 from fa4gen.ir.core import Compute, Cond, If, Loop, walk_ops
 from fa4gen.render.kernels import build_sm100
+from fa4gen.evidence.ptxemu.harness import emulate_file
 from fa4gen.spec.plan import WINDOW_UNBOUNDED, block_info_ptx, key_limits_ptx
 
 DENSE = KernelConfig(arch="sm_100a", head_dim=64, causal=True, window=True, softcap=True, sinks=True)
@@ -116,3 +119,12 @@ def test_sink_joins_the_divisor_and_the_lse():
     for body in re.findall(r"// op \d+ Compute: store_lse\b[^\n]*\n([\s\S]*?)st\.global\.f32", text):
         assert "lg2.approx" not in body
 
+
+
+def test_kv_cache_kernel_with_every_score_mod_emulates():
+    """Window, softcap and sinks over a paged KV cache: fa4_fwd's partials leave the sink out, its direct
+    store (one split) and fa4_combine count it once; the default decode batches, one seed."""
+    text, man = built(KV.replace(softcap=True))
+    rep = emulate_file(Path("k.ptx"), ptx_text=text, manifest=man, seeds=1)
+    assert rep.ok, rep.summary()
+    assert len(rep.runs) == 4 and all(r.warp_instructions > 10_000 for r in rep.runs)
