@@ -220,7 +220,8 @@ def test_corpus_covers_the_bug_classes():
                    "dropped_wait_st", "dropped_arrive_p_ready_2", "wait_parity_flipped", "wait_on_wrong_barrier",
                    "duplicated_scale", "dropped_normalisation", "sm90_wait_group_shallow",
                    "sm90_swap_kv_full_barriers", "dropped_fence_after_p_wait", "dropped_store_wait_read",
-                   "dropped_setup_sync"):
+                   "dropped_setup_sync", "window_begin_word_dropped", "window_unmasked_lo_ignored",
+                   "sink_dropped_from_divisor", "sm90_window_unmasked_lo", "sm90_sink_units"):
         assert needed in names
 
 

@@ -467,11 +467,10 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
 
 
 def by_name(name: str) -> PtxMutation:
-    known = PTX_MUTATIONS + SCORE_MOD_MUTATIONS
-    for m in known:
+    for m in PTX_MUTATIONS:
         if m.name == name:
             return m
-    raise KeyError(f"no PTX mutation {name!r}; known: {', '.join(m.name for m in known)}")
+    raise KeyError(f"no PTX mutation {name!r}; known: {', '.join(m.name for m in PTX_MUTATIONS)}")
 
 
 # ---- 192-row Q tiles (sm_90a D = 64: three consumer warpgroups, tiles.SM90_Q_ROWS): the edits put back
@@ -580,12 +579,11 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
 # ---- score modifiers (sliding windows, sinks) on sm_100a: the window's left limit as mask words and as
 # the block test (plan.BlockInfo.needs_mask: b < unmasked_lo), the sink in O's divisor. The default
 # window shapes (harness.default_shapes) put keys left of the window into masked blocks of the first
-# launch and a block below unmasked_lo but below n_unmasked into the second; seed 0's sink dominates.
-# Kept out of PTX_MUTATIONS (whose every entry tests/test_ptxemu.py emulates, with an unmutated run of
-# each config outside the golden set: about a minute of CI for this kernel); `fa4gen emulate
-# --mutation NAME` finds them (by_name), tests/test_scoremods_sm100.py checks that each still applies.
+# launch (window (0, 0)) and a block below unmasked_lo but below n_unmasked into the second (window
+# (100, 30)); seed 0's sink dominates. The first launch reveals window_begin_word_dropped and
+# sink_dropped_from_divisor, the second window_unmasked_lo_ignored.
 _SM100WS = dict(arch="sm_100a", head_dim=64, causal=True, gqa_ratio=1, dtype="bf16", window=True, sinks=True)
-SCORE_MOD_MUTATIONS: tuple[PtxMutation, ...] = (
+PTX_MUTATIONS = PTX_MUTATIONS + (
     PtxMutation("window_begin_word_dropped", _SM100WS, "softmax0's window mask keeps the key_end word only for "
                 "columns 0-31 (the key_begin word's AND dropped): keys left of the window count on masked blocks",
                 ("mismatch",), _sub(r"^\s*and\.b32 %mw0, %mw0, %mbw;\n", "", nth=0), protocol=False),
