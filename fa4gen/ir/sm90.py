@@ -80,7 +80,7 @@ def sm90_o_staged(cfg: KernelConfig) -> bool:
     o_ptr) or store it from the registers (each thread its rows < Sq, st.global through o_ptr).
     KV-cache kernels always store from the registers (their O rows and fp32 split partials are row
     stores); the others stage O where the smallest ring, 1 Q slot and KV_STAGES_MIN K/V stages,
-    fits beside the staging slots (D = 64 and 128; not (192, 128): 246,872 bytes)."""
+    fits beside the staging slots (D = 64 and 128; not (192, 128): docs/HEAD_DIMS.md)."""
     return not cfg.kvcache and _fits(cfg, 1, KV_STAGES_MIN, o_staged=True)
 
 
