@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
 from fa4gen.ir import build_pipeline  # noqa: E402
 from fa4gen.ir.core import Region, Space  # noqa: E402
 from fa4gen.ir.layout import layout_of  # noqa: E402
-from fa4gen.ir.sm90 import sm90_stages, smem_pipeline  # noqa: E402
+from fa4gen.ir.sm90 import sm90_o_staged, sm90_stages, smem_pipeline  # noqa: E402
 from fa4gen.spec.config import (HEAD_DIM_PAIRS, HEAD_DIM_PLANNED, KernelConfig,  # noqa: E402
                                 planning_head_dims)
 from fa4gen.spec.exp2 import emulated_columns  # noqa: E402
@@ -180,6 +180,9 @@ def sm90_rows(d: int, dv: int) -> list[Row]:
         return (f"[REG_HEADROOM] consumer: {left} registers beside the fragments, fewer than the {low} of "
                 f"today's tightest kernel",) if left < low else ()
 
+    def o_text(c):  # how the IR's kernel stores O (ir/sm90.sm90_o_staged: staged where a ring fits beside it)
+        return "O staged" if sm90_o_staged(c) else "O from registers"
+
     def ir_row(c, label):
         try:
             nq, kv = sm90_stages(c)
@@ -189,20 +192,22 @@ def sm90_rows(d: int, dv: int) -> list[Row]:
         return row_of(smem_pipeline(c, nq, kv), f"{label}: {nq} Q slots, {kv} K/V stages", _regs90(c, 128),
                       reg_problem(c, 128))
 
-    rows = [ir_row(cfg, f"IR ({cfg.block_m}-row tile, O staged)")]
-    if (d, dv) not in HEAD_DIM_PLANNED:
+    rows = [ir_row(cfg, f"IR ({cfg.block_m}-row tile, {o_text(cfg)})")]
+    if (d, dv) in HEAD_DIM_PAIRS["sm_90a"]:
         return rows
     if d == 96:  # the three-consumer 192-row tile (FA3's choice at 96; fa4gen's at 64)
-        rows.append(ir_row(cfg.replace(block_m=192), "IR (192-row tile, O staged)"))
+        wide = cfg.replace(block_m=192)
+        rows.append(ir_row(wide, f"IR (192-row tile, {o_text(wide)})"))
     nostage = cfg.replace(kvcache=True, block_m=ROWS)  # the KV-cache kernels' layout: O stored from the registers
-    rows.append(ir_row(nostage, "O from registers (the KV-cache layout)"))
+    if sm90_o_staged(cfg):
+        rows.append(ir_row(nostage, "O from registers (the KV-cache layout)"))
     # smaller K/V blocks: the largest multiple of 16 keys whose ring (2 Q slots, else 1; >= 2 stages) fits
-    for c, staged in ((cfg, "O staged"), (nostage, "O from registers")):
+    for c, o_staged, staged in ((cfg, True, "O staged"), (nostage, False, "O from registers")):
         for n in range(112, 15, -16):
             found = None
             for nq in (2, 1):
                 for kv in (4, 3, 2):
-                    pipe = smem_pipeline(c, nq, kv)
+                    pipe = smem_pipeline(c, nq, kv, o_staged)
                     pipe = _edit(pipe, slot_bytes={"K": n * d * 2, "V": n * dv * 2})
                     if layout_of(pipe).total <= pipe.smem_limit:
                         found = pipe

@@ -103,18 +103,24 @@ def test_head_dim_mismatch():
 def test_unsupported_head_dim_says_which_are(d):
     planned = r" \(planned: docs/HEAD_DIMS.md\)" if d in (96, 256) else ""
     raises(InputValueError, rf"^head_dim {d} is not supported{planned}; fa4gen generates \(head_dim, head_dim_v\) "
-                            r"\(64, 64\), \(128, 128\)$", *qkv(d=d))
+                            r"\(64, 64\), \(128, 128\), \(192, 128\)$", *qkv(d=d))
 
 
-@pytest.mark.parametrize("d,dv", [(128, 64), (64, 128), (192, 128), (128, 96)])
+@pytest.mark.parametrize("d,dv", [(128, 64), (64, 128), (192, 64), (128, 96)])
 def test_v_head_dim_other_than_q_is_refused_as_a_head_dim_pair(d, dv):
     """v's last dim is head_dim_v: a pair fa4gen does not generate is a head-dim error naming the pairs
     it does, not a shape mismatch."""
     q, k, _ = qkv(d=d)
-    planned = r" \(planned: docs/HEAD_DIMS.md\)" if (d, dv) == (192, 128) else ""
-    raises(InputValueError, rf"^head_dim {d} with head_dim_v {dv} \(q's and v's last dims\) is not supported{planned}; "
-                            r"fa4gen generates \(head_dim, head_dim_v\) \(64, 64\), \(128, 128\)$",
+    raises(InputValueError, rf"^head_dim {d} with head_dim_v {dv} \(q's and v's last dims\) is not supported; "
+                            r"fa4gen generates \(head_dim, head_dim_v\) \(64, 64\), \(128, 128\), \(192, 128\)$",
            q, k, meta("v", (2, 300, 2, dv)))
+
+
+def test_deepseek_head_dims_are_a_problem_whose_output_has_v_columns():
+    """(192, 128) is generated for the runtime's arch (sm_90a): q and k of 192 columns, v and o of 128."""
+    q, k, _ = qkv(d=192)
+    p = problem(q, k, meta("v", (2, 300, 2, 128)))
+    assert p.head_dims == (192, 128) and p.out_shape == (2, 100, 8, 128)
 
 
 def test_v_head_dim_is_refused_by_every_entry_point():

@@ -133,7 +133,8 @@ def test_build_outputs_are_replaced_atomically(tmp_path, monkeypatch):
 
 
 # ---- --head-dim D[,DV] (issue 26 groundwork) ---------------------------------------------------------
-@pytest.mark.parametrize("arg,dims", [("128", (128, 128)), ("64", (64, 64)), ("64,64", (64, 64)), ("128,128", (128, 128))])
+@pytest.mark.parametrize("arg,dims", [("128", (128, 128)), ("64", (64, 64)), ("64,64", (64, 64)), ("128,128", (128, 128)),
+                                      ("192,128", (192, 128))])
 def test_head_dim_takes_d_or_d_comma_dv(arg, dims, tmp_path, monkeypatch):
     seen = []
 
@@ -146,17 +147,20 @@ def test_head_dim_takes_d_or_d_comma_dv(arg, dims, tmp_path, monkeypatch):
     from fa4gen.spec.tiles import q_tile_rows
 
     assert seen[0].head_dims == dims
-    assert seen[0] == KernelConfig(arch="sm_90a", head_dim=dims[0], block_m=q_tile_rows("sm_90a", dims[0], 1))
+    assert seen[0] == KernelConfig(arch="sm_90a", head_dim=dims[0], head_dim_v=dims[1],
+                                   block_m=q_tile_rows("sm_90a", dims[0], 1))
 
 
-@pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])
-@pytest.mark.parametrize("arg,field", [("192,128", "head_dim"), ("128,64", "head_dim_v"), ("256", "head_dim")])
+@pytest.mark.parametrize("arch,arg,field", [("sm_100a", "192,128", "head_dim"), ("sm_90a", "192,64", "head_dim_v"),
+                                            *((a, "128,64", "head_dim_v") for a in ("sm_100a", "sm_90a")),
+                                            *((a, "256", "head_dim") for a in ("sm_100a", "sm_90a"))])
 def test_head_dim_pairs_not_generated_are_refused_naming_the_generated_ones(arch, arg, field, monkeypatch):
     monkeypatch.setattr(codegen, "build", lambda *a, **k: pytest.fail("built a refused config"))
     err = _one_line_error(CliRunner().invoke(main, ["build", "--arch", arch, "--head-dim", arg]))
     d, _, dv = arg.partition(",")
     assert err.startswith(f"fa4gen: error: invalid {field}=")
-    assert f"({d}, {dv or d}) is not generated for {arch}" in err and err.endswith("it generates (64, 64), (128, 128)")
+    pairs = {"sm_100a": "(64, 64), (128, 128)", "sm_90a": "(64, 64), (128, 128), (192, 128)"}[arch]
+    assert f"({d}, {dv or d}) is not generated for {arch}" in err and err.endswith(f"it generates {pairs}")
 
 
 @pytest.mark.parametrize("arg", ["12x", "1,2,3", ",128", ""])

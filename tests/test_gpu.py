@@ -145,7 +145,7 @@ def make_inputs(c, seed_label, device="cuda"):
 
     q = rnd(c["b"], c["sq"], hq, c["d"]) * (30.0 if c["x30"] else 1.0)
     k = rnd(c["b"], c["skv"], c["hkv"], c["d"])
-    v = rnd(c["b"], c["skv"], c["hkv"], c["d"])
+    v = rnd(c["b"], c["skv"], c["hkv"], c.get("dv", c["d"]))  # v (and o) may have their own head_dim_v
     return q.to(dt), k.to(dt), v.to(dt)
 
 
@@ -154,11 +154,12 @@ def run_kernel_poisoned(q, k, v, causal, scale, dtype, emu_pairs=None, block_m=N
     the Q tile fa4gen.attention picks (tiles.q_tile_rows: 192 rows, three consumers, at D = 64 unless
     causal over fewer than 2048 packed rows)."""
     b, sq, hq, d = q.shape
-    g = hq // k.shape[2]
-    cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, gqa_ratio=g, dtype=dtype, emu_pairs=emu_pairs,
+    g, dv = hq // k.shape[2], v.shape[-1]
+    cfg = KernelConfig(arch="sm_90a", head_dim=d, head_dim_v=dv, causal=causal, gqa_ratio=g, dtype=dtype,
+                       emu_pairs=emu_pairs,
                        block_m=q_tile_rows("sm_90a", d, g, causal=causal, seqlen_q=sq) if block_m is None else block_m)
     kernel, _ = api.get_kernel(cfg, q.device)
-    o = torch.full_like(q, float("nan"))
+    o = torch.full((b, sq, hq, dv), float("nan"), device=q.device, dtype=q.dtype)
     lse = torch.full((b, hq, sq), float("nan"), device=q.device, dtype=torch.float32)
     kernel(q, k, v, o, lse=lse, softmax_scale=scale)
     torch.cuda.synchronize()

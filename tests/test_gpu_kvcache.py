@@ -21,9 +21,11 @@ from test_gpu_varlen import assert_guards, guarded  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
-def make_cache(b, lens, sq, hkv, g, d, dtype, page_size, seed, extra_pages=3, max_pages=None):
-    """q, k_cache, v_cache, cache_seqlens, page_table (None if contiguous) and the per-sequence gathered
-    (k, v): pages of a paged cache are a random permutation with unused pages between them."""
+def make_cache(b, lens, sq, hkv, g, d, dtype, page_size, seed, extra_pages=3, max_pages=None, dv=None):
+    """q, k_cache, v_cache (dv columns, default d), cache_seqlens, page_table (None if contiguous) and the
+    per-sequence gathered (k, v): pages of a paged cache are a random permutation with unused pages
+    between them."""
+    dv = d if dv is None else dv
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dt = TORCH_DTYPE[dtype]
     hq = hkv * g
@@ -37,7 +39,7 @@ def make_cache(b, lens, sq, hkv, g, d, dtype, page_size, seed, extra_pages=3, ma
         need = [-(-n // page_size) for n in lens]
         mp = max_pages or max(max(need), 1)
         num_pages = sum(need) + extra_pages
-        k_cache, v_cache = rnd(num_pages, page_size, hkv, d), rnd(num_pages, page_size, hkv, d)
+        k_cache, v_cache = rnd(num_pages, page_size, hkv, d), rnd(num_pages, page_size, hkv, dv)
         perm = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed)).tolist()
         table = torch.full((b, mp), -7, dtype=torch.int32)  # unused entries: garbage the kernel must not need
         it = iter(perm)
@@ -49,9 +51,9 @@ def make_cache(b, lens, sq, hkv, g, d, dtype, page_size, seed, extra_pages=3, ma
         for i, n in enumerate(lens):
             pages = table[i, :need[i]].tolist()
             ks.append(k_cache[pages].reshape(-1, hkv, d)[:n] if n else k_cache[:0, 0])
-            vs.append(v_cache[pages].reshape(-1, hkv, d)[:n] if n else v_cache[:0, 0])
+            vs.append(v_cache[pages].reshape(-1, hkv, dv)[:n] if n else v_cache[:0, 0])
     else:
-        k_cache, v_cache = rnd(b, cap_keys, hkv, d), rnd(b, cap_keys, hkv, d)
+        k_cache, v_cache = rnd(b, cap_keys, hkv, d), rnd(b, cap_keys, hkv, dv)
         page_table = None
         ks = [k_cache[i, :n] for i, n in enumerate(lens)]
         vs = [v_cache[i, :n] for i, n in enumerate(lens)]
@@ -72,17 +74,18 @@ def check_kvcache(o, lse, q, ks, vs, causal, scale, dtype, label):
 def run_poisoned(q, k_cache, v_cache, seqlens, page_table, causal, num_splits, dtype, scale):
     """The kernel's own launch path with NaN-poisoned, guarded O and LSE."""
     b, sq, hq, d = q.shape
-    cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, gqa_ratio=hq // k_cache.shape[2], dtype=dtype,
-                       kvcache=True, page_size=0 if page_table is None else k_cache.shape[1])
+    dv = v_cache.shape[-1]  # o's and the partials' columns (head_dim_v)
+    cfg = KernelConfig(arch="sm_90a", head_dim=d, head_dim_v=dv, causal=causal, gqa_ratio=hq // k_cache.shape[2],
+                       dtype=dtype, kvcache=True, page_size=0 if page_table is None else k_cache.shape[1])
     kernel, _ = api.get_kernel(cfg, q.device)
     cap = k_cache.shape[1] if page_table is None else page_table.shape[1] * k_cache.shape[1]
     S = num_splits or kernel.kvcache_num_splits(b, k_cache.shape[2], sq, cap)
-    o, obuf = guarded((b, sq, hq, d), q.dtype, q.device)
+    o, obuf = guarded((b, sq, hq, dv), q.dtype, q.device)
     lse, lbuf = guarded((b, hq, sq), torch.float32, q.device)
     rows = b * sq * hq
     op = lp = None
     if S > 1:
-        op, opb = guarded((S, rows, d), torch.float32, q.device)
+        op, opb = guarded((S, rows, dv), torch.float32, q.device)
         lp, lpb = guarded((S, rows), torch.float32, q.device)
     kernel.kvcache(q, k_cache, v_cache, o, seqlens, page_table, num_splits=S, lse=lse, softmax_scale=scale,
                    o_partial=op, lse_partial=lp)

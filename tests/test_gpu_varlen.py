@@ -62,9 +62,11 @@ def assert_guards(buf, label):
 
 def run_varlen_poisoned(q, k, v, cu_q, cu_k, causal, scale, dtype, seqused_k=None, max_q=None, max_k=None):
     tq, hq, d = q.shape
-    cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, gqa_ratio=hq // k.shape[1], dtype=dtype, varlen=True)
+    dv = v.shape[-1]  # o's columns (head_dim_v)
+    cfg = KernelConfig(arch="sm_90a", head_dim=d, head_dim_v=dv, causal=causal, gqa_ratio=hq // k.shape[1], dtype=dtype,
+                       varlen=True)
     kernel, _ = api.get_kernel(cfg, q.device)
-    o, obuf = guarded((tq, hq, d), q.dtype, q.device)
+    o, obuf = guarded((tq, hq, dv), q.dtype, q.device)
     lse, lbuf = guarded((hq, tq), torch.float32, q.device)
     kernel.varlen(q, k, v, o, cu_q, cu_k, max_q or tq, max_k or k.shape[0], lse=lse, seqused_k=seqused_k,
                   softmax_scale=scale)
@@ -86,13 +88,13 @@ def check_per_sequence(o, lse, q, k, v, lens_q, lens_k, used_k, causal, scale, d
     assert q0 == o.shape[0]
 
 
-def _inputs(lens_q, lens_k, hq, hkv, d, dtype, label, device="cuda"):
+def _inputs(lens_q, lens_k, hq, hkv, d, dtype, label, device="cuda", dv=None):
     gen = torch.Generator(device=device).manual_seed(zlib.crc32(label.encode()))
     dt = TORCH_DTYPE[dtype]
     tq, tk = sum(lens_q), sum(lens_k)
     q = torch.randn(tq, hq, d, generator=gen, device=device).to(dt)
     k = torch.randn(tk, hkv, d, generator=gen, device=device).to(dt)
-    v = torch.randn(tk, hkv, d, generator=gen, device=device).to(dt)
+    v = torch.randn(tk, hkv, d if dv is None else dv, generator=gen, device=device).to(dt)
     return q, k, v
 
 

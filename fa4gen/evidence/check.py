@@ -818,8 +818,10 @@ def _expected(pipe) -> dict:
     from ..spec.plan import ROWS, kv_box_rows
     cfg = pipe.config
     sm100 = cfg.arch == "sm_100a"
-    boxes = cfg.head_dim // 64
-    kv_boxes = boxes * (ROWS // kv_box_rows(cfg))  # a paged K/V block: one box per page and 64 columns
+    # 64-column boxes per tile: Q and K have head_dim columns, V and O head_dim_v; a paged K/V block
+    # has one box per page and 64 columns
+    boxes = {"q": cfg.head_dim // 64, "k": cfg.head_dim // 64 * (ROWS // kv_box_rows(cfg)),
+             "v": cfg.head_dim_v // 64 * (ROWS // kv_box_rows(cfg)), "o": cfg.head_dim_v // 64}
     out = {}
     for role in pipe.roles:
         ops = list(walk_ops(role.program))
@@ -846,9 +848,9 @@ def _expected(pipe) -> dict:
                 ev = ("expect_tx", op.barrier, slot(op.slot), op.bytes, True)
             elif isinstance(op, TmaLoad):
                 ev = ("tma_load_n", (op.tensor, op.dst, slot(op.dst_slot), op.barrier, slot(op.bar_slot), True),
-                      boxes if op.tensor == "q" else kv_boxes)
+                      boxes[op.tensor])
             elif isinstance(op, TmaStore):
-                ev = ("tma_store_n", ("o", True), boxes, "committed")
+                ev = ("tma_store_n", ("o", True), boxes["o"], "committed")
             elif isinstance(op, TmaStoreWait):
                 ev = ("store_wait", True)
             elif isinstance(op, NamedArrive):

@@ -148,8 +148,8 @@ def _check_shapes(q, k, v) -> tuple[int, int, int, int, int, int]:
         if not isinstance(t, np.ndarray) or t.ndim != 4:
             raise ValueError(f"{name} must be a 4-D numpy array [B, S, H, D], got "
                              f"{getattr(t, 'shape', type(t).__name__)}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v shapes differ: {k.shape} vs {v.shape}")
+    if k.shape[:3] != v.shape[:3]:  # v's last dim (head_dim_v, o's) may differ from k's
+        raise ValueError(f"k and v shapes differ but for the last dim: {k.shape} vs {v.shape}")
     b, sq, hq, d = q.shape
     bk, skv, hkv, dk = k.shape
     if bk != b or dk != d:
@@ -248,7 +248,8 @@ def attention_exact(q, k, v, causal: bool, softmax_scale=None, *, window=None, s
     for that head), one logit z_h per query head joining every row's denominator and no value:
     O = sum_j e^{s_j} v_j / (sum_j e^{s_j} + e^{z_h}), LSE = log(sum_j e^{s_j} + e^{z_h}).
     Rows without a valid key: O = 0, LSE = z_h (-inf without a sink).
-    Returns (o [B, Sq, Hq, D] float64, lse [B, Hq, Sq] float64)."""
+    v may have its own last dim DV (head_dim_v; k's is q's D).
+    Returns (o [B, Sq, Hq, DV] float64, lse [B, Hq, Sq] float64)."""
     q, k, v = (np.asarray(t) for t in (q, k, v))
     b, sq, hq, skv, hkv, d = _check_shapes(q, k, v)
     scale = _default_scale(d, softmax_scale)
@@ -266,7 +267,7 @@ def attention_exact(q, k, v, causal: bool, softmax_scale=None, *, window=None, s
     with np.errstate(invalid="ignore", divide="ignore"):
         o = np.where(denom[..., None] > 0, num / denom[..., None], 0.0)
         lse = np.where(denom > 0, m_safe + np.log(denom), -np.inf)
-    o = o.transpose(0, 3, 1, 2, 4).reshape(b, sq, hq, d)
+    o = o.transpose(0, 3, 1, 2, 4).reshape(b, sq, hq, v.shape[-1])
     return o, lse.reshape(b, hq, sq)
 
 
@@ -318,7 +319,7 @@ class RowState:
 
     ref: np.ndarray  # [R] float32
     row_sum: np.ndarray  # [R] float32
-    o: np.ndarray  # [R, D] float32
+    o: np.ndarray  # [R, DV] float32
 
     @classmethod
     def initial(cls, rows: int, head_dim: int) -> "RowState":
@@ -454,7 +455,7 @@ def _score_mods_for(cfg: KernelConfig, hq: int, window, softcap, sinks):
 
 def fa4_forward(q, k, v, cfg: KernelConfig, softmax_scale=None, stats: dict | None = None, *, window=None,
                 softcap: float = 0.0, sinks=None):
-    """The FA4 forward as the generated kernel computes it. Returns (o, lse): o [B, Sq, Hq, D] in
+    """The FA4 forward as the generated kernel computes it. Returns (o, lse): o [B, Sq, Hq, DV] in
     cfg.dtype's array convention, lse [B, Hq, Sq] float32 (LSE = ln(row_sum) + ref * scale, with
     row_sum relative to the final reference ref; -inf where no key is valid).
 
@@ -481,8 +482,10 @@ def fa4_forward(q, k, v, cfg: KernelConfig, softmax_scale=None, stats: dict | No
         raise TypeError(f"cfg must be a KernelConfig, got {type(cfg).__name__}")
     q, k, v = (np.asarray(t) for t in (q, k, v))
     b, sq, hq, skv, hkv, d = _check_shapes(q, k, v)
-    if d != cfg.head_dim:
-        raise ValueError(f"head_dim {d} does not match cfg.head_dim {cfg.head_dim}")
+    dv = v.shape[-1]
+    if (d, dv) != cfg.head_dims:
+        raise ValueError(f"(head_dim, head_dim_v) = ({d}, {dv}) (q's and v's last dims) does not match the "
+                         f"config's {cfg.head_dims}")
     if hq != hkv * cfg.gqa_ratio:
         raise ValueError(f"Hq / Hkv = {hq} / {hkv} does not match cfg.gqa_ratio {cfg.gqa_ratio}")
     window, cap, z = _score_mods_for(cfg, hq, window, softcap, sinks)
@@ -495,13 +498,13 @@ def fa4_forward(q, k, v, cfg: KernelConfig, softmax_scale=None, stats: dict | No
     n_emu = int(emu_cols.sum())
     win = (window if window is not None else (-1, -1)) if cfg.window else None
 
-    o_out = np.zeros((b, sq, hq, d), np.float32)
+    o_out = np.zeros((b, sq, hq, dv), np.float32)
     lse_out = np.full((b, hq, sq), -np.inf, np.float32)
     rows = np.arange(bm)
     for bi in range(b):
         for kvh in range(hkv):
             k_bh = k64[bi, :, kvh, :]
-            v_pad = np.zeros((-(-skv // bn) * bn, d))
+            v_pad = np.zeros((-(-skv // bn) * bn, dv))
             v_pad[:skv] = v64[bi, :, kvh, :]  # TMA zero-fills the tail rows of the last V block
             for j, m in itertools.product(range(g // pk), range(-(-sq // sqt))):
                 seq = m * sqt + rows // pk
@@ -517,7 +520,7 @@ def fa4_forward(q, k, v, cfg: KernelConfig, softmax_scale=None, stats: dict | No
                     s_all = tanh_approx_f32(s_all * args["softcap_in"])  # mul.f32 then tanh.approx.f32
                 limits = col_limits(cfg, seq_v, sq, skv, win)
                 begins = col_begins(cfg, seq_v, sq, skv, win)
-                state = RowState.initial(r, d)
+                state = RowState.initial(r, dv)
                 for i, n in enumerate(info.blocks()):
                     c0 = n * bn
                     s = np.full((r, bn), -np.inf, np.float32)
@@ -527,7 +530,7 @@ def fa4_forward(q, k, v, cfg: KernelConfig, softmax_scale=None, stats: dict | No
                         col = c0 + np.arange(bn)[None, :]
                         s[(col >= limits[:, None]) | (col < begins[:, None])] = -np.inf
                     first = i == 0
-                    v_blk = v_pad[c0:c0 + bn] if c0 < v_pad.shape[0] else np.zeros((bn, d))  # TMA zero fill
+                    v_blk = v_pad[c0:c0 + bn] if c0 < v_pad.shape[0] else np.zeros((bn, dv))  # TMA zero fill
                     upd = block_update(state, s, v_blk, sl2, cfg.rescale_threshold,
                                        first=first, emulated=None if masked else emu_cols,
                                        p_dtype=cfg.dtype)

@@ -102,6 +102,7 @@ class NumpyData(DataModel):
         self.pipe = pipe
         self.q, self.k, self.v = q, k, v
         self.b, self.sq, self.hq, self.skv, self.hkv, self.d = _check_shapes(q, k, v)
+        self.dv = v.shape[-1]  # O's columns (head_dim_v)
         self.scale = scale
         # the score modifiers' values (_mods): window (left, right) or None, softcap (0: none), sinks [Hq] or None
         self.window, cap, self.sinks = mods
@@ -112,7 +113,7 @@ class NumpyData(DataModel):
         self.tmem = np.full((TMEM_LANES, TMEM_COLUMNS), np.nan, np.float32)
         self.tmem16 = self.tmem.view(np.uint16)
         self.regs: dict[str, dict] = {r.name: {} for r in pipe.roles}
-        self.o = np.full((self.b, self.sq, self.hq, self.d), np.nan, np.float32)
+        self.o = np.full((self.b, self.sq, self.hq, self.dv), np.nan, np.float32)
         self.lse = np.full((self.b, self.hq, self.sq), np.nan, np.float32)
         rows = np.arange(128)
         self.row_seq_off = rows // cfg.gqa_pack
@@ -136,7 +137,7 @@ class NumpyData(DataModel):
         """A TMA tile of `src` [B, S, H, D]: dense, the task's rows (zero past S, where TMA fills
         zeros); varlen, the packed tensor's rows start + pos, whatever sequence they belong to (only
         past the tensor's end are they zero): the mask must hide them."""
-        tile = np.zeros((len(pos), self.d))
+        tile = np.zeros((len(pos), src.shape[-1]))
         rows = start + pos
         ok = valid if task.q_len is None and task.k_len is None else rows < src.shape[1]
         tile[ok] = src[task.batch, rows[ok], head[ok] if isinstance(head, np.ndarray) else head, :]
@@ -174,7 +175,7 @@ class NumpyData(DataModel):
                 with np.errstate(invalid="ignore"):  # a hazardous pipeline may read never-written NaN bits
                     p = _from_bits(np.ascontiguousarray(bits), self.cfg.dtype).astype(np.float64)
                 vv = self.smem[(op.b, slots["b"])][op.k_lo:op.k_hi]
-                cols = slice(d_reg.col, d_reg.col + self.d)
+                cols = slice(d_reg.col, d_reg.col + self.dv)
                 old = self.tmem[:, cols].astype(np.float64) if ctx["accumulate"] else 0.0
                 self.tmem[:, cols] = (old + p @ vv).astype(np.float32)
         elif kind == "tmem_ld":
@@ -200,7 +201,7 @@ class NumpyData(DataModel):
             (t_idx, qtile), tile = self.smem[(op.src, slots["slot"])]
             t = self.tasks[t_idx]
             seq, head, valid = self.tile_rows(t, qtile)
-            self.o[t.batch, t.q_start + seq[valid], head[valid], :] = tile[valid][:, :self.d]
+            self.o[t.batch, t.q_start + seq[valid], head[valid], :] = tile[valid][:, :self.dv]
         elif kind == "store_partial":  # KV cache: the split's fp32 O columns of the rows < Sq
             seq, head, valid = self.tile_rows(task, op.qtile)
             r = (task.batch * self.sq + seq[valid]) * self.hq + head[valid]
@@ -237,7 +238,7 @@ class NumpyData(DataModel):
         inv = np.zeros(row_sum.shape, np.float32)
         pos = row_sum > 0
         inv[pos] = np.float32(1) / row_sum[pos]
-        return round_to_dtype(o[:, :self.d] * inv[:, None], self.cfg.dtype)
+        return round_to_dtype(o[:, :self.dv] * inv[:, None], self.cfg.dtype)
 
     def _store_lse(self, task: Task, qtile: int, rows: slice, regs):
         seq, head, valid = (x[rows] for x in self.tile_rows(task, qtile))
@@ -315,7 +316,7 @@ class NumpyDataSm90(NumpyData):
             (t_idx, half), tile = self.smem[(op.src, slots["slot"])]
             t = self.tasks[t_idx]
             seq, head, valid = (x[64 * half:64 * half + 64] for x in self.tile_rows(t, 0))
-            self.o[t.batch, t.q_start + seq[valid], head[valid], :] = tile[valid][:, :self.d]
+            self.o[t.batch, t.q_start + seq[valid], head[valid], :] = tile[valid][:, :self.dv]
         elif kind == "compute":
             self._compute90(op, ctx, task, regs)
         else:
@@ -334,13 +335,16 @@ class NumpyDataSm90(NumpyData):
         elif op.fn == "normalize" and self.sinks is not None:  # the reference's sink epilogue, fp32
             o, regs["lse"] = _sink_epilogue(RowState(regs["row_max"], regs["row_sum"], regs["O"]),
                                             self._sink_z(task, 0, rows), self.sl2)
-            regs["o_out"] = round_to_dtype(o[:, :self.d], self.cfg.dtype)
+            regs["o_out"] = round_to_dtype(o[:, :self.dv], self.cfg.dtype)
             regs["tag"] = (ctx["task"], half)
         elif op.fn == "normalize":
             regs["o_out"] = self._normalized(regs["O"], regs["row_sum"])
             regs["tag"] = (ctx["task"], half)
         elif op.fn == "store_lse":
             self._store_lse(task, 0, rows, regs)
+        elif op.fn == "store_o_rows" and not self.cfg.kvcache:  # O from the registers: the rows < Sq
+            seq, head, valid = (x[rows] for x in self.tile_rows(task, 0))
+            self.o[task.batch, task.q_start + seq[valid], head[valid], :] = regs["o_out"][valid]
         else:
             raise ValueError(f"simulator has no sm_90a function {op.fn!r}")
 
@@ -372,7 +376,7 @@ def simulate(pipe_or_cfg, q, k, v, softmax_scale=None, seed: int = 0, num_ctas: 
     cfg = pipe.config
     q, k, v = (np.asarray(t) for t in (q, k, v))
     b, sq, hq, skv, hkv, d = _check_shapes(q, k, v)
-    if d != cfg.head_dim or hq != hkv * cfg.gqa_ratio:
+    if (d, v.shape[-1]) != cfg.head_dims or hq != hkv * cfg.gqa_ratio:
         raise ValueError(f"shapes {q.shape}/{k.shape} do not fit {cfg.name}")
     if skv == 0:
         raise ValueError("Skv = 0: no keys (the API returns O = 0, LSE = -inf without a launch)")
@@ -415,7 +419,7 @@ def simulate_varlen(pipe_or_cfg, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=
         raise ValueError(f"{cfg.name} is not a varlen pipeline")
     q, k, v = (np.asarray(t)[None] for t in (q, k, v))  # the packed tensors as a batch of one
     _, total_q, hq, total_k, hkv, d = _check_shapes(q, k, v)
-    if d != cfg.head_dim or hq != hkv * cfg.gqa_ratio:
+    if (d, v.shape[-1]) != cfg.head_dims or hq != hkv * cfg.gqa_ratio:
         raise ValueError(f"shapes {q.shape[1:]}/{k.shape[1:]} do not fit {cfg.name}")
     q64, k64, v64 = (_as_compute(t, cfg.dtype, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
     scale = _default_scale(d, softmax_scale)
@@ -488,7 +492,7 @@ def simulate_kvcache(pipe_or_cfg, q, k_cache, v_cache, cache_seqlens, page_table
     else:
         k, v, capacity = k_cache, v_cache, k_cache.shape[1]
     _, _, hq, skv, hkv, _ = _check_shapes(q, k, v)
-    if d != cfg.head_dim or hq != hkv * cfg.gqa_ratio:
+    if (d, v.shape[-1]) != cfg.head_dims or hq != hkv * cfg.gqa_ratio:
         raise ValueError(f"shapes {q.shape}/{k.shape} do not fit {cfg.name}")
     q64, k64, v64 = (_as_compute(t, cfg.dtype, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
     scale = _default_scale(d, softmax_scale)
@@ -504,12 +508,12 @@ def simulate_kvcache(pipe_or_cfg, q, k_cache, v_cache, cache_seqlens, page_table
         tasks.append(Task(b, hg // ng, m, info.n, hg % ng, k_len=kl, split=split, block_lo=info.lo))
     data = (NumpyData if pipe.arch == "sm_100a" else NumpyDataSm90)(pipe, q64, k64, v64, scale, tasks, mods)
     R = B * sq * hq
-    data.o_partial = np.full((S, R, d), np.nan, np.float32)
+    data.o_partial = np.full((S, R, v.shape[-1]), np.nan, np.float32)
     data.lse_partial = np.full((S, R), np.nan, np.float32)
     findings = _run_ctas(pipe, data, tasks, num_ctas, seed, priority, split_kv=S > 1)
     if S == 1:
         return KvSimResult(data.o, data.lse, None, None, findings)
     sink = None if mods[2] is None else np.tile(mods[2], B * sq)  # row r = (b * Sq + seq) * Hq + head
     o, lse = combine_partials(data.o_partial, data.lse_partial, sink)
-    o = round_to_dtype(o, cfg.dtype).reshape(B, sq, hq, d)
+    o = round_to_dtype(o, cfg.dtype).reshape(B, sq, hq, v.shape[-1])
     return KvSimResult(o, lse.reshape(B, sq, hq).transpose(0, 2, 1), data.o_partial, data.lse_partial, findings)

@@ -5,7 +5,10 @@ are consumers that each own 64 rows of the block_m-row Q tile (C = block_m / 64:
 192-row tiles of tiles.SM90_Q_ROWS). S, P and O live in registers (wgmma
 accumulators; P as the RS-form A fragments), so the TMEM hand-offs of sm_100a become
 `wgmma.wait_group` (MmaWait) points. Q has two SMEM slots (the next task's Q loads under this
-task's K/V loop), K and V separate rings; every empty
+task's K/V loop; one where two do not fit, D = 192), K and V separate rings (each with its own tile
+size and tx count: K D columns, V DV); O leaves through a staging slot per consumer (a TMA store, or
+varlen's row copies) where one fits beside the rings, else from the registers (KV cache, and the
+(192, 128) kernels: `sm90_o_staged`); every empty
 barrier gets one arrival per consumer warp (4 C). C 256-thread named barriers pass the tensor core
 around the consumers in a ring (ping-pong; consumer i hands it to i + 1 mod C): consumer C - 1
 pre-arrives once so consumer 0 goes first, and consumer 0 takes the last hand-off after its final task.
@@ -13,7 +16,7 @@ pre-arrives once so consumer 0 goes first, and consumer 0 takes the last hand-of
 
 from __future__ import annotations
 
-from ..spec.config import K_SPLIT_DEFAULT, KV_STAGES_MAX, ConfigError, KernelConfig
+from ..spec.config import K_SPLIT_DEFAULT, KV_STAGES_MAX, KV_STAGES_MIN, ConfigError, KernelConfig
 from ..spec.plan import (ARCH_LIMITS, SM90_CONSUMER_REGS, SM90_PRODUCER_REGS, SM90_REGS, SM90_SCHED_BAR_ID, q_tile_bytes,
                          sm90_consumers, sm90_epi_bar_id, tile_bytes, v_tile_bytes)
 from ..spec.tiles import PlanError
@@ -28,8 +31,9 @@ SCHED_BAR_ID = SM90_SCHED_BAR_ID
 PRODUCER_REGS, CONSUMER_REGS = SM90_PRODUCER_REGS, SM90_CONSUMER_REGS
 
 
-def _smem(cfg: KernelConfig, nq: int, kv: int) -> tuple[tuple[Region, ...], tuple[Barrier, ...]]:
-    """The regions and barriers of the kernel with nq Q slots and a kv-deep K/V ring."""
+def _smem(cfg: KernelConfig, nq: int, kv: int, o_staged: bool) -> tuple[tuple[Region, ...], tuple[Barrier, ...]]:
+    """The regions and barriers of the kernel with nq Q slots, a kv-deep K/V ring and (o_staged) an
+    O staging slot per consumer."""
     dv, tile, vtile, qtile = cfg.head_dim_v, tile_bytes(cfg), v_tile_bytes(cfg), q_tile_bytes(cfg)
     nc = sm90_consumers(cfg.block_m)
     arrivals = 4 * nc  # one per consumer warp
@@ -37,8 +41,8 @@ def _smem(cfg: KernelConfig, nq: int, kv: int) -> tuple[tuple[Region, ...], tupl
         Region("Q", Space.SMEM, cfg.dtype, cfg.block_m, slots=nq, bytes_per_slot=qtile),
         Region("K", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=tile),
         Region("V", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=vtile),
-        # KV cache: no O staging (O and the split partials leave from the registers)
-        *(() if cfg.kvcache else (Region("O_smem", Space.SMEM, cfg.dtype, 64, slots=nc, bytes_per_slot=64 * dv * 2),)),
+        # O from the registers (KV cache, or no staging fits): no staging slots
+        *((Region("O_smem", Space.SMEM, cfg.dtype, 64, slots=nc, bytes_per_slot=64 * dv * 2),) if o_staged else ()),
         Region("S", Space.REG, "f32", 64),
         Region("P", Space.REG, cfg.dtype, 64),
         Region("O", Space.REG, "f32", 64),
@@ -51,22 +55,33 @@ def _smem(cfg: KernelConfig, nq: int, kv: int) -> tuple[tuple[Region, ...], tupl
         Barrier("v_full", BarrierKind.TMA, kv, 1, tx_bytes=vtile),
         Barrier("v_empty", BarrierKind.MBAR, kv, arrivals),
         Barrier("sched", BarrierKind.NAMED, nc, 256, named_id=SCHED_BAR_ID),
-        *(() if cfg.kvcache else (Barrier("epi", BarrierKind.NAMED, nc, 128, named_id=sm90_epi_bar_id(nc)),)),
+        *((Barrier("epi", BarrierKind.NAMED, nc, 128, named_id=sm90_epi_bar_id(nc)),) if o_staged else ()),
     )
     return regions, barriers
 
 
-def smem_pipeline(cfg: KernelConfig, nq: int, kv: int) -> Pipeline:
-    """The kernel's regions and barriers with nq Q slots and a kv-deep K/V ring, without roles: what
-    its SMEM layout (ir/layout.py) is computed from."""
-    return Pipeline(cfg, TARGET, 4 * (1 + sm90_consumers(cfg.block_m)), *_smem(cfg, nq, kv), (), 0,
+def smem_pipeline(cfg: KernelConfig, nq: int, kv: int, o_staged: bool | None = None) -> Pipeline:
+    """The kernel's regions and barriers with nq Q slots, a kv-deep K/V ring and O staged or not
+    (None: as the kernel does, `sm90_o_staged`), without roles: what its SMEM layout (ir/layout.py)
+    is computed from."""
+    staged = sm90_o_staged(cfg) if o_staged is None else o_staged
+    return Pipeline(cfg, TARGET, 4 * (1 + sm90_consumers(cfg.block_m)), *_smem(cfg, nq, kv, staged), (), 0,
                     ARCH_LIMITS[TARGET].smem_per_cta)
 
 
-def _fits(cfg: KernelConfig, nq: int, kv: int) -> bool:
+def _fits(cfg: KernelConfig, nq: int, kv: int, o_staged: bool | None = None) -> bool:
     """The layout of the pipeline with these rings (ir/layout.py, the kernel's own) fits the SMEM limit."""
-    pipe = smem_pipeline(cfg, nq, kv)
+    pipe = smem_pipeline(cfg, nq, kv, o_staged)
     return layout_of(pipe).total <= pipe.smem_limit
+
+
+def sm90_o_staged(cfg: KernelConfig) -> bool:
+    """Whether the consumers stage O in SMEM (a TMA store of 64 rows each; varlen: row copies to
+    o_ptr) or store it from the registers (each thread its rows < Sq, st.global through o_ptr).
+    KV-cache kernels always store from the registers (their O rows and fp32 split partials are row
+    stores); the others stage O where the smallest ring, 1 Q slot and KV_STAGES_MIN K/V stages,
+    fits beside the staging slots (D = 64 and 128; not (192, 128): docs/HEAD_DIMS.md)."""
+    return not cfg.kvcache and _fits(cfg, 1, KV_STAGES_MIN, o_staged=True)
 
 
 def sm90_stages(cfg: KernelConfig, kv_cap: int | None = None) -> tuple[int, int]:
@@ -77,7 +92,7 @@ def sm90_stages(cfg: KernelConfig, kv_cap: int | None = None) -> tuple[int, int]
     Q loads while this one finishes; K/V keep at least 2 stages, and Q drops to 1 slot before
     K/V would (D = 128: 2 Q + 2x2 K/V + O = 224 KiB fits; 3 K/V stages would not).
 
-    KV-cache kernels store O and the split partials from the registers: no O staging. (One Q slot
+    Kernels that store O from the registers (sm90_o_staged) have no O staging. (KV cache: one Q slot
     and a third K/V stage at D = 128, 224 KiB, measured the same on contiguous caches and 1.5-4%
     slower on paged ones on the H200, bench/results/2026-12-02T152230Z_kvcache.json: not taken.)
     """
@@ -90,8 +105,8 @@ def sm90_stages(cfg: KernelConfig, kv_cap: int | None = None) -> tuple[int, int]
     while nq > 1 and deepest(nq) < 2:
         nq -= 1
     kv = deepest(nq)
-    if kv < 2:
-        raise PlanError(f"head_dim {cfg.head_dim}: fewer than 2 K/V stages fit in SMEM")
+    if kv < KV_STAGES_MIN:
+        raise PlanError(f"head_dim {cfg.head_dim}: fewer than {KV_STAGES_MIN} K/V stages fit in SMEM")
     return nq, kv
 
 
@@ -115,9 +130,10 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
     d, tile, vtile, qtile = cfg.head_dim, tile_bytes(cfg), v_tile_bytes(cfg), q_tile_bytes(cfg)
     # the verified pipeline has exactly the rings the emitted PTX has: both read them from here
     nq, kv = sm90_stages(cfg)
+    staged = sm90_o_staged(cfg)
     nc = sm90_consumers(cfg.block_m)
     producer_regs, consumer_regs = SM90_REGS[nc]
-    regions, barriers = _smem(cfg, nq, kv)
+    regions, barriers = _smem(cfg, nq, kv, staged)
 
     def load(tensor: str, bar: str, state: str, block: BlockRef, dst: str):
         nbytes = {"q": qtile, "k": tile, "v": vtile}[tensor]
@@ -192,6 +208,8 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
             (If(Cond.SPLIT_KV, (Compute("store_lse_partial", me), Compute("store_o_partial", me, reads=("O",))),
                 (If(Cond.HAS_LSE, (Compute("store_lse", me),)), Compute("store_o_rows", me, reads=("O",)))),)
             if cfg.kvcache else (If(Cond.HAS_LSE, (Compute("store_lse", me),)),) + (
+            # no staging: each thread stores its rows < Sq of O from the registers through o_ptr
+            (Compute("store_o_rows", me, reads=("O",)),) if not staged else
             # varlen: the WG's threads copy the sequence's rows to o_ptr
             (NamedSync("epi", me),  # every thread of the WG has read the previous task's O_smem
              SmemSt("O_smem", me, "O"), NamedSync("epi", me), StoreRows("O_smem", me)) if cfg.varlen else
@@ -204,7 +222,7 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
                     (If(Cond.LAST_INSTANCE, (NamedArrive("sched", 0),)),  # the last hands consumer 0 the first turn
                      Loop(LoopKind.TASKS, body),
                      If(Cond.FIRST_INSTANCE, (NamedSync("sched", 0),)),  # consumer 0 takes the last hand-off
-                     *(() if cfg.kvcache else (TmaStoreWait(),))),
+                     *((TmaStoreWait(),) if staged else ())),
                     instances=nc)
 
     roles = (producer, Role("producer_idle", (1, 2, 3), producer_regs, (), ()),

@@ -19,8 +19,8 @@ from ..ir.core import Pipeline
 from ..spec.plan import (HALF_COLS, KVCACHE_ORDER, SINKS_ABI_PARAMS, SOFTCAP_ABI_PARAMS, VARLEN_ORDER, WINDOW_ABI_PARAMS,
                          abi_params, gqa_manifest, kv_box_rows, kvcache_manifest, qo_map_dims, varlen_manifest)
 
-__all__ = ["ENTRY", "GridFacts", "grid_section", "manifest", "score_mods_record", "smem_layout_section",
-           "tensor_maps"]
+__all__ = ["ENTRY", "GridFacts", "entry_params", "grid_section", "manifest", "score_mods_record",
+           "smem_layout_section", "tensor_maps"]
 
 ENTRY = "fa4_fwd"  # the attention kernel's entry on both targets (the KV-cache combine: plan.COMBINE_ENTRY)
 
@@ -119,6 +119,12 @@ def smem_layout_section(layout) -> dict:
     }}
 
 
+def entry_params(pipe: Pipeline) -> tuple[tuple[str, str], ...]:
+    """The entry's parameters (plan.abi_params) of pipe's kernel: a dense kernel whose pipeline has no
+    O staging (sm_90a (192, 128), ir/sm90.sm90_o_staged) stores O from the registers through o_ptr."""
+    return abi_params(pipe.config, o_from_registers=all(r.name != "O_smem" for r in pipe.regions))
+
+
 def manifest(pipe: Pipeline, *, smem_bytes: int, o_rows: int, grid: GridFacts, variant: str = "",
              sections: dict | None = None) -> dict:
     """The ABI manifest of pipe's kernel. smem_bytes: the dynamic SMEM its PTX uses; o_rows: the rows
@@ -139,7 +145,7 @@ def manifest(pipe: Pipeline, *, smem_bytes: int, o_rows: int, grid: GridFacts, v
         "gqa": gqa_manifest(cfg.gqa_ratio, cfg.block_m),
         **({"varlen": varlen_manifest(cfg)} if cfg.varlen else {}),
         **({"kvcache": kvcache_manifest(cfg)} if cfg.kvcache else {}),
-        "params": [n for n, _ in abi_params(cfg)],
+        "params": [n for n, _ in entry_params(pipe)],
         **({"score_mods": score_mods_record(cfg)} if score_mods_record(cfg) else {}),
         **(sections or {}),
     }

@@ -25,7 +25,7 @@ import struct
 
 from ..spec.plan import PTX_VERSION_FOR_ARCH
 from ..spec.config import GENERATOR_VERSION, KernelConfig
-from ..spec.plan import (ARCH_LIMITS, block_info_ptx, combine_context, kv_box_rows, abi_params, HALF_COLS, MASK_AS_WORDS,
+from ..spec.plan import (ARCH_LIMITS, block_info_ptx, combine_context, kv_box_rows, HALF_COLS, MASK_AS_WORDS,
                          MASK_WORD_BITS, ROWS, WINDOW_UNBOUNDED, mask_words, panel_bytes, key_limits_ptx)
 from ..spec.encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, check_tmem_alloc
 from ..spec.exp2 import EXP2_POLY, FRAG_COLS, ROUND_MAGIC, emulated_mask
@@ -33,7 +33,7 @@ from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, 
                        Mma, NamedArrive, NamedSync, Pipeline, Role, PageLookup, Scope, SmemLd, SmemSt, Space,
                        StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt, Wait,
                        WaitLd, WaitSt, walk_ops)
-from .manifest import ENTRY, GridFacts, manifest, smem_layout_section
+from .manifest import ENTRY, GridFacts, entry_params, manifest, smem_layout_section
 from .walk import LoweringError, SmemLayout, WalkCtx, Walker, dispatch, f32, pairwise, refuse_planned, smem_layout
 
 __all__ = ["ENTRY", "OP_PTX", "Ptx", "SPELLING", "Sm100LoweringError", "SmemLayout", "lower_sm100",
@@ -859,7 +859,7 @@ def lower_sm100(pipe: Pipeline) -> dict:
         "ptx_version": PTX_VERSION_FOR_ARCH["sm_100a"],
         "target": TARGET,
         "entry": ENTRY,
-        "param_decls": [decl for _, decl in abi_params(cfg)],
+        "param_decls": [decl for _, decl in entry_params(pipe)],
         "threads": pipe.threads,
         "maxnreg": ARCH_LIMITS[TARGET].regs_per_sm // pipe.threads,
         "causal": cfg.causal,

@@ -31,9 +31,9 @@ from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Compute, Cond, Ex
 from ..ir.sm90 import build_sm90_pipeline
 from ..spec.encodings import DescArch, SmemMatrixDesc
 from ..spec.plan import (ARCH_LIMITS, HALF_COLS, block_info_ptx, MASK_AS_WORDS, MASK_WORD_BITS, ROWS, SM90_REGS,
-                         WINDOW_UNBOUNDED, abi_params, combine_context, key_limits_ptx, kv_box_rows,
+                         WINDOW_UNBOUNDED, combine_context, key_limits_ptx, kv_box_rows,
                          later_blocks_need_mask, mask_words, panel_bytes, q_panel_bytes, sm90_consumers)
-from .manifest import ENTRY, GridFacts, manifest
+from .manifest import ENTRY, GridFacts, entry_params, manifest
 from .walk import LoweringError, WalkCtx, Walker, dispatch, f32, pairwise, refuse_planned, smem_layout
 
 __all__ = ["OP_PTX", "SPELLING", "Sm90LoweringError", "Sm90Options", "entry_regs_of", "lower_sm90",
@@ -306,8 +306,8 @@ class Sm90Walker(Walker):
         steps = [{"b": (16 * 128 * j) >> 4, "a": p[4 * j:4 * j + 4]} for j in range(ROWS // 16)]
         # O is zeroed at the task's start, so accumulating on the first PV equals not accumulating
         self.what(f"O += P x V[{self.slot_note(op.b_slot)}] (block {self.block_note(op.block)}): wgmma "
-                  f"m64n{cfg.head_dim}k16, P from registers")
-        self.emit("gemm_rs", pre=pre, inst=f"wgmma.mma_async.sync.aligned.m64n{cfg.head_dim}k16.f32.{dt}.{dt}",
+                  f"m64n{cfg.head_dim_v}k16, P from registers")
+        self.emit("gemm_rs", pre=pre, inst=f"wgmma.mma_async.sync.aligned.m64n{cfg.head_dim_v}k16.f32.{dt}.{dt}",
                   d_regs=self.ctx.o_regs, b=dv, steps=steps)
 
     def op_PageLookup(self, op: PageLookup) -> None:
@@ -330,15 +330,16 @@ class Sm90Walker(Walker):
                       boxes=[{"c0": h * HALF_COLS, "off": off + h * q_half} for h in range(cfg.head_dim // HALF_COLS)])
             return
         half = panel_bytes(cfg)
+        cols = cfg.head_dim if op.tensor == "k" else cfg.head_dim_v  # K: D columns, V: DV
         pre = pre + self.block_reg(op.block, "%tmp4")
         if cfg.page_size:
             if self.page_block is not op.block:
                 raise self.Error(f"{self.p}: paged TmaLoad of block {op.block.value} without its PageLookup")
             rows = kv_box_rows(cfg)
             boxes = [{"c0": h * HALF_COLS, "off": off + h * half + i * rows * 128, "pg": f"%pg{i}"}
-                     for i in range(ROWS // rows) for h in range(cfg.head_dim // HALF_COLS)]
+                     for i in range(ROWS // rows) for h in range(cols // HALF_COLS)]
         else:
-            boxes = [{"c0": h * HALF_COLS, "off": off + h * half} for h in range(cfg.head_dim // HALF_COLS)]
+            boxes = [{"c0": h * HALF_COLS, "off": off + h * half} for h in range(cols // HALF_COLS)]
         self.emit("tma_load_kv", pre=pre + bpre, mbar=mbar, tmap=f"%tm{op.tensor}", boxes=boxes,
                   varlen=cfg.varlen, paged=bool(cfg.page_size), page_size=cfg.page_size)
 
@@ -352,13 +353,13 @@ class Sm90Walker(Walker):
         q_half = q_panel_bytes(cfg)
         P = cfg.gqa_pack
         self.emit("tma_store_o", boxes=[{"c0": h * HALF_COLS, "off": self.ctx.layout.region_offset("O_smem") + h * q_half}
-                                        for h in range(cfg.head_dim // HALF_COLS)],
+                                        for h in range(cfg.head_dim_v // HALF_COLS)],
                   g_step=WG_ROWS if P > WG_ROWS else 0, s_step=WG_ROWS // P if P <= WG_ROWS else 0,
                   sqt=cfg.seq_q_per_tile, wg_bytes=WG_ROWS * 128, skip=self.label("noel"))
 
     def op_StoreRows(self, op: StoreRows) -> None:
         cfg = self.cfg
-        D = cfg.head_dim
+        D = cfg.head_dim_v  # O's columns
         self.emit("store_rows_o", vl={"cpr": D // 8, "cpr_shift": (D // 8).bit_length() - 1,
                                       "row_step": 128 // (D // 8), "iters": WG_ROWS // (128 // (D // 8)),
                                       "row_shift": (2 * D).bit_length() - 1},
@@ -442,13 +443,18 @@ class Sm90Walker(Walker):
         elem_bytes-wide elements: the byte offset of pair c in its row (fragment layout of Sm90Ctx)."""
         o = self.ctx.o_regs
         return [{"r": r, "lo": o[4 * c + 2 * r], "hi": o[4 * c + 2 * r + 1], "off": 8 * elem_bytes * c}
-                for r in range(2) for c in range(self.cfg.head_dim // 8)]
+                for r in range(2) for c in range(self.cfg.head_dim_v // 8)]
 
     def compute_store_o_rows(self, op: Compute) -> None:
-        self.emit("store_o_rows", g=self.cfg.gqa_ratio, row_bytes=2 * self.cfg.head_dim, stores=self.o_row_stores(2))
+        cfg = self.cfg
+        if not cfg.kvcache:
+            self.what("O from the registers: each thread's rows < Sq" + (" of the sequence" if cfg.varlen else "")
+                      + f" through o_ptr ({'(total_q' if cfg.varlen else '(B, Sq'}, Hq, {cfg.head_dim_v}) contiguous)")
+        self.emit("store_o_rows", g=cfg.gqa_ratio, row_bytes=2 * cfg.head_dim_v, stores=self.o_row_stores(2),
+                  varlen=cfg.varlen)
 
     def compute_store_o_partial(self, op: Compute) -> None:
-        self.emit("store_o_partial", g=self.cfg.gqa_ratio, row_bytes=4 * self.cfg.head_dim,
+        self.emit("store_o_partial", g=self.cfg.gqa_ratio, row_bytes=4 * self.cfg.head_dim_v,
                   stores=self.o_row_stores(4))
 
 
@@ -458,15 +464,17 @@ class Sm90Ctx(WalkCtx):
     def __init__(self, pipe: Pipeline, layout):
         super().__init__(pipe, layout, tmem_warp=-1)
         cfg = pipe.config
-        D = cfg.head_dim
+        DV = cfg.head_dim_v  # O's columns (Q's and K's are cfg.head_dim)
         # score modifiers' run-time values, loaded once at the entry (score_params): the window's
         # sides (block_info_ptx / key_limits_ptx; a causal window's right side is 0), softcap_in
         self.window = (self.reg("b32", "%wl"), "0" if cfg.causal else self.reg("b32", "%wr")) if cfg.window else None
         self.softcap_in = self.reg("f32", "%capin") if cfg.softcap else None
         if cfg.window and not cfg.kvcache:  # the window's first block (KV-cache kernels declare %nlo already)
             self.reg("b32", "%nlo")
+        if "O_smem" not in layout.regions and not (cfg.varlen or cfg.kvcache):  # (theirs declare it already)
+            self.reg("b64", "%vop")  # o_ptr: a dense kernel storing O from the registers
         self.s_regs = [f"%s{i}" for i in range(ROWS // 2)]  # m64n128 f32 accumulator: 64 per thread
-        self.o_regs = [f"%o{i}" for i in range(D // 2)]
+        self.o_regs = [f"%o{i}" for i in range(DV // 2)]
         self.p_regs = [f"%pk{i}" for i in range(ROWS // 4)]  # 8 k16 steps x 4 .b32 A fragments
         # wgmma accumulator fragment (PTX ISA 9.7.15.5.1): register i holds row lane/4 + 8*((i>>1)&1)
         # of the warp's 16 and column 8*(i>>2) + 2*(lane%4) + (i&1); the A fragment of k16 step j is
@@ -500,7 +508,7 @@ class Sm90Ctx(WalkCtx):
         self.n_tmp = max(len(r["max_ops"]) for r in rows)
         q_half = q_panel_bytes(cfg)
         self.o_store = []
-        for cfull in range(D // 8):
+        for cfull in range(DV // 8):
             h, c8 = divmod(cfull, 8)
             for r in range(2):
                 i0 = 4 * cfull + 2 * r
@@ -545,13 +553,13 @@ def lower_sm90(pipe: Pipeline) -> dict:
         "ptx_version": PTX_VERSION_FOR_ARCH[TARGET],
         "target": TARGET,
         "entry": ENTRY,
-        "param_decls": [decl for _, decl in abi_params(cfg)],
+        "param_decls": [decl for _, decl in entry_params(pipe)],
         "score_params": score_params,
         "threads": pipe.threads,
         "block_m": cfg.block_m,
         "consumers": pipe.replicated[0].instances,
         "causal": cfg.causal, "varlen": cfg.varlen, "kvcache": cfg.kvcache, "page_size": cfg.page_size,
-        "head_dim": cfg.head_dim, "G": cfg.gqa_ratio, "P": P, "NG": cfg.head_groups,
+        "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v, "G": cfg.gqa_ratio, "P": P, "NG": cfg.head_groups,
         "sqt": cfg.seq_q_per_tile, "log2_P": P.bit_length() - 1, "log2_sqt": cfg.seq_q_per_tile.bit_length() - 1,
         "kv_stages": pipe.barrier("k_full").slots,
         "box_rows": kv_box_rows(cfg), "log2_page": cfg.page_size.bit_length() - 1,

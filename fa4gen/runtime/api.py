@@ -21,14 +21,15 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
               window_size: tuple[int, int] = (-1, -1), softcap: float = 0, learnable_sink=None):
     """Attention forward, flash-attn layout: softmax(q kᵀ * softmax_scale) v per (batch, head).
 
-    q: (B, Sq, Hq, D); k, v: (B, Skv, Hkv, D); float16 or bfloat16, all the same, on one CUDA device of
-    compute capability 9.0 (H100/H200). D is 64 or 128. Hq must be a multiple of Hkv, any ratio
+    q: (B, Sq, Hq, D); k: (B, Skv, Hkv, D), v: (B, Skv, Hkv, DV); float16 or bfloat16, all the same, on one
+    CUDA device of compute capability 9.0 (H100/H200). (D, DV) is (64, 64), (128, 128) or (192, 128)
+    (DeepSeek-V3's; spec.config.HEAD_DIM_PAIRS). Hq must be a multiple of Hkv, any ratio
     G = Hq/Hkv (GQA/MQA: query head h reads kv head h // G; a ratio dividing 128 packs G heads per
     128-row Q tile, any other ratio runs one head per tile, fa4gen.spec.tiles.gqa_pack). softmax_scale defaults to
     1/sqrt(D). causal=True masks bottom-right aligned: query i sees keys j <= i + Skv - Sq, so with
     Sq > Skv the first Sq - Skv rows see no key and get O = 0, LSE = -inf.
 
-    Returns o (B, Sq, Hq, D) in the input dtype, or, when return_lse, (o, lse) with lse (B, Hq, Sq)
+    Returns o (B, Sq, Hq, DV) in the input dtype, or, when return_lse, (o, lse) with lse (B, Hq, Sq)
     float32: the natural-log logsumexp of each row's scaled scores over the keys it sees.
 
     Score modifiers, in flash-attn's conventions (docs/ABI.md "Windows, softcap, sinks"):
@@ -78,8 +79,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
                      window_size: tuple[int, int] = (-1, -1), softcap: float = 0, learnable_sink=None):
     """Attention over a packed batch of variable-length sequences (flash-attn's varlen conventions).
 
-    q: (total_q, Hq, D); k, v: (total_k, Hkv, D); float16 or bfloat16, on one CUDA device of compute
-    capability 9.0. cu_seqlens_q / cu_seqlens_k: int32 (B + 1,) on the same device; sequence b's
+    q: (total_q, Hq, D); k: (total_k, Hkv, D), v: (total_k, Hkv, DV) ((D, DV) as `attention`'s); float16
+    or bfloat16, on one CUDA device of compute capability 9.0. cu_seqlens_q / cu_seqlens_k: int32 (B + 1,) on the same device; sequence b's
     queries are rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q, its keys rows
     [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k and v, of which only the first seqused_k[b] are used
     when seqused_k (int32 (B,)) is given. A sequence may have length 0. GQA as in `attention`.
@@ -92,7 +93,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     depend on them (its scheduler reads the lengths on the device); they are checked where the host
     can: B sequences of at most max_seqlen_q rows must be able to hold total_q rows.
 
-    Returns o (total_q, Hq, D) and, with return_lse, lse (Hq, total_q) float32. Rows of q outside
+    Returns o (total_q, Hq, DV) and, with return_lse, lse (Hq, total_q) float32. Rows of q outside
     every sequence are not written.
 
     Raises a `fa4gen.runtime.validate.Fa4genInputError` for every problem visible without a device sync
@@ -130,7 +131,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table=None, 
     paged, (num_pages, page_size, Hkv, D) with page_table (B, max_pages) int32: key j of sequence b
     is row j % page_size of page page_table[b, j // page_size] (vLLM-style block tables; page_size
     a power of two in [16, 256]). cache_seqlens (B,) int32: the valid keys of each sequence.
-    float16 or bfloat16, D 64 or 128, any GQA ratio Hq / Hkv, on one CUDA device of compute
+    float16 or bfloat16, (D, DV) as `attention`'s (v_cache and O have DV columns), any GQA ratio Hq / Hkv,
+    on one CUDA device of compute
     capability 9.0. causal=True aligns the Sq queries to the end of each sequence (query i sees
     keys j <= i + cache_seqlens[b] - Sq); rows that see no key get O = 0 and LSE = -inf.
 

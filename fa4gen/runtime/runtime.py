@@ -588,6 +588,10 @@ class Kernel:
         G = int(self._cfg["gqa_ratio"])
         if Hq != Hkv * G:
             raise RuntimeSetupError(f"Hq={Hq} is not Hkv={Hkv} x the kernel's GQA ratio {G}")
+        o_ptr = "o_ptr" in self.manifest["params"]  # O stored from the registers (plan.DENSE_O_ABI_PARAMS)
+        if o_ptr and not o.is_contiguous():
+            raise RuntimeSetupError(f"{self.manifest['name']} stores O (B, Sq, Hq, DV) by row offsets: o must be "
+                                    "contiguous")
         if softmax_scale is None:
             softmax_scale = 1.0 / math.sqrt(D)
         geo = self._geometry(B, Hkv, Sq)
@@ -603,6 +607,7 @@ class Kernel:
             "num_heads_kv": Hkv,
             "num_m_blocks": num_m_blocks, "num_tasks": num_tasks,
             "l2_group": max(min(int(l2_group), 0xFFFFFFFF), 0),
+            **({"o_ptr": o.data_ptr()} if o_ptr else {}),
             **self._score_scalars(softmax_scale, mods, sink),
         }
         self._launch(maps, scalars, num_tasks, q.device)

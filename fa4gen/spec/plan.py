@@ -73,6 +73,10 @@ ABI_PARAMS: tuple[tuple[str, str], ...] = (
     ("num_tasks", ".param .u32 num_tasks"),
     ("l2_group", ".param .u32 l2_group"),
 )
+# Appended for dense (not varlen, not KV-cache) kernels that store O from the registers (sm_90a
+# (192, 128): no O staging fits beside its rings, ir/sm90.sm90_o_staged; the Pipeline says which, and
+# lower/manifest.entry_params asks it): O (B, Sq, Hq, DV) contiguous, each thread writing its rows < Sq.
+DENSE_O_ABI_PARAMS: tuple[tuple[str, str], ...] = (("o_ptr", ".param .u64 o_ptr"),)
 # Appended for varlen kernels (KernelConfig.varlen; docs/ABI.md "Varlen"): sequence b's query rows
 # are [cu_seqlens_q[b], cu_seqlens_q[b+1]) of the packed (total_q, Hq, D) tensors, its keys
 # [cu_seqlens_k[b], ...) of (total_k, Hkv, D), at most seqused_k[b] of them when that pointer is not 0.
@@ -140,10 +144,13 @@ COMBINE_THREADS = 128  # 4 warps, one row each
 COMBINE_ROWS_PER_CTA = COMBINE_THREADS // 32
 
 
-def abi_params(cfg: KernelConfig) -> tuple[tuple[str, str], ...]:
-    """The entry's parameters, in signature order: the dense ABI, plus the varlen or KV-cache ones,
-    plus the score modifiers' (window, softcap, sinks: each when set)."""
-    return (ABI_PARAMS + (VARLEN_ABI_PARAMS if cfg.varlen else ()) + (KVCACHE_ABI_PARAMS if cfg.kvcache else ())
+def abi_params(cfg: KernelConfig, o_from_registers: bool = False) -> tuple[tuple[str, str], ...]:
+    """The entry's parameters, in signature order: the dense ABI, plus o_ptr for a dense kernel that
+    stores O from the registers (o_from_registers: its Pipeline has no O staging), or the varlen or
+    KV-cache ones (which have o_ptr already), plus the score modifiers' (window, softcap, sinks: each
+    when set)."""
+    dense_o = DENSE_O_ABI_PARAMS if o_from_registers and not (cfg.varlen or cfg.kvcache) else ()
+    return (ABI_PARAMS + dense_o + (VARLEN_ABI_PARAMS if cfg.varlen else ()) + (KVCACHE_ABI_PARAMS if cfg.kvcache else ())
             + (WINDOW_ABI_PARAMS if cfg.window else ()) + (SOFTCAP_ABI_PARAMS if cfg.softcap else ())
             + (SINKS_ABI_PARAMS if cfg.sinks else ()))
 
@@ -152,7 +159,7 @@ def abi_params(cfg: KernelConfig) -> tuple[tuple[str, str], ...]:
 # out an entry's .param space; cuLaunchKernel gets a pointer to each. struct codes: 128-byte tensor
 # maps as bytes, pointers u64, counts u32, window sides s32, scales f32.
 _PARAM_CODES = {".u64": ("Q", 8, 8), ".u32": ("I", 4, 4), ".s32": ("i", 4, 4), ".f32": ("f", 4, 4)}
-ALL_ABI_DECLS: dict[str, str] = dict(ABI_PARAMS + VARLEN_ABI_PARAMS + KVCACHE_ABI_PARAMS + WINDOW_ABI_PARAMS
+ALL_ABI_DECLS: dict[str, str] = dict(ABI_PARAMS + DENSE_O_ABI_PARAMS + VARLEN_ABI_PARAMS + KVCACHE_ABI_PARAMS + WINDOW_ABI_PARAMS
                                      + SOFTCAP_ABI_PARAMS + SINKS_ABI_PARAMS)
 COMBINE_ABI_DECLS: dict[str, str] = dict(COMBINE_ABI_PARAMS + COMBINE_SINKS_ABI_PARAMS)
 
@@ -221,7 +228,7 @@ def kvcache_manifest(cfg: KernelConfig) -> dict:
 def combine_context(cfg: KernelConfig) -> dict:
     """What templates/common/combine.ptx.j2 prints from (both targets)."""
     return {"entry": COMBINE_ENTRY, "param_decls": [d for _, d in combine_abi_params(cfg)], "threads": COMBINE_THREADS,
-            "rows_per_cta": COMBINE_ROWS_PER_CTA, "head_dim": cfg.head_dim, "vec": cfg.head_dim // 32,
+            "rows_per_cta": COMBINE_ROWS_PER_CTA, "head_dim": cfg.head_dim_v, "vec": cfg.head_dim_v // 32,
             "sinks": cfg.sinks}
 
 

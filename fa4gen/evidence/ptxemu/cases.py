@@ -212,8 +212,9 @@ class RunResult:
 HUGE_ROWS = 400.0  # query rows scaled so their raw scores q.k reach ~1e4 (softcap kernels)
 
 
-def make_inputs(shape: Shape, dtype: str, head_dim: int, seed: int, huge: bool = False):
-    """Random q, k, v in the kernel dtype (NumPy: float16, or float32 holding bf16 values): one
+def make_inputs(shape: Shape, dtype: str, head_dim: int, seed: int, huge: bool = False, head_dim_v: int | None = None):
+    """Random q, k (head_dim columns), v (head_dim_v, default head_dim) in the kernel dtype (NumPy:
+    float16, or float32 holding bf16 values): one
     K/V block of larger keys so the reverse visit order raises the row maximum by more than the
     rescale threshold (O rescales), and a few rows of x30 queries (large logits). huge (softcap
     kernels): a few more rows x HUGE_ROWS, raw scores |q.k| ~ 1e4 (400 * 3 * sqrt(D) on block 0),
@@ -221,7 +222,7 @@ def make_inputs(shape: Shape, dtype: str, head_dim: int, seed: int, huge: bool =
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((shape.b, shape.sq, shape.hq, head_dim))
     k = rng.standard_normal((shape.b, shape.skv, shape.hkv, head_dim))
-    v = rng.standard_normal((shape.b, shape.skv, shape.hkv, head_dim))
+    v = rng.standard_normal((shape.b, shape.skv, shape.hkv, head_dim if head_dim_v is None else head_dim_v))
     k[:, : min(128, shape.skv)] *= 3.0  # block 0 is visited last: its larger scores force rescales
     rows = rng.choice(shape.sq, size=max(1, shape.sq // 16), replace=False)
     q[:, rows] *= 30.0

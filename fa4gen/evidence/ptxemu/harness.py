@@ -186,12 +186,13 @@ def default_shapes(man: dict) -> list:
     return mods([no_lse, Shape(1, sq, 203, g * hkv, hkv), aligned], [None] * 3)
 
 
-def make_varlen_inputs(shape: VarShape, dtype: str, head_dim: int, seed: int, huge: bool = False):
-    """Packed q (total_q, Hq, D), k, v (total_k, Hkv, D): each sequence drawn like make_inputs."""
+def make_varlen_inputs(shape: VarShape, dtype: str, head_dim: int, seed: int, huge: bool = False,
+                       head_dim_v: int | None = None):
+    """Packed q (total_q, Hq, D), k (total_k, Hkv, D), v (total_k, Hkv, DV): each sequence drawn like make_inputs."""
     qs, ks, vs = [], [], []
     for i, (lq, lk) in enumerate(zip(shape.lens_q, shape.lens_k)):
         q, k, v = make_inputs(Shape(1, max(lq, 1), max(lk, 1), shape.hq, shape.hkv), dtype, head_dim, seed * 1009 + i,
-                              huge=huge)
+                              huge=huge, head_dim_v=head_dim_v)
         qs.append(q[0, :lq])
         ks.append(k[0, :lk])
         vs.append(v[0, :lk])
@@ -215,13 +216,13 @@ class Launch:
         if varlen != bool(cfg.get("varlen")):
             raise UsageError(f"shape {shape}: the kernel is {'' if cfg.get('varlen') else 'not '}a varlen kernel")
         tensors = {"q": q, "k": k, "v": v}
-        o_init = np.full(q.shape, np.nan)
+        o_init = np.full(q.shape[:-1] + v.shape[-1:], np.nan)  # O has v's columns (head_dim_v)
         self.addr = {}
         for name, x in list(tensors.items()) + [("o", o_init)]:
             self.addr[name] = self.gmem.add(name, _np_dtype_bytes(self.dtype, x))
         lse_shape = (shape.hq, q.shape[0]) if varlen else (shape.b, shape.hq, shape.sq)
         self.lse_addr = self.gmem.add("lse", np.full(lse_shape, np.nan, np.float32)) if with_lse else 0
-        self.o_shape = q.shape
+        self.o_shape = o_init.shape
         self.lse_shape = lse_shape
         # parameters, in the manifest's order; offsets from the PTX's own declarations
         offsets, sizes, blob = {}, {}, bytearray()
@@ -258,6 +259,7 @@ class Launch:
                 "scale_log2": ("<f", scale * math.log2(math.e)), "num_m_blocks": ("<I", num_m_blocks),
                 "num_tasks": ("<I", num_tasks),
                 "l2_group": ("<I", l2_group if l2_group is not None else 1 + seed % max(lg.num_bh, 1)),
+                "o_ptr": ("<Q", self.addr["o"]),  # a kernel that stores O from the registers (plan.DENSE_O_ABI_PARAMS)
             }
         self.scale = scale
         scalars.update(mods_scalars(cfg, self.mods, scale, self.gmem, shape.hq))  # scale_log2 with a softcap
@@ -367,7 +369,8 @@ def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2
     varlen = isinstance(shape, VarShape)
     if inputs is None:
         inputs = (make_varlen_inputs if varlen else make_inputs)(shape, cfg["dtype"], d, seed,
-                                                                   huge=bool(cfg.get("softcap")))
+                                                                   huge=bool(cfg.get("softcap")),
+                                                                   head_dim_v=int(cfg.get("head_dim_v", d)))
     q, k, v = inputs
     launch = Launch(mod, man, shape, q, k, v, ctas=ctas, seed=seed, l2_group=l2_group, with_lse=shape.with_lse)
     entry_regs = entry_registers(mod, man, int(man["threads_per_cta"]))

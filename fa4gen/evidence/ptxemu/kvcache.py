@@ -169,14 +169,18 @@ class KvInputs:
         return self.k_cache[pages, rows], self.v_cache[pages, rows]
 
 
-def make_kv_inputs(shape: KvShape, dtype: str, head_dim: int, page_size: int, seed: int, huge: bool = False) -> KvInputs:
+def make_kv_inputs(shape: KvShape, dtype: str, head_dim: int, page_size: int, seed: int, huge: bool = False,
+                   head_dim_v: int | None = None) -> KvInputs:
+    """q (B, Sq, Hq, D) and the caches, K with D columns and V with head_dim_v (default D)."""
     rng = np.random.default_rng([seed, 7919])
     b, d = shape.b, head_dim
+    dv = d if head_dim_v is None else head_dim_v
     cap = shape.cap(page_size)
     k_lens = shape.k_lens(page_size)
     qs, ks, vs = [], [], []
     for i, n in enumerate(k_lens):
-        q, k, v = make_inputs(Shape(1, shape.sq, max(n, 1), shape.hq, shape.hkv), dtype, d, seed * 1009 + i, huge=huge)
+        q, k, v = make_inputs(Shape(1, shape.sq, max(n, 1), shape.hq, shape.hkv), dtype, d, seed * 1009 + i, huge=huge,
+                              head_dim_v=dv)
         qs.append(q[0])
         ks.append(k[0, :n])
         vs.append(v[0, :n])
@@ -187,7 +191,7 @@ def make_kv_inputs(shape: KvShape, dtype: str, head_dim: int, page_size: int, se
 
     seqlens = np.array(shape.seqlens, np.int64).astype(np.int32)
     if not page_size:
-        kc, vc = garbage(b, cap, shape.hkv, d), garbage(b, cap, shape.hkv, d)
+        kc, vc = garbage(b, cap, shape.hkv, d), garbage(b, cap, shape.hkv, dv)
         for i, n in enumerate(k_lens):
             kc[i, :n], vc[i, :n] = ks[i], vs[i]
         return KvInputs(q, kc, vc, seqlens, None, 0, 0, 0, 0, cap, k_lens)
@@ -206,7 +210,7 @@ def make_kv_inputs(shape: KvShape, dtype: str, head_dim: int, page_size: int, se
     first = next((i for i, u in enumerate(used) if u), None)
     if first is not None:
         table[first * stride + min(1, used[first] - 1)] = num_pages + 7
-    kc, vc = garbage(num_pages, page_size, shape.hkv, d), garbage(num_pages, page_size, shape.hkv, d)
+    kc, vc = garbage(num_pages, page_size, shape.hkv, d), garbage(num_pages, page_size, shape.hkv, dv)
     table32 = table.astype(np.int32)
     for i, n in enumerate(k_lens):
         row = table32[i * stride: i * stride + mp]
@@ -228,6 +232,7 @@ class KvLaunch:
         self.man, self.cfg, self.shape, self.inp = man, cfg, shape, inp
         self.dtype = cfg["dtype"]
         d, g = int(cfg["head_dim"]), int(cfg["gqa_ratio"])
+        dv = inp.v_cache.shape[-1]  # O's and the partials' columns (head_dim_v)
         if shape.hq != shape.hkv * g:
             raise UsageError(f"shape {shape}: Hq must be Hkv x the kernel's GQA ratio {g}")
         self.fwd_entry, self.comb_entry = manifest_entries(man)
@@ -240,16 +245,16 @@ class KvLaunch:
         R = B * shape.sq * shape.hq
         self.rows = R
         self.addr = {}
-        o_init = np.full(inp.q.shape, np.nan)
+        o_init = np.full(inp.q.shape[:-1] + (dv,), np.nan)
         for name, x in (("q", inp.q), ("k", inp.k_cache), ("v", inp.v_cache), ("o", o_init)):
             self.addr[name] = gm.add(name, _np_dtype_bytes(self.dtype, x))
-        self.o_shape = inp.q.shape
+        self.o_shape = o_init.shape
         self.lse_shape = (B, shape.hq, shape.sq)
         self.addr["lse"] = gm.add("lse", np.full(self.lse_shape, np.nan, np.float32)) if shape.with_lse else 0
         self.addr["cache_seqlens"] = gm.add("cache_seqlens", inp.seqlens)
         self.addr["page_table"] = gm.add("page_table", inp.page_table) if inp.page_table is not None else 0
         # the partials exist only for S > 1: the runtime passes null pointers otherwise (a write faults)
-        self.addr["o_partial"] = gm.add("o_partial", np.full((S, R, d), np.nan, np.float32)) if S > 1 else 0
+        self.addr["o_partial"] = gm.add("o_partial", np.full((S, R, dv), np.nan, np.float32)) if S > 1 else 0
         self.addr["lse_partial"] = gm.add("lse_partial", np.full((S, R), np.nan, np.float32)) if S > 1 else 0
         lg = launch_geometry(man, B, shape.hkv, shape.sq)
         self.num_tasks = kvcache_num_tasks(B, shape.hkv, lg.head_groups, lg.num_m_blocks, S)
@@ -307,10 +312,10 @@ class KvLaunch:
         return o, lse
 
     def partials(self):
-        """(o_partial [S, R, D], lse_partial [S, R]) after the launch; None when S == 1."""
+        """(o_partial [S, R, DV], lse_partial [S, R]) after the launch; None when S == 1."""
         if self.shape.num_splits == 1:
             return None
-        S, R, d = self.shape.num_splits, self.rows, int(self.cfg["head_dim"])
+        S, R, d = self.shape.num_splits, self.rows, self.o_shape[-1]
         return (self.gmem.buffer("o_partial").view(np.float32).reshape(S, R, d),
                 self.gmem.buffer("lse_partial").view(np.float32).reshape(S, R))
 
@@ -344,7 +349,8 @@ def run_kvcache_once(mods: dict, man: dict, shape: KvShape, seed: int, *, ctas: 
     tma_loads: a list that gets fa4_fwd's TMA loads, (tensor-map parameter, coordinates) each."""
     cfg = man["config"]
     ps = int(man["kvcache"].get("page_size", 0))
-    inp = inputs or make_kv_inputs(shape, cfg["dtype"], int(cfg["head_dim"]), ps, seed, huge=bool(cfg.get("softcap")))
+    inp = inputs or make_kv_inputs(shape, cfg["dtype"], int(cfg["head_dim"]), ps, seed, huge=bool(cfg.get("softcap")),
+                                   head_dim_v=int(cfg.get("head_dim_v", cfg["head_dim"])))
     launch = KvLaunch(mods, man, shape, inp, ctas=ctas, seed=seed)
     res = RunResult(False, shape, seed)
     t0 = time.perf_counter()
@@ -424,8 +430,8 @@ def _partial_coverage(emu, launch: KvLaunch, S: int) -> list:
         if never:
             first = int(np.flatnonzero(cnt == 0)[0])
             elem = first // 4
-            what = (f"split {elem // (launch.rows * int(launch.cfg['head_dim']))}, row "
-                    f"{elem // int(launch.cfg['head_dim']) % launch.rows}" if name == "o_partial"
+            dv = launch.o_shape[-1]
+            what = (f"split {elem // (launch.rows * dv)}, row {elem // dv % launch.rows}" if name == "o_partial"
                     else f"split {elem // launch.rows}, row {elem % launch.rows}")
             notes.append(f"{launch.fwd_entry}: {never} of {size} bytes of {name} never written (first: {what}); "
                          "every split writes every row of its partials")

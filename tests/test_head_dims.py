@@ -1,0 +1,93 @@
+"""sm_90a (192, 128) (docs/HEAD_DIMS.md): the IR's layout choice (O from the registers where no ring fits
+beside O staging), the K and V rings' own tile bytes held by the verifier, o_ptr in the dense ABI of
+such a kernel only, and one small emulation reaching every basic block (the rest of the variants are
+emulated by hand, `fa4gen emulate`, and run on the GPU by tests/test_gpu_head_dims.py)."""
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from fa4gen import codegen
+from fa4gen.evidence.ptxemu.harness import Shape, emulate_file
+from fa4gen.ir.core import ExpectTx, Space, TmaLoad
+from fa4gen.ir.layout import layout_of
+from fa4gen.ir.sm90 import build_sm90_pipeline, sm90_o_staged, smem_pipeline
+from fa4gen.lower.manifest import entry_params
+from fa4gen.spec.config import KernelConfig, planning_head_dims
+from fa4gen.spec.plan import ABI_PARAMS, tile_bytes
+from fa4gen.verify.mutations import edit_program
+from fa4gen.verify.verify import static_findings
+
+DEEPSEEK = dict(arch="sm_90a", head_dim=192, head_dim_v=128)
+
+
+@pytest.mark.parametrize("kw,staged", [(dict(head_dim=64, block_m=192), True), (dict(head_dim=128), True),
+                                       (dict(head_dim=128, varlen=True), True), (dict(head_dim=128, kvcache=True), False),
+                                       (dict(head_dim=192, head_dim_v=128), False),
+                                       (dict(head_dim=192, head_dim_v=128, varlen=True), False)])
+def test_o_staging_is_where_the_smallest_ring_fits_beside_it(kw, staged):
+    cfg = KernelConfig(arch="sm_90a", **kw)
+    assert sm90_o_staged(cfg) is staged
+    assert ("O_smem" in {r.name for r in build_sm90_pipeline(cfg).regions}) is staged
+    if not cfg.kvcache:  # the reason: 1 Q slot and 2 K/V stages with the staging slots fit the SMEM limit or not
+        pipe = smem_pipeline(cfg, 1, 2, o_staged=True)
+        assert (layout_of(pipe).total <= pipe.smem_limit) is staged
+
+
+def test_deepseek_rings_one_q_slot_two_stages_of_their_own_tile_bytes():
+    pipe = build_sm90_pipeline(KernelConfig(**DEEPSEEK))
+    assert [(r.name, r.slots, r.bytes_per_slot) for r in pipe.regions if r.space is Space.SMEM] == [
+        ("Q", 1, 128 * 192 * 2), ("K", 2, 128 * 192 * 2), ("V", 2, 128 * 128 * 2)]
+    assert {b.name: b.tx_bytes for b in pipe.barriers if b.tx_bytes} == {
+        "q_full": 128 * 192 * 2, "k_full": 128 * 192 * 2, "v_full": 128 * 128 * 2}
+    assert layout_of(pipe).total == 214104 <= pipe.smem_limit
+    assert not static_findings(pipe)
+
+
+@pytest.mark.parametrize("what", ["expect_tx", "load"])
+def test_a_v_load_counted_as_a_k_tile_is_a_tx_count_finding(what):
+    """V's slot and tx count are 32 KiB, K's 48 KiB: a V load or expect_tx carrying K's bytes is flagged."""
+    cfg = KernelConfig(**DEEPSEEK)
+    pipe, kbytes = build_sm90_pipeline(cfg), tile_bytes(cfg)
+    kind = ExpectTx if what == "expect_tx" else TmaLoad
+
+    def wrong(op):
+        return (dataclasses.replace(op, bytes=kbytes) if isinstance(op, kind) and op.barrier == "v_full" else op,)
+    found = [f for f in static_findings(edit_program(pipe, "producer", wrong)) if f.code == "TX_COUNT"]
+    assert found and all(f.subject == "v_full" for f in found), found
+
+
+def test_o_ptr_joins_the_dense_abi_of_a_kernel_storing_o_from_registers_only():
+    dense = [n for n, _ in ABI_PARAMS]
+    for kw, extra in ((dict(head_dim=128), []), (DEEPSEEK, ["o_ptr"])):
+        pipe = build_sm90_pipeline(KernelConfig(**{"arch": "sm_90a", **kw}))
+        assert [n for n, _ in entry_params(pipe)] == dense + extra
+    for flag in ("varlen", "kvcache"):  # theirs have o_ptr already, once
+        names = [n for n, _ in entry_params(build_sm90_pipeline(KernelConfig(**DEEPSEEK, **{flag: True})))]
+        assert names == [n for n, _ in entry_params(build_sm90_pipeline(KernelConfig(arch="sm_90a", **{flag: True})))]
+        assert names.count("o_ptr") == 1
+
+
+def test_sm100a_still_refuses_the_pair():
+    from fa4gen.ir import build_pipeline
+    from fa4gen.lower.sm100 import Sm100LoweringError, lower_sm100
+
+    with planning_head_dims():
+        pipe = build_pipeline(KernelConfig(arch="sm_100a", head_dim=192, head_dim_v=128))
+    with pytest.raises(Sm100LoweringError, match=r"\(192, 128\) is not generated for sm_100a"):
+        lower_sm100(pipe)
+
+
+def test_deepseek_causal_kernel_emulates_with_every_block_reached():
+    """fp16, causal, GQA 2 (two heads per tile): a tile crossing the diagonal over three K/V blocks (masked
+    and unmasked), Sq > Skv without LSE (tiles whose rows see no key; a second round of the persistent
+    loop), and a decode-like tile whose first block runs unmasked. About 2 s of CPU."""
+    cfg = KernelConfig(**DEEPSEEK, causal=True, gqa_ratio=2, dtype="fp16")
+    res = codegen.build(cfg, emit=("ptx",), verify=False)
+    assert "o_ptr" in res.manifest["params"]
+    shapes = [Shape.parse(s) for s in ("1,70,260,2,1", "1,140,50,2,1,nolse", "1,1,128,2,1")]
+    rep = emulate_file(Path(cfg.name + ".ptx"), ptx_text=res.ptx, manifest=res.manifest, seeds=1, shapes=shapes)
+    assert rep.ok, rep.summary()
+    cov = rep.coverage.entries["fa4_fwd"]
+    hit, total = cov.block_fraction()
+    assert hit == total, cov
