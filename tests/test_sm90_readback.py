@@ -74,7 +74,7 @@ def test_consumer_and_producer_follow_the_ir(cfg):
 
 
 @pytest.mark.parametrize("edit", [
-    ("setp.ne.u32 %p_c, %cw, 1;\n    @%p_c bra $L_consumer_else", "setp.ne.u32 %p_c, %cw, 0;\n    @%p_c bra "
+    ("setp.ne.u32 %p_c, %cw, 1;\n    @%p_c bra.uni $L_consumer_else", "setp.ne.u32 %p_c, %cw, 0;\n    @%p_c bra.uni "
      "$L_consumer_else"),  # consumer 0 would pre-arrive its own turn
     ("bar.arrive 1, 256;", "bar.arrive 2, 256;"),  # the pre-arrive on consumer 1's turn
 ])

@@ -622,7 +622,7 @@ CHECK_MUTATIONS: tuple[PtxMutation, ...] = (
                 _sm90_init_count("q_empty", 4, slot=1)),
     PtxMutation("sm90_epilogue_dropped_handoff", _SM90, "consumer 0's last ping-pong hand-off after the task "
                 "loop (op NamedSync sched[0] before its final store wait) dropped", ("DEADLOCK",),
-                _sub(r"(\$L_consumer_tasks_done\d+:\n\s*setp\.ne\.u32 %p_c, %cw, 0;\n\s*@%p_c bra \$L\w+;\n)"
+                _sub(r"(\$L_consumer_tasks_done\d+:\n\s*setp\.ne\.u32 %p_c, %cw, 0;\n\s*@%p_c bra\.uni \$L\w+;\n)"
                      r"\s*// op \d+ NamedSync\n\s*bar\.sync 1, 256;\n", r"\1")),
     # An init count below the arrivals per phase: the emulator sees the race only in interleavings where
     # a stage is refilled while the late consumer still reads it (seeds 1 and 5 of 0-5 on its default
