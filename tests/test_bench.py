@@ -192,3 +192,31 @@ def test_interleaved_ms_alternates_and_reports_median_and_spread():
     out = bench.interleaved_ms({"a": "A", "b": "B"}, 3, 5, 50, timer=timer)
     assert [c[0] for c in calls] == ["A", "B"] * 3 and {c[1:] for c in calls} == {(5, 50)}
     assert out["a"] == (2.0, (0.5, 1.5)) and out["b"] == (20.0, (0.5, 1.5))
+
+
+def test_head_dims_shapes_flops_and_help(capsys):
+    """bench/head_dims.py's CPU side: its pairs, shape list, FLOP count, cuDNN refusal text and --help."""
+    from bench import head_dims as hd
+
+    assert (192, 128) in hd.default_pairs(quick=True) and (128, 128) not in hd.default_pairs(quick=True)
+    assert hd.default_pairs(quick=False) == hd.PAIRS
+    full = hd.shapes([(192, 128)])
+    assert len(full) == 14 and {r[6] for r in full} == {False, True}
+    assert {(r[0] * r[1], r[2], r[3]) for r in full[:12]} == {(16384, 16, 16), (32768, 16, 16)}  # B 1 at S 32k
+    assert full[12:] == [(4, 4096, 128, 128, 192, 128, False), (4, 4096, 128, 128, 192, 128, True)]
+    assert hd.shapes([(192, 128)], quick=True) == [(4, 4096, 16, 16, 192, 128, False), (1, 16384, 16, 16, 192, 128, True),
+                                                   (4, 4096, 128, 128, 192, 128, True)]
+    assert {r[2:4] for r in hd.shapes([(256, 256)])} == {(16, 2)}
+    # 2 * B * H * S * S * (D + DV) / 2 for causal, at 1 ms: 2 * 16 * 16384^2 * 320 / 2 = 1.37438953472e15 FLOP
+    assert hd.shape_tflops((1, 16384, 16, 16, 192, 128, True), 1.0) == pytest.approx(1374.38953472)
+    assert hd.shape_tflops((1, 16384, 16, 16, 192, 128, False), 2.0) == pytest.approx(1374.38953472)
+    warned = ["Flash attention kernel not used because:", "Flash attention has been runtime disabled.",
+              "CuDNN attention kernel not used because:", "head_dim_qk != head_dim_v\nmore", "Memory efficient "
+              "kernel not used because:", "Memory Efficient attention has been runtime disabled."]
+    assert hd.cudnn_reasons(warned) == ["head_dim_qk != head_dim_v"]
+    with pytest.raises(SystemExit) as e:
+        hd.main(["--help"])
+    assert e.value.code == 0 and "--pairs" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        hd.main(["--pairs", "192"])
+    assert e.value.code == 2 and "expected D,DV" in capsys.readouterr().err
