@@ -1,14 +1,15 @@
-"""sm_90a (192, 128) (docs/HEAD_DIMS.md): the IR's layout choice (O from the registers where no ring fits
-beside O staging), the K and V rings' own tile bytes held by the verifier, o_ptr in the dense ABI of
-such a kernel only, and one small emulation reaching every basic block (the rest of the variants are
-emulated by hand, `fa4gen emulate`, and run on the GPU by tests/test_gpu_head_dims.py)."""
+"""sm_90a (192, 128) and D = 96 (docs/HEAD_DIMS.md): the IR's layout choice (O from the registers where
+no ring fits beside O staging), the K and V rings' own tile bytes held by the verifier, o_ptr in the
+dense ABI of such a kernel only, D = 96's 32-column 64B-swizzled panels in the manifest's tensor maps,
+and one small emulation of each pair reaching every basic block (the rest of the variants are emulated
+by hand, `fa4gen emulate`, and run on the GPU by tests/test_gpu_head_dims.py)."""
 import dataclasses
 from pathlib import Path
 
 import pytest
 
 from fa4gen import codegen
-from fa4gen.evidence.ptxemu.harness import Shape, emulate_file
+from fa4gen.evidence.ptxemu.harness import Shape, VarShape, emulate_file
 from fa4gen.ir.core import ExpectTx, Space, TmaLoad
 from fa4gen.ir.layout import layout_of
 from fa4gen.ir.sm90 import build_sm90_pipeline, sm90_o_staged, smem_pipeline
@@ -24,7 +25,9 @@ DEEPSEEK = dict(arch="sm_90a", head_dim=192, head_dim_v=128)
 @pytest.mark.parametrize("kw,staged", [(dict(head_dim=64, block_m=192), True), (dict(head_dim=128), True),
                                        (dict(head_dim=128, varlen=True), True), (dict(head_dim=128, kvcache=True), False),
                                        (dict(head_dim=192, head_dim_v=128), False),
-                                       (dict(head_dim=192, head_dim_v=128, varlen=True), False)])
+                                       (dict(head_dim=192, head_dim_v=128, varlen=True), False),
+                                       (dict(head_dim=96), True), (dict(head_dim=96, varlen=True), True),
+                                       (dict(head_dim=96, kvcache=True), False)])
 def test_o_staging_is_where_the_smallest_ring_fits_beside_it(kw, staged):
     cfg = KernelConfig(arch="sm_90a", **kw)
     assert sm90_o_staged(cfg) is staged
@@ -68,14 +71,38 @@ def test_o_ptr_joins_the_dense_abi_of_a_kernel_storing_o_from_registers_only():
         assert names.count("o_ptr") == 1
 
 
-def test_sm100a_still_refuses_the_pair():
+@pytest.mark.parametrize("d,dv", [(192, 128), (96, 96)])
+def test_sm100a_still_refuses_the_pair(d, dv):
     from fa4gen.ir import build_pipeline
     from fa4gen.lower.sm100 import Sm100LoweringError, lower_sm100
 
     with planning_head_dims():
-        pipe = build_pipeline(KernelConfig(arch="sm_100a", head_dim=192, head_dim_v=128))
-    with pytest.raises(Sm100LoweringError, match=r"\(192, 128\) is not generated for sm_100a"):
+        pipe = build_pipeline(KernelConfig(arch="sm_100a", head_dim=d, head_dim_v=dv))
+    with pytest.raises(Sm100LoweringError, match=rf"\({d}, {dv}\) is not generated for sm_100a"):
         lower_sm100(pipe)
+
+
+def test_d96_rings_and_staging_are_the_design_budget():
+    """The 128-row tile, 2 Q slots, 3 K/V stages and O staged: 222,344 bytes (docs/HEAD_DIMS.md)."""
+    pipe = build_sm90_pipeline(KernelConfig(arch="sm_90a", head_dim=96))
+    assert [(r.name, r.slots, r.bytes_per_slot) for r in pipe.regions if r.space is Space.SMEM] == [
+        ("Q", 2, 128 * 96 * 2), ("K", 3, 128 * 96 * 2), ("V", 3, 128 * 96 * 2), ("O_smem", 2, 64 * 96 * 2)]
+    assert layout_of(pipe).total == 222344 <= pipe.smem_limit
+    assert not static_findings(pipe)
+
+
+@pytest.mark.parametrize("kw,cols,swizzle", [(dict(head_dim=96), (32, 32, 32, 32), "64B"),
+                                            (dict(head_dim=96, kvcache=True, page_size=16), (32, 32, 32, 32), "64B"),
+                                            (dict(head_dim=128), (64, 64, 64, 64), "128B"),
+                                            (DEEPSEEK, (64, 64, 64, 64), "128B")])
+def test_tensor_maps_take_one_panel_per_box_with_its_swizzle(kw, cols, swizzle):
+    """D = 96 is cut into three 32-column panels of 64B swizzle (plan.Panels): every box is one panel
+    wide, with the swizzle whose row it fills; the PTX issues one box per panel."""
+    from fa4gen.lower.sm90 import manifest_sm90
+    cfg = KernelConfig(**{"arch": "sm_90a", **kw})
+    maps = manifest_sm90(cfg)["tensor_maps"]
+    assert tuple(maps[t]["box"][0] for t in "qkvo") == cols
+    assert {maps[t]["swizzle"] for t in "qkvo"} == {swizzle}
 
 
 def test_deepseek_causal_kernel_emulates_with_every_block_reached():
@@ -86,6 +113,22 @@ def test_deepseek_causal_kernel_emulates_with_every_block_reached():
     res = codegen.build(cfg, emit=("ptx",), verify=False)
     assert "o_ptr" in res.manifest["params"]
     shapes = [Shape.parse(s) for s in ("1,70,260,2,1", "1,140,50,2,1,nolse", "1,1,128,2,1")]
+    rep = emulate_file(Path(cfg.name + ".ptx"), ptx_text=res.ptx, manifest=res.manifest, seeds=1, shapes=shapes)
+    assert rep.ok, rep.summary()
+    cov = rep.coverage.entries["fa4_fwd"]
+    hit, total = cov.block_fraction()
+    assert hit == total, cov
+
+
+def test_d96_varlen_causal_kernel_emulates_with_every_block_reached():
+    """D = 96 (three 32-column 64B panels per tile), varlen, causal, GQA 2: the 64B TMA boxes and wgmma
+    descriptors, the O staging's 64B chunk swizzle and the row copies of 12 of 16 chunk threads with
+    192-byte rows; a sequence crossing two K/V blocks, one without keys, one without queries, a decode
+    row whose first block runs unmasked, and a batch with seqused_k and without LSE. About 4 s of CPU."""
+    cfg = KernelConfig(arch="sm_90a", head_dim=96, causal=True, varlen=True, gqa_ratio=2)
+    res = codegen.build(cfg, emit=("ptx",), verify=False)
+    shapes = [VarShape.parse("130:200,0:17,40:0,1:128;2,1"), VarShape((3, 0), (70, 5), 2, 1, seqused_k=(40, 3),
+                                                                       with_lse=False)]
     rep = emulate_file(Path(cfg.name + ".ptx"), ptx_text=res.ptx, manifest=res.manifest, seeds=1, shapes=shapes)
     assert rep.ok, rep.summary()
     cov = rep.coverage.entries["fa4_fwd"]

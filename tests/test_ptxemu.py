@@ -344,15 +344,60 @@ def test_bf16x2_pack_rounds_each_lane_like_the_scalar_conversion():
 
 
 # ---- descriptors read what TMA wrote ---------------------------------------------------------------
-def _tma_tile(rows: int, cols: int, base: int):
-    """SMEM byte address of element (r, c) of a [rows, cols] bf16 tile written by 64-column TMA
-    boxes with 128B swizzle, panels of rows x 128 B back to back (the kernels' Q/K/V layout)."""
-    tm = units.TensorMap(TmaDtype.BFLOAT16, 2, Swizzle.B128, 0, (cols, rows), (cols * 2,), (64, rows), (1, 1), 0, 0)
+def _tma_tile(rows: int, cols: int, base: int, swizzle: Swizzle = Swizzle.B128):
+    """SMEM byte address of element (r, c) of a [rows, cols] bf16 tile written by TMA boxes one
+    swizzle row wide (128B: 64 columns, 64B: 32), panels of rows x span bytes back to back (the
+    kernels' Q/K/V layout, plan.Panels)."""
+    span = swizzle.span_bytes
+    w = span // 2
+    tm = units.TensorMap(TmaDtype.BFLOAT16, 2, swizzle, 0, (cols, rows), (cols * 2,), (w, rows), (1, 1), 0, 0)
     addr = np.zeros((rows, cols), np.int64)
-    for p in range(cols // 64):
-        _, _, phys = units.tma_box_plan(tm, (64 * p, 0), base + p * rows * 128)
-        addr[:, 64 * p: 64 * p + 64] = phys.reshape(rows, 64)
+    for p in range(cols // w):
+        _, _, phys = units.tma_box_plan(tm, (w * p, 0), base + p * rows * span)
+        addr[:, w * p: w * p + w] = phys.reshape(rows, w)
     return addr
+
+
+@pytest.mark.parametrize("swizzle", [Swizzle.B128, Swizzle.B64])
+def test_tma_swizzle_is_the_isa_chunk_pattern(swizzle):
+    """The swizzle as the PTX ISA's tensor-copy swizzling modes draw it, row by row (not as address
+    bits): in a pattern of 8 rows of span bytes on its 8 * span boundary, 16-byte chunk c of row r
+    lies at chunk c ^ (r % 8) of the row for 128B, and at c ^ ((r / 2) % 4) for 64B, whose 64-byte
+    rows pair up into the 128-byte lines the pattern permutes (CuTe's Swizzle<3,4,3> and <2,4,3>)."""
+    span, base, rows = swizzle.span_bytes, 8192, 16
+    addr = _tma_tile(rows, span // 2, base, swizzle)
+    for r in range(rows):
+        for c in range(span // 16):
+            line = r if swizzle is Swizzle.B128 else r // 2
+            want = base + r * span + 16 * (c ^ (line % 8 if swizzle is Swizzle.B128 else line % 4))
+            assert addr[r, 8 * c] == want and addr[r, 8 * c + 7] == want + 14
+
+
+def test_k_major_64b_descriptor_k_steps_read_the_d96_tile():
+    """D = 96: three 32-column panels with 64B swizzle; k16 step k reads panel k // 2, 32 bytes further
+    along its rows per step (lower/sm90's QK^T steps), through SmemMatrixDesc.k_major (SBO 512)."""
+    base, rows = 4096, 128
+    tile = _tma_tile(rows, 96, base, Swizzle.B64)
+    for k0 in range(0, 96, 16):
+        panel, within = divmod(k0, 32)
+        d = units.decode_desc(SmemMatrixDesc.k_major("sm_90a", base + panel * rows * 64 + within * 2,
+                                                     Swizzle.B64).encode(), "sm_90a")
+        assert (d.sbo, d.swizzle) == (512, Swizzle.B64)
+        assert np.array_equal(units.operand_addresses(d, False, 128, 16, 2), tile[:, k0:k0 + 16])
+
+
+def test_mn_major_64b_descriptor_reads_v96_with_its_panel_stride():
+    """D = 96's V (keys x 96, three 32-column 64B panels): one MN-major descriptor spans N = 96 through
+    LBO = the panel stride, and k16 step j starts 16 key rows (1024 bytes) further."""
+    base = 8192
+    v = _tma_tile(128, 96, base, Swizzle.B64)
+    for k0 in range(0, 128, 16):
+        d = units.decode_desc(SmemMatrixDesc.mn_major("sm_90a", base + k0 * 64, Swizzle.B64,
+                                                      panel_stride=128 * 64).encode(), "sm_90a")
+        got = units.operand_addresses(d, True, 96, 16, 2)  # [n = d, k = key]
+        assert np.array_equal(got, v[k0:k0 + 16, :].T)
+        wrong = units.operand_addresses(units.MatDesc(d.start, d.lbo, d.sbo, 0, Swizzle.B128), True, 96, 16, 2)
+        assert not np.array_equal(wrong, got)
 
 
 @pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])

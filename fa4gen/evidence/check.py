@@ -610,7 +610,9 @@ def _read_section(role: str, lines, pipe, lay: _Layout, spell, threads: int, set
                 else:
                     bases.discard(dst)
             if opc.startswith("setp") and ops:
-                if opc == "setp.lt.u32" and len(ops) == 3 and ops[2] == "%sq":
+                # rows < %sq, alone or and-ed with another predicate (D = 96's copy: its chunks < 12)
+                if (opc == "setp.lt.u32" and len(ops) == 3 or opc == "setp.lt.and.u32" and len(ops) == 4) \
+                        and ops[2] == "%sq":
                     sq_guard.add(ops[0])
                 else:
                     sq_guard.discard(ops[0])
@@ -815,13 +817,13 @@ def _expected(pipe) -> dict:
     """Each role instance's events as the reader spells them, from its verified program (on sm_90a the
     replicated consumer once per instance: its own barrier slots and branches). The ops of both
     targets share one spelling here; what the targets spell apart is `_target_event`'s."""
-    from ..spec.plan import ROWS, kv_box_rows
+    from ..spec.plan import ROWS, kv_box_rows, qk_panels, vo_panels
     cfg = pipe.config
     sm100 = cfg.arch == "sm_100a"
-    # 64-column boxes per tile: Q and K have head_dim columns, V and O head_dim_v; a paged K/V block
-    # has one box per page and 64 columns
-    boxes = {"q": cfg.head_dim // 64, "k": cfg.head_dim // 64 * (ROWS // kv_box_rows(cfg)),
-             "v": cfg.head_dim_v // 64 * (ROWS // kv_box_rows(cfg)), "o": cfg.head_dim_v // 64}
+    # one box per panel (plan.Panels): Q and K have head_dim columns, V and O head_dim_v; a paged K/V
+    # block has one box per page and panel
+    nq, nv = qk_panels(cfg).count, vo_panels(cfg).count
+    boxes = {"q": nq, "k": nq * (ROWS // kv_box_rows(cfg)), "v": nv * (ROWS // kv_box_rows(cfg)), "o": nv}
     out = {}
     for role in pipe.roles:
         ops = list(walk_ops(role.program))

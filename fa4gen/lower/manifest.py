@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from ..spec.config import GENERATOR_VERSION, KernelConfig
 from ..ir.core import Pipeline
-from ..spec.plan import (HALF_COLS, KVCACHE_ORDER, SINKS_ABI_PARAMS, SOFTCAP_ABI_PARAMS, VARLEN_ORDER, WINDOW_ABI_PARAMS,
-                         abi_params, gqa_manifest, kv_box_rows, kvcache_manifest, qo_map_dims, varlen_manifest)
+from ..spec.plan import (KVCACHE_ORDER, SINKS_ABI_PARAMS, SOFTCAP_ABI_PARAMS, VARLEN_ORDER, WINDOW_ABI_PARAMS,
+                         abi_params, gqa_manifest, kv_box_rows, kvcache_manifest, qk_panels, qo_map_dims, varlen_manifest,
+                         vo_panels)
 
 __all__ = ["ENTRY", "GridFacts", "entry_params", "grid_section", "manifest", "score_mods_record",
            "smem_layout_section", "tensor_maps"]
@@ -82,20 +83,22 @@ def grid_section(cfg: KernelConfig, g: GridFacts) -> dict:
 def tensor_maps(cfg: KernelConfig, o_rows: int) -> dict:
     """The four TMA maps: Q/O 5-D over (D, heads of a tile, head groups, Sq, B), K/V 4-D (a paged
     cache: one box per page, or per 128-key block). The Q box is one block_m-row tile, the O box
-    o_rows rows (a whole tile, or the 64 rows one sm_90a consumer warpgroup stores); 64 columns."""
+    o_rows rows (a whole tile, or the 64 rows one sm_90a consumer warpgroup stores); one panel's
+    columns wide with its swizzle (plan.Panels: 64 columns, 128B; D = 96: 32 columns, 64B)."""
     p = cfg.gqa_pack
+    qk, vo = qk_panels(cfg), vo_panels(cfg)
 
-    def box(rows: int) -> list[int]:
-        return [HALF_COLS, min(p, rows), 1, max(rows // p, 1), 1]
+    def box(pn, rows: int) -> list[int]:
+        return [pn.panel_cols, min(p, rows), 1, max(rows // p, 1), 1]
 
-    def tmap(dims: list[str], box: list[int]) -> dict:
-        return {"dims": dims, "box": box, "swizzle": "128B", "dtype": cfg.dtype}
+    def tmap(dims: list[str], box: list[int], pn) -> dict:
+        return {"dims": dims, "box": box, "swizzle": f"{pn.swizzle.span_bytes}B", "dtype": cfg.dtype}
 
     qo_dims = qo_map_dims(cfg)
     kv_dims = ["D", "Hkv", "Page", "Pages"] if cfg.page_size else ["D", "Hkv", "Skv", "B"]
-    kv_box = [HALF_COLS, 1, kv_box_rows(cfg), 1]
-    return {"q": tmap(qo_dims, box(cfg.block_m)), "k": tmap(kv_dims, kv_box), "v": tmap(kv_dims, list(kv_box)),
-            "o": tmap(qo_dims, box(o_rows))}
+    kv_box = [1, kv_box_rows(cfg), 1]
+    return {"q": tmap(qo_dims, box(qk, cfg.block_m), qk), "k": tmap(kv_dims, [qk.panel_cols, *kv_box], qk),
+            "v": tmap(kv_dims, [vo.panel_cols, *kv_box], vo), "o": tmap(qo_dims, box(vo, o_rows), vo)}
 
 
 def score_mods_record(cfg: KernelConfig) -> dict | None:

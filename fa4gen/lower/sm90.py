@@ -30,9 +30,9 @@ from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Compute, Cond, Ex
                        TmaLoad, TmaStore, TmaStoreWait, Wait, instantiate, walk_ops)
 from ..ir.sm90 import build_sm90_pipeline
 from ..spec.encodings import DescArch, SmemMatrixDesc
-from ..spec.plan import (ARCH_LIMITS, HALF_COLS, block_info_ptx, MASK_AS_WORDS, MASK_WORD_BITS, ROWS, SM90_REGS,
+from ..spec.plan import (ARCH_LIMITS, block_info_ptx, MASK_AS_WORDS, MASK_WORD_BITS, ROWS, SM90_REGS,
                          WINDOW_UNBOUNDED, combine_context, key_limits_ptx, kv_box_rows,
-                         later_blocks_need_mask, mask_words, panel_bytes, q_panel_bytes, sm90_consumers)
+                         later_blocks_need_mask, mask_words, qk_panels, sm90_consumers, vo_panels)
 from .manifest import ENTRY, GridFacts, entry_params, manifest
 from .walk import LoweringError, WalkCtx, Walker, dispatch, f32, pairwise, refuse_planned, smem_layout
 
@@ -184,12 +184,16 @@ class Sm90Walker(Walker):
                     ids.append({"dst": reg, "base": base, "offset": op.slot.offset % self.instances,
                                 "n": self.instances})
         o = lay.regions.get("O_smem")
-        self.emit("consumer_setup", first_wg=first_wg, ids=ids, wg_bytes=WG_ROWS * 128,
+        qk, vo = qk_panels(cfg), vo_panels(cfg)
+        self.emit("consumer_setup", first_wg=first_wg, ids=ids, wg_bytes=WG_ROWS * qk.row_bytes,
                   q_off=lay.region_offset("Q"), k_off=lay.region_offset("K"), v_off=lay.region_offset("V"),
-                  o_off=o[0] if o else None,
+                  o_off=o[0] if o else None, o_wg_bytes=WG_ROWS * vo.row_bytes, o_row_bytes=vo.row_bytes,
+                  # the O staging's swizzle: 16-byte chunk c of row R at c ^ ((R >> o_sw_shift) % chunks)
+                  o_sw_shift=_row_swizzle_shift(vo),
                   # the descriptors' address-independent bits (start 0): the kernel adds each operand's address
-                  desc_k_major=hex(SmemMatrixDesc.k_major_sw128(DescArch.SM90A, 0).encode()),
-                  desc_v=hex(SmemMatrixDesc.mn_major_sw128(DescArch.SM90A, 0, panel_stride=panel_bytes(cfg)).encode()))
+                  desc_k_major=hex(SmemMatrixDesc.k_major(DescArch.SM90A, 0, qk.swizzle).encode()),
+                  desc_v=hex(SmemMatrixDesc.mn_major(DescArch.SM90A, 0, vo.swizzle,
+                                                     panel_stride=vo.bytes(ROWS)).encode()))
 
     def task_begin(self, head: str, done: str) -> None:
         cfg = self.cfg
@@ -287,14 +291,15 @@ class Sm90Walker(Walker):
     def op_Mma(self, op: Mma) -> None:
         cfg = self.cfg
         dt = {"bf16": "bf16", "fp16": "f16"}[cfg.dtype]
-        q_half = q_panel_bytes(cfg)
-        half = panel_bytes(cfg)
+        qk, vo = qk_panels(cfg), vo_panels(cfg)
+        q_half, half, kpp = qk.bytes(cfg.block_m), qk.bytes(ROWS), qk.k_steps
         if op.kind == "qk":
             self.s_block = op.block
             pa, da = self.slot_desc("Q", op.a_slot, "%dq")
             pb, db = self.slot_desc("K", op.b_slot, "%dk0")
             pre = pa + pb
-            steps = [{"a": (k // 4) * (q_half >> 4) + (k % 4) * 2, "b": (k // 4) * (half >> 4) + (k % 4) * 2,
+            # k16 step k: panel k // kpp, 32 bytes (2 units of 16) further along its swizzled rows per step
+            steps = [{"a": (k // kpp) * (q_half >> 4) + (k % kpp) * 2, "b": (k // kpp) * (half >> 4) + (k % kpp) * 2,
                       "scale_d": "%p_false" if k == 0 else "%p_true"} for k in range(cfg.head_dim // 16)]
             self.what(f"S = Q[{self.slot_note(op.a_slot)}] x K[{self.slot_note(op.b_slot)}]^T (block "
                       f"{self.block_note(op.block)}): wgmma m64n128k16, {len(steps)} k-steps")
@@ -303,7 +308,7 @@ class Sm90Walker(Walker):
             return
         pre, dv = self.slot_desc("V", op.b_slot, "%dv0")
         p = self.ctx.p_regs
-        steps = [{"b": (16 * 128 * j) >> 4, "a": p[4 * j:4 * j + 4]} for j in range(ROWS // 16)]
+        steps = [{"b": (16 * vo.row_bytes * j) >> 4, "a": p[4 * j:4 * j + 4]} for j in range(ROWS // 16)]  # 16 key rows
         # O is zeroed at the task's start, so accumulating on the first PV equals not accumulating
         self.what(f"O += P x V[{self.slot_note(op.b_slot)}] (block {self.block_note(op.block)}): wgmma "
                   f"m64n{cfg.head_dim_v}k16, P from registers")
@@ -325,21 +330,21 @@ class Sm90Walker(Walker):
             pre = pre + [("mov.u32", "%dst", "%smem")]
         bpre, mbar = self.bar_addr(op.barrier, op.bar_slot)
         if op.tensor == "q":
-            q_half = q_panel_bytes(cfg)
+            qk = qk_panels(cfg)
             self.emit("tma_load_q", pre=pre + bpre, mbar=mbar, sqt=cfg.seq_q_per_tile, varlen=cfg.varlen,
-                      boxes=[{"c0": h * HALF_COLS, "off": off + h * q_half} for h in range(cfg.head_dim // HALF_COLS)])
+                      boxes=[{"c0": h * qk.panel_cols, "off": off + h * qk.bytes(cfg.block_m)} for h in range(qk.count)])
             return
-        half = panel_bytes(cfg)
-        cols = cfg.head_dim if op.tensor == "k" else cfg.head_dim_v  # K: D columns, V: DV
+        pn = qk_panels(cfg) if op.tensor == "k" else vo_panels(cfg)  # K: D columns, V: DV
+        half = pn.bytes(ROWS)
         pre = pre + self.block_reg(op.block, "%tmp4")
         if cfg.page_size:
             if self.page_block is not op.block:
                 raise self.Error(f"{self.p}: paged TmaLoad of block {op.block.value} without its PageLookup")
             rows = kv_box_rows(cfg)
-            boxes = [{"c0": h * HALF_COLS, "off": off + h * half + i * rows * 128, "pg": f"%pg{i}"}
-                     for i in range(ROWS // rows) for h in range(cols // HALF_COLS)]
+            boxes = [{"c0": h * pn.panel_cols, "off": off + h * half + i * rows * pn.row_bytes, "pg": f"%pg{i}"}
+                     for i in range(ROWS // rows) for h in range(pn.count)]
         else:
-            boxes = [{"c0": h * HALF_COLS, "off": off + h * half} for h in range(cols // HALF_COLS)]
+            boxes = [{"c0": h * pn.panel_cols, "off": off + h * half} for h in range(pn.count)]
         self.emit("tma_load_kv", pre=pre + bpre, mbar=mbar, tmap=f"%tm{op.tensor}", boxes=boxes,
                   varlen=cfg.varlen, paged=bool(cfg.page_size), page_size=cfg.page_size)
 
@@ -350,20 +355,30 @@ class Sm90Walker(Walker):
 
     def op_TmaStore(self, op: TmaStore) -> None:
         cfg = self.cfg
-        q_half = q_panel_bytes(cfg)
+        vo = vo_panels(cfg)  # the staging: a block_m-row tile of DV columns, each consumer's 64 rows in every panel
         P = cfg.gqa_pack
-        self.emit("tma_store_o", boxes=[{"c0": h * HALF_COLS, "off": self.ctx.layout.region_offset("O_smem") + h * q_half}
-                                        for h in range(cfg.head_dim_v // HALF_COLS)],
+        self.emit("tma_store_o", boxes=[{"c0": h * vo.panel_cols,
+                                         "off": self.ctx.layout.region_offset("O_smem") + h * vo.bytes(cfg.block_m)}
+                                        for h in range(vo.count)],
                   g_step=WG_ROWS if P > WG_ROWS else 0, s_step=WG_ROWS // P if P <= WG_ROWS else 0,
-                  sqt=cfg.seq_q_per_tile, wg_bytes=WG_ROWS * 128, skip=self.label("noel"))
+                  sqt=cfg.seq_q_per_tile, wg_bytes=WG_ROWS * vo.row_bytes, skip=self.label("noel"))
 
     def op_StoreRows(self, op: StoreRows) -> None:
         cfg = self.cfg
         D = cfg.head_dim_v  # O's columns
-        self.emit("store_rows_o", vl={"cpr": D // 8, "cpr_shift": (D // 8).bit_length() - 1,
-                                      "row_step": 128 // (D // 8), "iters": WG_ROWS // (128 // (D // 8)),
-                                      "row_shift": (2 * D).bit_length() - 1},
-                  q_half_bytes=q_panel_bytes(cfg), o_off=self.ctx.layout.region_offset("O_smem"),
+        vo = vo_panels(cfg)
+        # thread t copies 16-byte chunk t % cpr of rows t / cpr (+ row_step ...): cpr is the row's chunks
+        # rounded up to a power of two (D = 96: 12 of 16; the other 4 threads of a row idle)
+        chunks = 2 * D // 16
+        cpr = 1 << (chunks - 1).bit_length()
+        row_bytes = 2 * D
+        self.emit("store_rows_o", vl={"cpr": cpr, "cpr_shift": cpr.bit_length() - 1, "chunks": chunks,
+                                      "row_step": 128 // cpr, "iters": WG_ROWS // (128 // cpr),
+                                      "row_shift": row_bytes.bit_length() - 1 if row_bytes & (row_bytes - 1) == 0
+                                      else None, "row_bytes": row_bytes},
+                  pn={"shift": (vo.row_bytes // 16).bit_length() - 1, "mask": vo.row_bytes // 16 - 1,
+                      "row_bytes": vo.row_bytes, "sw_shift": _row_swizzle_shift(vo)},
+                  q_half_bytes=vo.bytes(cfg.block_m), o_off=self.ctx.layout.region_offset("O_smem"),
                   sqt=cfg.seq_q_per_tile, log2_p=cfg.gqa_pack.bit_length() - 1, p=cfg.gqa_pack, g=cfg.gqa_ratio)
 
     def op_Compute(self, op: Compute) -> None:
@@ -506,14 +521,22 @@ class Sm90Ctx(WalkCtx):
                          "mtmp": "%mt"})
         self.rows = rows
         self.n_tmp = max(len(r["max_ops"]) for r in rows)
-        q_half = q_panel_bytes(cfg)
+        vo = vo_panels(cfg)
+        q_half, per_row = vo.bytes(cfg.block_m), vo.row_bytes // 16  # 16-byte chunks (8 columns) per panel row
         self.o_store = []
         for cfull in range(DV // 8):
-            h, c8 = divmod(cfull, 8)
+            h, c8 = divmod(cfull, per_row)
             for r in range(2):
                 i0 = 4 * cfull + 2 * r
-                self.o_store.append({"c16": c8 * 16, "off": h * q_half + r * 8 * 128,
+                self.o_store.append({"c16": c8 * 16, "off": h * q_half + r * 8 * vo.row_bytes,
                                      "lo": self.o_regs[i0], "hi": self.o_regs[i0 + 1]})
+
+
+def _row_swizzle_shift(pn) -> int:
+    """The swizzle of a panel (plan.Panels) as a function of its row R: 16-byte chunk c sits at
+    c ^ ((R >> shift) % (row_bytes / 16)), the address bits [4, 4 + b) XOR bits [7, 7 + b) of the
+    pattern (8 rows): 128-byte rows (128B) shift 0, 64-byte rows (64B: two rows per 128 bytes) shift 1."""
+    return (128 // pn.row_bytes).bit_length() - 1
 
 
 def _check_instances(pipe: Pipeline) -> None:

@@ -16,11 +16,11 @@ import ctypes
 import math
 from dataclasses import dataclass
 
+from ..spec.encodings import swizzle_from_name
 from ..spec.schedule import L2Choice, choose_l2_group, varlen_l2_rows
 
 __all__ = ["CudaError", "Kernel", "RuntimeSetupError", "tensor_map_geometry"]
 
-_BOX_INNER_BYTES_128B = 128
 # docs/ABI.md's parameters (fa4gen.spec.plan.ABI_PARAMS); the manifest's "params" gives their order.
 from ..spec.plan import ABI_PARAM_NAMES as _PARAM_NAMES  # noqa: E402
 
@@ -85,6 +85,7 @@ class _Libcuda:
         self.dtypes = {"bf16": int(drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16),
                        "fp16": int(drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16)}
         self.swizzles = {"128B": int(drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B),
+                         "64B": int(drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B),
                          "none": int(drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE)}
         self._fixed = (int(drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE),
                        int(drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B),
@@ -262,8 +263,10 @@ def tensor_map_geometry(role: str, spec: dict, shape: tuple[int, ...], strides: 
     box = tuple(int(b) for b in spec["box"])
     if len(box) != len(dims):
         raise RuntimeSetupError(f"{role}: box {box} and dims {spec['dims']} differ in rank")
-    if spec.get("swizzle") == "128B" and box[0] * elem_bytes > _BOX_INNER_BYTES_128B:
-        raise RuntimeSetupError(f"{role}: a 128B-swizzled box is at most 128 bytes wide, got {box[0] * elem_bytes}")
+    span = swizzle_from_name(spec.get("swizzle", "none")).span_bytes
+    if span and box[0] * elem_bytes > span:
+        raise RuntimeSetupError(f"{role}: a {spec['swizzle']}-swizzled box is at most {span} bytes wide, "
+                                f"got {box[0] * elem_bytes}")
     return MapGeometry(dims=dims, strides=tuple(s * elem_bytes for s in estr[1:]), box=box)
 
 

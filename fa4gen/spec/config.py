@@ -52,7 +52,7 @@ ARCHS = ("sm_100a", "sm_90a")
 # The one table KernelConfig, the API (runtime/validate.py), the CLI and prebuilt-kernel checks read.
 HEAD_DIM_PAIRS: dict[str, tuple[tuple[int, int], ...]] = {
     "sm_100a": ((64, 64), (128, 128)),
-    "sm_90a": ((64, 64), (128, 128), (192, 128)),
+    "sm_90a": ((64, 64), (96, 96), (128, 128), (192, 128)),
 }
 HEAD_DIMS = tuple(sorted({d for pairs in HEAD_DIM_PAIRS.values() for d, _ in pairs}))  # every head_dim of some pair
 # Pairs the design of docs/HEAD_DIMS.md plans (D = 96 and 256, DeepSeek's (192, 128)) on a target that does not

@@ -444,8 +444,17 @@ class SmemMatrixDesc:
         moves only start_address; the pattern start stays the tile base, so base_offset is
         computed from `pattern_start` (default: start_address rounded down to 1024 B).
         """
-        return cls(arch, start_address, lbo=16, sbo=8 * 128, swizzle=Swizzle.B128,
-                   base_offset=_base_offset(start_address, pattern_start, Swizzle.B128))
+        return cls.k_major(arch, start_address, Swizzle.B128, pattern_start=pattern_start)
+
+    @classmethod
+    def k_major(cls, arch: DescArch | str, start_address: int, swizzle: Swizzle, *,
+                pattern_start: int | None = None) -> "SmemMatrixDesc":
+        """K-major, TMA-written with a swizzle of span S bytes (128B: 64 16-bit elements per row; 64B:
+        32): the canonical layout ((8, m), (T, 2k)) : ((S/16, SBO), (1, T)) in 16-byte units
+        (§9.7.15.5.1.2.1), 8 rows of S bytes per pattern and the next 8 rows right after: SBO = 8 S.
+        LBO unused (encoded 1). A k16 step inside the row advances start_address by 32 bytes."""
+        return cls(arch, start_address, lbo=16, sbo=8 * swizzle.span_bytes, swizzle=swizzle,
+                   base_offset=_base_offset(start_address, pattern_start, swizzle))
 
     @classmethod
     def mn_major_sw128(cls, arch: DescArch | str, start_address: int, *, panel_stride: int,
@@ -457,8 +466,16 @@ class SmemMatrixDesc:
         LBO = panel_stride, the offset between consecutive 64-element panels along N
         (block_n x 128 B for panels stored back to back), used when N spans several panels.
         """
-        return cls(arch, start_address, lbo=panel_stride, sbo=8 * 128, swizzle=Swizzle.B128,
-                   base_offset=_base_offset(start_address, pattern_start, Swizzle.B128))
+        return cls.mn_major(arch, start_address, Swizzle.B128, panel_stride=panel_stride, pattern_start=pattern_start)
+
+    @classmethod
+    def mn_major(cls, arch: DescArch | str, start_address: int, swizzle: Swizzle, *, panel_stride: int,
+                 pattern_start: int | None = None) -> "SmemMatrixDesc":
+        """MN-major with a swizzle of span S bytes: the canonical layout ((T, S/16, m), (8, k)) :
+        ((1, T, LBO), (S/16, SBO)) in 16-byte units (§9.7.15.5.1.2.1): S/2 16-bit elements of N per
+        row, 8 K rows per pattern, SBO = 8 S; LBO = panel_stride between S-byte-wide panels along N."""
+        return cls(arch, start_address, lbo=panel_stride, sbo=8 * swizzle.span_bytes, swizzle=swizzle,
+                   base_offset=_base_offset(start_address, pattern_start, swizzle))
 
 
 def _base_offset(start: int, pattern_start: int | None, swizzle: Swizzle) -> int:
@@ -643,7 +660,7 @@ class TensorMapSpec:
         if not isinstance(self.dtype, TmaDtype):
             raise TensorMapError(f"dtype={self.dtype!r}: a TmaDtype")
         if isinstance(self.swizzle, str):
-            object.__setattr__(self, "swizzle", _swizzle_from_name(self.swizzle))
+            object.__setattr__(self, "swizzle", swizzle_from_name(self.swizzle))
         object.__setattr__(self, "dims", tuple(self.dims))
         object.__setattr__(self, "box", tuple(self.box))
         rank = len(self.box)
@@ -738,7 +755,7 @@ class TensorMapSpec:
                              l2_promotion=int(self.l2_promotion), oob_fill=int(self.oob_fill))
 
 
-def _swizzle_from_name(name: str) -> Swizzle:
+def swizzle_from_name(name: str) -> Swizzle:
     """The manifest's spelling: "none", "32B", "64B", "128B"."""
     table = {"none": Swizzle.NONE, "32b": Swizzle.B32, "64b": Swizzle.B64, "128b": Swizzle.B128}
     key = name.lower()

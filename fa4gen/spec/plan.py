@@ -227,8 +227,11 @@ def kvcache_manifest(cfg: KernelConfig) -> dict:
 
 def combine_context(cfg: KernelConfig) -> dict:
     """What templates/common/combine.ptx.j2 prints from (both targets)."""
+    # lane l owns columns [vec l, vec l + vec): vec a power of two (vector loads and stores), DV / 32
+    # rounded up (DV = 96: 4 columns on 24 lanes, the other 8 idle in the merge)
+    vec = 1 << (cfg.head_dim_v // 32 - 1).bit_length()
     return {"entry": COMBINE_ENTRY, "param_decls": [d for _, d in combine_abi_params(cfg)], "threads": COMBINE_THREADS,
-            "rows_per_cta": COMBINE_ROWS_PER_CTA, "head_dim": cfg.head_dim_v, "vec": cfg.head_dim_v // 32,
+            "rows_per_cta": COMBINE_ROWS_PER_CTA, "head_dim": cfg.head_dim_v, "vec": vec, "lanes": cfg.head_dim_v // vec,
             "sinks": cfg.sinks}
 
 
@@ -310,6 +313,61 @@ def q_panel_bytes(cfg: KernelConfig) -> int:
 def panel_bytes(cfg: KernelConfig) -> int:
     """One 128-row x 64-column swizzled panel (16 KiB): the step between a tile's 64-column halves."""
     return ROWS * HALF_COLS * cfg.elem_bytes
+
+
+@dataclass(frozen=True)
+class Panels:
+    """How an SMEM tile of `cols` 16-bit columns is cut into swizzled panels, side by side: each panel
+    is `panel_cols` columns (one row of the swizzle, `row_bytes` bytes), one TMA box's inner extent
+    and one wgmma descriptor's span, with the panels of a rows-row tile rows * row_bytes apart.
+
+    The swizzle is the widest whose row divides the tile's row (CUTLASS's ss_smem_selector makes the
+    same choice): 128B and 64-column panels where 64 divides cols (D = 64, 128, 192), else 64B and
+    32-column panels (D = 96: three of them). One swizzle per tile keeps every operand one
+    descriptor: V, the MN-major B operand of O += P V, spans its DV columns through one LBO (the
+    panel stride), which a 64 + 32 split into a 128B and a 64B panel could not describe."""
+
+    cols: int
+    panel_cols: int
+    swizzle: Swizzle
+    elem_bytes: int
+
+    @property
+    def row_bytes(self) -> int:
+        return self.panel_cols * self.elem_bytes
+
+    @property
+    def count(self) -> int:
+        return self.cols // self.panel_cols
+
+    def bytes(self, rows: int) -> int:
+        """One rows-row panel: the step between a rows-row tile's panels."""
+        return rows * self.row_bytes
+
+    @property
+    def k_steps(self) -> int:
+        """k16 wgmma steps inside one panel row (K-major: each advances 32 bytes along the row)."""
+        return self.row_bytes // 32
+
+
+def panels(cols: int, elem_bytes: int = 2) -> Panels:
+    """The panels of a tile of cols columns (Panels: 128B swizzle where 64 columns divide it, else 64B)."""
+    for sw in (Swizzle.B128, Swizzle.B64):
+        per = sw.span_bytes // elem_bytes
+        if cols % per == 0:
+            return Panels(cols, per, sw, elem_bytes)
+    raise PlanError(f"{cols} columns: not a multiple of the {Swizzle.B64.span_bytes // elem_bytes}-column "
+                    "panel of a 64-byte swizzle")
+
+
+def qk_panels(cfg: KernelConfig) -> Panels:
+    """The panels of Q and K (head_dim columns)."""
+    return panels(cfg.head_dim, cfg.elem_bytes)
+
+
+def vo_panels(cfg: KernelConfig) -> Panels:
+    """The panels of V and the O staging (head_dim_v columns)."""
+    return panels(cfg.head_dim_v, cfg.elem_bytes)
 
 
 # Causal / tail masks as 32-bit column words (the seed's mask_r2p): for a thread's column offsets
