@@ -271,6 +271,49 @@ def test_default_batches_cover_the_rules():
     assert k.shape == (lens[0], multi.hkv, 128)
 
 
+
+def test_default_batches_rescale_in_both_row_groups():
+    """Each row group's O rescale (the correction of a row whose maximum rose by more than the
+    threshold) runs in the default batches, softcap and window or not: the rescale row (each
+    sequence's last position, make_inputs) reaches block 0 after another block of its split and its
+    (softcapped) maximum rises above the threshold with margin on every seed tried: the second batch
+    in the first row group, the third batch's first split in the second (sm_90a's second consumer
+    warpgroup, sm_100a's second Q tile). The emulation proves the blocks ran on its seeds
+    (tests/test_scoremods_sm100.py, tests/test_ptxemu.py assert_every_block_ran); this holds the margin."""
+    import math
+    from fa4gen.evidence import reference
+    from fa4gen.evidence.ptxemu.cases import shape_mods
+    from fa4gen.spec.plan import window_sides
+    threshold = KernelConfig(arch="sm_90a").rescale_threshold * math.log(2)  # natural-log units
+    for g, tiles_per_task in [(1, 1), (1, 2), (4, 1), (4, 2)]:
+        second = 128 if tiles_per_task == 2 else 64  # the second row group's first row
+        unit = 128 // g * tiles_per_task  # a task's query positions
+        cfgs = [KernelConfig(arch="sm_90a", causal=True, gqa_ratio=g, kvcache=True, softcap=True, window=w).to_dict()
+                for w in (False, True)]
+        shapes = [harness.default_shapes({"config": c, "grid": {"tiles_per_task": tiles_per_task},
+                                          "gqa": {"pack": g}, "kvcache": {"page_size": 0}}) for c in cfgs]
+        for bi, group in ((1, 0), (2, 1)):
+            if bi == 1 and tiles_per_task == 2:
+                continue  # Sq = 1: the same batch as sm_90a's
+            sh = shapes[0][bi]
+            assert ((sh.sq - 1) * g >= second) == bool(group)  # the last position is in that group
+            k_len = sh.k_lens(0)[0]
+            rises = {}
+            for seed in range(4):
+                inp = kvcache.make_kv_inputs(sh, "bf16", 128, 0, seed, huge=True)
+                k = inp.gather(0)[0][:, np.arange(sh.hq) // g]
+                raw = np.einsum("khd,hd->hk", k, inp.q[0, -1]) / math.sqrt(128)
+                for cfg, shw in zip(cfgs, (shapes[0][bi], shapes[1][bi])):
+                    mods = shape_mods(cfg, shw, seed)
+                    info = BlockInfo.of(0, unit, sh.sq, k_len, True, 0, sh.num_splits,
+                                        window=window_sides(mods.get("window"), True))
+                    assert info.lo == 0 and info.n >= 2  # block 0 runs last, after another
+                    seen = reference.visible_keys(sh.sq, k_len, True, mods.get("window"))[-1]
+                    s = np.where(seen, mods["softcap"] * np.tanh(raw / mods["softcap"]), -np.inf)
+                    before = np.max([s[:, b * 128:(b + 1) * 128].max(axis=1) for b in info.blocks() if b], axis=0)
+                    rises.setdefault(cfg["window"], []).append(float((s[:, :128].max(axis=1) - before).max()))
+            assert min(min(r) for r in rises.values()) > threshold + 1.0, (g, tiles_per_task, group, rises)
+
 # (the corpus variants, d128 causal GQA 4 pages of 16, d128 contiguous and d64 pages of 256, are
 # emulated by tests/test_ptxemu.py test_unmutated_kernels_of_the_corpus_pass: these are others)
 @pytest.mark.parametrize("cfg", [

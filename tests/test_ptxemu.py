@@ -257,6 +257,7 @@ def test_unmutated_kernels_of_the_corpus_pass(cfg):
     ptx, man = _emitted(cfg)
     rep = emulate_file(Path("k.ptx"), ptx_text=ptx, manifest=man, seeds=1)
     assert rep.ok, rep.summary()
+    assert_every_block_ran(rep)
 
 
 # ---- exact arithmetic ------------------------------------------------------------------------------

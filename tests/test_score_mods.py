@@ -213,6 +213,7 @@ def test_default_shapes_of_flagged_variants_hold_the_adversarial_inputs():
     assert 50.0 in z and -np.inf in z
     kv = default_kv_shapes(dict(man, kvcache={"page_size": 0}))
     assert (300, -1) in [s.mods.window for s in kv] and any(s.num_splits == 3 for s in kv)
+    assert {s.mods.softcap for s in kv} == set(cases.SOFTCAPS)
 
 
 def test_schedule_counts_the_window_blocks():

@@ -26,6 +26,8 @@ from fa4gen.render.kernels import build_sm100
 from fa4gen.evidence.ptxemu.harness import emulate_file
 from fa4gen.spec.plan import WINDOW_UNBOUNDED, block_info_ptx, key_limits_ptx
 
+from test_ptxemu import assert_every_block_ran
+
 DENSE = KernelConfig(arch="sm_100a", head_dim=64, causal=True, window=True, softcap=True, sinks=True)
 KV = KernelConfig(arch="sm_100a", kvcache=True, page_size=16, gqa_ratio=4, window=True, sinks=True)
 
@@ -123,8 +125,10 @@ def test_sink_joins_the_divisor_and_the_lse():
 
 def test_kv_cache_kernel_with_every_score_mod_emulates():
     """Window, softcap and sinks over a paged KV cache: fa4_fwd's partials leave the sink out, its direct
-    store (one split) and fa4_combine count it once; the default decode batches, one seed."""
+    store (one split) and fa4_combine count it once; the default decode batches, one seed, reach every
+    basic block of both entries (both Q tiles' O rescales under a softcap and a window among them)."""
     text, man = built(KV.replace(softcap=True))
     rep = emulate_file(Path("k.ptx"), ptx_text=text, manifest=man, seeds=1)
     assert rep.ok, rep.summary()
     assert len(rep.runs) == 4 and all(r.warp_instructions > 10_000 for r in rep.runs)
+    assert_every_block_ran(rep)

@@ -100,11 +100,13 @@ DEFAULT_MODS = ScoreMods(window=(100, 20), softcap=30.0)
 SOFTCAPS = (30.0, 5.0, 50.0)  # default shape i of a softcap kernel takes SOFTCAPS[i % 3] (5: tanh far from linear)
 
 
-def default_mods(cfg: dict, i: int, window=None) -> "ScoreMods | None":
-    """The score-modifier values of default shape i: `window` (when the kernel has one), a softcap from
-    SOFTCAPS; sinks are left to default_sinks (per seed: dominant, -inf, moderate, random)."""
+def default_mods(cfg: dict, i: int, window=None, softcap: float | None = None) -> "ScoreMods | None":
+    """The score-modifier values of default shape i: `window` (when the kernel has one), a softcap
+    (when it has one: `softcap`, else SOFTCAPS[i % 3]); sinks are left to default_sinks (per seed:
+    dominant, -inf, moderate, random)."""
+    cap = SOFTCAPS[i % len(SOFTCAPS)] if softcap is None else float(softcap)
     m = ScoreMods(window=tuple(window) if cfg.get("window") and window is not None else None,
-                  softcap=SOFTCAPS[i % len(SOFTCAPS)] if cfg.get("softcap") else 0.0)
+                  softcap=cap if cfg.get("softcap") else 0.0)
     return m if (m.window is not None or m.softcap) else None
 
 
@@ -210,23 +212,37 @@ class RunResult:
 
 
 HUGE_ROWS = 400.0  # query rows scaled so their raw scores q.k reach ~1e4 (softcap kernels)
+RESCALE_ROW = 3.0  # make_inputs(rescale_row=True): the last query position's scale
 
 
-def make_inputs(shape: Shape, dtype: str, head_dim: int, seed: int, huge: bool = False, head_dim_v: int | None = None):
+def make_inputs(shape: Shape, dtype: str, head_dim: int, seed: int, huge: bool = False, head_dim_v: int | None = None,
+                rescale_row: bool = False):
     """Random q, k (head_dim columns), v (head_dim_v, default head_dim) in the kernel dtype (NumPy:
     float16, or float32 holding bf16 values): one
     K/V block of larger keys so the reverse visit order raises the row maximum by more than the
     rescale threshold (O rescales), and a few rows of x30 queries (large logits). huge (softcap
     kernels): a few more rows x HUGE_ROWS, raw scores |q.k| ~ 1e4 (400 * 3 * sqrt(D) on block 0),
-    deep in tanh's saturation."""
+    deep in tanh's saturation. rescale_row: the last query position is none of those but x
+    RESCALE_ROW, a row that rescales wherever it reaches block 0 after another block: its scaled
+    scores' maximum, ~3 * 2.6 on a block of N(0, 1) keys, rises to ~3 * 3 * 2.5 on block 0's, by
+    ~15 (natural-log units; ~13 under a softcap of 30 or 50), well above the threshold (8 log2 =
+    5.5; tests/test_kvcache_tools.py measures the margin on the default KV batches): an x30 row's
+    maxima saturate such a cap on every block (they tie and nothing rescales), and a N(0, 1) row's
+    rise is about the threshold."""
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((shape.b, shape.sq, shape.hq, head_dim))
     k = rng.standard_normal((shape.b, shape.skv, shape.hkv, head_dim))
     v = rng.standard_normal((shape.b, shape.skv, shape.hkv, head_dim if head_dim_v is None else head_dim_v))
     k[:, : min(128, shape.skv)] *= 3.0  # block 0 is visited last: its larger scores force rescales
-    rows = rng.choice(shape.sq, size=max(1, shape.sq // 16), replace=False)
+    if rescale_row:
+        pool = shape.sq - 1
+        rows = rng.choice(pool, size=min(pool, max(1, shape.sq // 16)), replace=False)
+        q[:, -1] *= RESCALE_ROW
+    else:
+        pool = shape.sq
+        rows = rng.choice(pool, size=max(1, shape.sq // 16), replace=False)
     q[:, rows] *= 30.0
-    rest = np.setdiff1d(np.arange(shape.sq), rows)  # not the x30 rows: fp16 q stays finite
+    rest = np.setdiff1d(np.arange(pool), rows)  # not the x30 rows: fp16 q stays finite
     if huge and rest.size:
         q[:, rng.choice(rest, size=max(1, rest.size // 8), replace=False)] *= HUGE_ROWS
     return tuple(reference.round_to_dtype(x, dtype) for x in (q, k, v))

@@ -114,19 +114,29 @@ def default_kv_shapes(man: dict) -> list:
     key: every split empty, O = 0, LSE = -inf) and one past the capacity (clamped to it: 600 keys,
     or the paged capacity, 5 or 6 blocks split 2 + 2 + 1 or 2 + 2 + 2, its last block partly past
     the cache; the longest sequence last, so an unclamped page index leaves the table). The second:
-    Sq = 1, num_splits = 1 (the kernel writes O and LSE itself, the partials stay untouched). The
-    third: Sq = R / P + 3 query positions, R the rows where a task's second row group starts (sm_90a's
-    second consumer warpgroup: 64; sm_100a's second Q tile: 128), so that group holds P * 3 real rows
-    (its own O rescales run), with 2 splits of 2 + 2 blocks (the 390-key sequence's queries see keys
-    371-389 of blocks 2 and 3: the second split's later block is masked too), and no LSE asked
-    (lse_ptr = 0 for fa4_fwd and fa4_combine); with an odd Hq its B * Sq * Hq rows leave the last
-    combine CTA partly empty. The fourth: the API's default decode launch, one split (the kernel
-    stores O itself) and no LSE: the kernel's direct LSE store must skip lse_ptr = 0.
+    Sq = 1, num_splits = 1 (the kernel writes O and LSE itself, the partials stay untouched), its one
+    split walking 3 blocks of a 300-key sequence. The third: Sq = R / P + 3 query positions, R the
+    rows where a task's second row group starts (sm_90a's second consumer warpgroup: 64; sm_100a's
+    second Q tile: 128), so that group holds P * 3 real rows, with 2 splits of 2 + 2 blocks (the
+    390-key sequence's queries see keys 371-389 of blocks 2 and 3: the second split's later block is
+    masked too), and no LSE asked (lse_ptr = 0 for fa4_fwd and fa4_combine); with an odd Hq its
+    B * Sq * Hq rows leave the last combine CTA partly empty. The fourth: the API's default decode
+    launch, one split (the kernel stores O itself) and no LSE: the kernel's direct LSE store must
+    skip lse_ptr = 0.
+    O rescales: each sequence's last query position is make_inputs' rescale row (Sq = 1: the one
+    position, so those batches have no x30 row), which rescales where its split reaches block 0
+    after another block: the second batch's one split for the first row group, the third's first
+    split (blocks 0 and 1 of the 390-key sequence) for the second.
     Score modifiers (the config's flags): windows (300, -1) on the first (the 600-key sequence's
     window covers blocks 2-4, one per split: it crosses the split boundaries; the 129-key one sees
-    all its keys and leaves split 2 empty), (200, -1) on the second (its one split walks two blocks,
-    the first cut by the window's left side: the multi-block loop and the rescales of a windowed
-    kernel), (130, 0) and (0, 0) (one key per query); softcaps and sinks as harness.default_shapes."""
+    all its keys and leaves split 2 empty), (298, -1) on the second (its row sees keys 1-299: block 0
+    cut by the window's left side, and block 1 whole for every row of the tile, those past Sq too:
+    with GQA 1 the tile's last row is 127 positions on, so a wider cut would leave no block
+    unmasked), (330, 0) on the third (the 390-key sequence's last row sees keys 59-389: block 0 in
+    its first split for both row groups, and every Q tile has a block it sees whole) and (0, 0) (one
+    key per query). Softcaps 5, 30, 50, 30: the rescales run under 30 and 50, which the rescale row
+    does not saturate (5 does: tanh far from linear on the first batch); sinks as
+    harness.default_shapes."""
     g, pack = manifest_gqa(man)
     hkv = 2 if g <= 2 else 1
     cfg = man["config"]
@@ -135,11 +145,11 @@ def default_kv_shapes(man: dict) -> list:
     rows = manifest_tile_rows(man)
     second = rows // 2 if int(man["grid"].get("tiles_per_task", 1)) == 1 else rows
     shapes = [KvShape((129, 1, -3, 1000), 3, g * hkv, hkv, num_splits=3, capacity=600),
-              KvShape((250, 0), 1, g * hkv, hkv, num_splits=1, capacity=260),
+              KvShape((300, 0), 1, g * hkv, hkv, num_splits=1, capacity=310),
               KvShape((390, 40, 77), second // pack + 3, g * hkv, hkv, num_splits=2, capacity=400, with_lse=False),
               KvShape((70,), 1, g * hkv, hkv, num_splits=1, capacity=128, with_lse=False)]
-    for i, (sh, w) in enumerate(zip(shapes, [(300, -1), (200, -1), (130, 0), (0, 0)])):
-        sh.mods = default_mods(cfg, i, w)
+    for i, (sh, w, cap) in enumerate(zip(shapes, [(300, -1), (298, -1), (330, 0), (0, 0)], (5, 30, 50, 30))):
+        sh.mods = default_mods(cfg, i, w, cap)
     return shapes
 
 
@@ -180,7 +190,7 @@ def make_kv_inputs(shape: KvShape, dtype: str, head_dim: int, page_size: int, se
     qs, ks, vs = [], [], []
     for i, n in enumerate(k_lens):
         q, k, v = make_inputs(Shape(1, shape.sq, max(n, 1), shape.hq, shape.hkv), dtype, d, seed * 1009 + i, huge=huge,
-                              head_dim_v=dv)
+                              head_dim_v=dv, rescale_row=True)
         qs.append(q[0])
         ks.append(k[0, :n])
         vs.append(v[0, :n])
