@@ -129,7 +129,7 @@ def _three_consumer_ring(ptx: str) -> dict:
     nl = r"\n    "
     wrap = re.search(r"add\.u32 (%\w+), %cw, 1;" + nl + r"setp\.ge\.u32 (%\w+), \1, (\d+);" + nl +
                      r"@\2 sub\.u32 \1, \1, \3;" + nl + r"add\.u32 %nb_sched_1, \1, (\d+);", ptx)
-    pre = re.search(r"setp\.ne\.u32 %p_c, %cw, (\d+);" + nl + r"@%p_c bra (\$L\w+);\n(?:    //[^\n]*\n)?"
+    pre = re.search(r"setp\.ne\.u32 %p_c, %cw, (\d+);" + nl + r"@%p_c bra(?:\.uni)? (\$L\w+);\n(?:    //[^\n]*\n)?"
                     r"    bar\.arrive (\d+), 256;\n\2:", ptx)
     return {"sched_0": re.findall(r"add\.u32 %nb_sched_0, %cw, (\d+);", ptx),
             "sched_1": wrap and (int(wrap.group(3)), int(wrap.group(4))),  # (mod, base)
