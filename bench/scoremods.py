@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Sliding windows, softcap and sinks on the GPU: fa4gen against FA4-CuTe, in the same run.
 
-    python3 -m bench.scoremods [--rounds 3] [--rep-ms 100] [--quick] [--out FILE.json]
+    python3 -m bench.scoremods [--rounds 3] [--rep-ms 100] [--quick] [--parts window,overhead,decode]
+                               [--out FILE.json]
 
 1. Windows: causal prefill, B = 1, at S 8k / 32k / 128k (--quick: 8k / 32k) with window_size
    (W, 0) for W = 128 / 1024 / 4096, Mistral-like (32/8 heads, D 128) and gpt-oss-like (64/8, D 64),
@@ -48,8 +49,13 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep-ms", type=int, default=100)
     ap.add_argument("--quick", action="store_true", help="S 8k and 32k only")
+    ap.add_argument("--parts", default="window,overhead,decode",
+                    help="which of the three parts to run, comma-separated (default: all)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
+    parts = set(a.parts.split(","))
+    if not parts or parts - {"window", "overhead", "decode"}:
+        ap.error(f"--parts: choose from window, overhead, decode (got {a.parts!r})")
     import torch
 
     import fa4gen
@@ -95,7 +101,7 @@ def main(argv=None) -> int:
     dt = torch.bfloat16
     lengths = (8192, 32768) if a.quick else (8192, 32768, 131072)
     # 1. windows
-    for model, (hq, hkv, d) in MODELS.items():
+    for model, (hq, hkv, d) in MODELS.items() if "window" in parts else ():
         for s in lengths:
             q = torch.randn(1, s, hq, d, device="cuda", dtype=dt, generator=gen)
             k = torch.randn(1, s, hkv, d, device="cuda", dtype=dt, generator=gen)
@@ -119,7 +125,7 @@ def main(argv=None) -> int:
     z = torch.randn(hq, device="cuda", dtype=torch.float32, generator=gen)
     flop = 4.0 * b * causal_window_pairs(s, None) * hq * d
     for label, kw in (("plain", {}), ("softcap 50", dict(softcap=50.0)), ("sinks", dict(learnable_sink=z)),
-                      ("softcap 50 + sinks", dict(softcap=50.0, learnable_sink=z))):
+                      ("softcap 50 + sinks", dict(softcap=50.0, learnable_sink=z))) if "overhead" in parts else ():
         fns = {"fa4gen": lambda kw=kw: fa4gen.attention(q, k, v, causal=True, **kw)}
         p = peer(lambda kw=kw: fa4(q, k, v, causal=True, **kw))
         if p is not None:
@@ -130,7 +136,7 @@ def main(argv=None) -> int:
     # 3. gpt-oss-like decode
     hq, hkv, d = MODELS["gpt-oss"]
     l2_buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")  # larger than the L2
-    for b, length in ((1, 32768), (16, 8192)):
+    for b, length in ((1, 32768), (16, 8192)) if "decode" in parts else ():
         kc = torch.randn(b, length, hkv, d, device="cuda", dtype=dt, generator=gen)
         vc = torch.randn(b, length, hkv, d, device="cuda", dtype=dt, generator=gen)
         q = torch.randn(b, 1, hq, d, device="cuda", dtype=dt, generator=gen)
