@@ -149,11 +149,22 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table=None, 
     window_size, softcap and learnable_sink as in `attention`, the window aligned to the end of each
     sequence (cache_seqlens[b] in place of Skv): a decode step with window (W, 0) sees its last W + 1
     keys, and the kernel reads only the pages of the window. With splits the sink is counted once.
+
+    Under `torch.compile` (fullgraph too) the call goes through the custom op
+    `torch.ops.fa4gen.attention_with_kvcache_fwd` (fa4gen/runtime/torch_ops.py), as `attention` does;
+    with cache_seqlens and page_table on the GPU the compiled step can be captured in a CUDA graph.
     """
     try:
         import torch
     except ImportError as e:
         raise validate.InputTypeError("fa4gen.attention_with_kvcache needs torch (pip install torch)") from e
+    if torch.compiler.is_compiling():
+        from . import torch_ops
+
+        return torch_ops.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table, causal=causal,
+                                                softmax_scale=softmax_scale, num_splits=num_splits,
+                                                return_lse=return_lse, window_size=window_size, softcap=softcap,
+                                                learnable_sink=learnable_sink)
     return launch.attention_with_kvcache_eager(torch, q, k_cache, v_cache, cache_seqlens, page_table, causal,
                                               softmax_scale, num_splits, return_lse, window_size=window_size,
                                               softcap=softcap, learnable_sink=learnable_sink)

@@ -405,10 +405,11 @@ def attention_varlen_eager(torch, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqle
 
 
 def attention_with_kvcache_eager(torch, q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
-                                 num_splits, return_lse, window_size=(-1, -1), softcap=0.0, learnable_sink=None):
-    """`attention_with_kvcache` once torch is imported: validate (or reuse the validation of the same
-    signature; the values of CPU-held lengths and page entries are checked on every call), get the
-    kernel, launch, record."""
+                                 num_splits, return_lse, window_size=(-1, -1), softcap=0.0, learnable_sink=None,
+                                 check_grad: bool = True):
+    """`attention_with_kvcache` once torch is imported (and the custom op's real implementation):
+    validate (or reuse the validation of the same signature; the values of CPU-held lengths and page
+    entries are checked on every call), get the kernel, launch, record."""
     t0 = time.perf_counter()
 
     def check():
@@ -424,7 +425,7 @@ def attention_with_kvcache_eager(torch, q, k_cache, v_cache, cache_seqlens, page
                     ((q, "q"), (k_cache, "k"), (v_cache, "v")))
     problem = prep.problem
     dev = q.device
-    check_device_and_grad(torch, dev, (q, k_cache, v_cache), True, "fa4gen.attention_with_kvcache")
+    check_device_and_grad(torch, dev, (q, k_cache, v_cache), check_grad, "fa4gen.attention_with_kvcache")
     return _record(problem, t0, *kvcache_answer(torch, problem, lambda: kernel_for(problem, dev, prep.fields), q,
                                                  k_cache, v_cache, cache_seqlens, page_table, return_lse,
                                                  sink_f32(torch, learnable_sink), prep.takes))

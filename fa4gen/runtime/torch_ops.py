@@ -1,4 +1,5 @@
-"""`fa4gen.attention` as a torch custom op, so that `torch.compile(fullgraph=True)` traces it.
+"""`fa4gen.attention`, `attention_varlen` and `attention_with_kvcache` as torch custom ops, so that
+`torch.compile(fullgraph=True)` traces them.
 
 Dynamo cannot trace the eager path (`time.perf_counter`, cuda-python's launch, data pointers), so
 under `torch.compile` `fa4gen.attention` calls `attention` below, which calls the op
@@ -6,7 +7,8 @@ under `torch.compile` `fa4gen.attention` calls `attention` below, which calls th
     torch.ops.fa4gen.attention_fwd(q, k, v, causal, softmax_scale, return_lse, window_left=-1,
                                    window_right=-1, softcap=0.0, learnable_sink=None) -> (o, lse)
 
-registered with `torch.library.custom_op` (the window's sides are separate ints: a schema has no
+registered with `torch.library.custom_op` (likewise `attention_varlen_fwd` and
+`attention_with_kvcache_fwd`; the window's sides are separate ints: a schema has no
 int pair; learnable_sink is an optional tensor argument). Its fake implementation validates the inputs' metadata
 (the same checks as eager, less the layout checks that need a data pointer) and returns
 o (B, Sq, Hq, D) in q's dtype and lse (B, Hq, Sq) float32, or lse of shape (0,) when return_lse is
@@ -28,7 +30,8 @@ import torch
 
 from . import launch, validate
 
-__all__ = ["attention", "attention_fwd", "attention_varlen", "attention_varlen_fwd"]
+__all__ = ["attention", "attention_fwd", "attention_varlen", "attention_varlen_fwd", "attention_with_kvcache",
+           "attention_with_kvcache_fwd"]
 
 
 @torch.library.custom_op("fa4gen::attention_fwd", mutates_args=())
@@ -147,4 +150,57 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         raise validate.InputValueError(launch.FORWARD_ONLY.replace("fa4gen.attention", "fa4gen.attention_varlen"))
     o, lse = attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal,
                                   scale, return_lse, seqused_k, left, right, cap, learnable_sink)
+    return (o, lse) if return_lse else o
+
+
+# ---- KV cache: the output shapes depend on q's shape alone; the split count is the real
+# implementation's choice (from shapes and the SM count: no host sync), so a decode step compiles
+# and is captured in a CUDA graph like `attention`. CPU-held cache_seqlens / page_table are read on
+# the host by the real implementation (checked, then copied): such a call cannot be captured.
+@torch.library.custom_op("fa4gen::attention_with_kvcache_fwd", mutates_args=())
+def attention_with_kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               cache_seqlens: torch.Tensor, page_table: Optional[torch.Tensor], causal: bool,
+                               softmax_scale: Optional[float], num_splits: int, return_lse: bool,
+                               window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                               learnable_sink: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse) of `fa4gen.attention_with_kvcache(...)`; lse has shape (0,) when return_lse is False."""
+    out = launch.attention_with_kvcache_eager(torch, q, k_cache, v_cache, cache_seqlens, page_table, causal,
+                                              softmax_scale, num_splits, return_lse,
+                                              window_size=(window_left, window_right), softcap=softcap,
+                                              learnable_sink=learnable_sink, check_grad=False)
+    if return_lse:
+        return out
+    return out, _no_lse(q)
+
+
+@attention_with_kvcache_fwd.register_fake
+def _attention_with_kvcache_fwd_fake(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
+                                     num_splits, return_lse, window_left=-1, window_right=-1, softcap=0.0,
+                                     learnable_sink=None):
+    metas = launch.kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table, meta=_fake_meta)
+    problem = validate.check_kvcache_problem(*metas, causal=causal, softmax_scale=softmax_scale,
+                                             num_splits=num_splits, return_lse=return_lse,
+                                             window_size=(window_left, window_right), softcap=softcap,
+                                             learnable_sink=_sink_fake_meta(learnable_sink))
+    o = q.new_empty(problem.out_shape)
+    lse = q.new_empty(problem.lse_shape, dtype=torch.float32) if return_lse else _no_lse(q)
+    return o, lse
+
+
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table=None, causal: bool = True,
+                           softmax_scale: float | None = None, num_splits: int = 0, return_lse: bool = False,
+                           window_size=(-1, -1), softcap: float = 0, learnable_sink=None):
+    """`fa4gen.attention_with_kvcache` through the op (what it runs under torch.compile)."""
+    scale, left, right, cap = _op_args(causal, return_lse, softmax_scale, window_size, softcap, learnable_sink)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
+        raise validate.InputTypeError(f"num_splits must be an int (0 = chosen from the shape), got "
+                                      f"{type(num_splits).__name__}")
+    for name, t in (("cache_seqlens", cache_seqlens), ("page_table", page_table)):
+        if not (isinstance(t, torch.Tensor) or (t is None and name == "page_table")):
+            raise validate.InputTypeError(f"{name} must be a torch.Tensor{' or None' if name == 'page_table' else ''}"
+                                          f", got {type(t).__name__}")
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k_cache, v_cache)):
+        raise validate.InputValueError(launch.FORWARD_ONLY.replace("fa4gen.attention", "fa4gen.attention_with_kvcache"))
+    o, lse = attention_with_kvcache_fwd(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale,
+                                        int(num_splits), return_lse, left, right, cap, learnable_sink)
     return (o, lse) if return_lse else o
