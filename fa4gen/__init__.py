@@ -9,10 +9,10 @@ The chain (each stage a pure function whose output can be dumped):
 from .spec.config import ConfigError, KernelConfig, GENERATOR_VERSION
 
 __all__ = ["ConfigError", "KernelConfig", "GENERATOR_VERSION", "attention", "attention_varlen", "attention_with_kvcache",
-           "load"]
+           "load", "load_bundle"]
 __version__ = "0.1.0"
 
-_LAZY = {"attention", "attention_varlen", "attention_with_kvcache", "load"}  # the torch-facing API: imported on first use, the generator needs no torch
+_LAZY = {"attention", "attention_varlen", "attention_with_kvcache", "load", "load_bundle"}  # the torch-facing API: imported on first use, the generator needs no torch
 
 
 def __getattr__(name):

@@ -408,5 +408,77 @@ def check(ptx_file, manifest, mutation):
     sys.exit(0 if rep.ok else 1)
 
 
+@main.command(help="Build every kernel variant a model's attention calls need into a bundle DIR (DIR/bundle.json, "
+                   "one <name>.cubin + <name>.json per kernel): causal dense and varlen prefill and KV-cache decode, "
+                   "for each layer kind (sliding-window or full, with the model's softcap and sinks), read from a "
+                   "Hugging Face config.json (heads, KV heads, head dims, sliding_window / layer_types, "
+                   "attn_logit_softcapping, gpt-oss sinks, dtype). A process then uses it with "
+                   "fa4gen.load_bundle(DIR) or FA4GEN_BUNDLE=DIR (FA4GEN_BUNDLE_ONLY=1: never build), with no "
+                   "assembler at run time. --wheel also writes a pip-installable wheel that fa4gen finds once "
+                   "installed.")
+@click.option("--model", "model_path", type=click.Path(dir_okay=False), required=True,
+              help="The model's config.json (Hugging Face format; a multimodal config's text_config is read).")
+@click.option("--arch", "archs", default="sm_90a", show_default=True,
+              help="Comma-separated targets: sm_90a (runs on H100/H200), sm_100a (generated and checked, not run).")
+@click.option("--page-size", "page_sizes", default="0", show_default=True,
+              help="Comma-separated KV-cache page sizes for decode kernels: 0 = a contiguous cache; 16..256 "
+                   "(powers of two) = a paged cache of that many keys per page.")
+@click.option("--entry", "entries", default="dense,varlen,kvcache", show_default=True,
+              help="Comma-separated entry points to cover: dense (fa4gen.attention), varlen "
+                   "(attention_varlen), kvcache (attention_with_kvcache).")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16"]), default=None,
+              help="Override the config's torch_dtype (needed when it is float32).")
+@click.option("--out", "out", type=click.Path(file_okay=False), required=True, help="The bundle folder.")
+@click.option("--wheel", is_flag=True, help="Also write a wheel of the bundle into --out.")
+@click.option("--list", "list_only", is_flag=True, help="Print the variants the model needs and build nothing.")
+def bundle(model_path, archs, page_sizes, entries, dtype, out, wheel, list_only):
+    import json as _json
+
+    from .runtime import bundle as _bundle
+    from .spec import models
+
+    def fail(msg, code=2):
+        click.echo(f"fa4gen bundle: error: {msg}", err=True)
+        sys.exit(code)
+
+    try:
+        cfg = _json.loads(Path(model_path).read_text())
+    except OSError as e:
+        fail(f"--model {model_path}: {e.strerror or e}")
+    except ValueError as e:
+        fail(f"--model {model_path}: not JSON ({e})")
+    try:
+        pages = tuple(int(p) for p in page_sizes.split(","))
+    except ValueError:
+        fail(f"--page-size {page_sizes!r}: comma-separated ints (0 = contiguous)")
+    try:
+        model = models.ModelAttention.from_hf_config(cfg, dtype=dtype)
+        configs = models.variants(model, tuple(archs.split(",")), tuple(entries.split(",")), pages)
+    except models.ModelConfigError as e:
+        fail(str(e))
+    click.echo(f"{model.describe()}: {len(configs)} kernel variants")
+    if list_only:
+        for c in configs:
+            click.echo(f"  {c.name}")
+        return
+    out_dir = Path(out)
+    problem = _unusable_out_dir(out_dir)
+    if problem:
+        fail(f"--out {out}: {problem}")
+
+    def progress(i, n, name):
+        click.echo(f"  [{i + 1}/{n}] {name}")
+
+    try:
+        index = _bundle.write_bundle(configs, out_dir, model=model.describe(), progress=progress)
+    except Exception as e:  # verifier, lowering and assembler errors carry their own report / log
+        fail(f"build failed: {e}", 1)
+    click.echo(f"  wrote {index}")
+    if wheel:
+        name = str(cfg.get("_name_or_path") or Path(model_path).resolve().parent.name or model.model_type)
+        whl = _bundle.write_wheel(out_dir, out_dir, name.split("/")[-1])
+        click.echo(f"  wrote {whl}  (pip install it; fa4gen finds installed bundles by itself)")
+
+
 if __name__ == "__main__":
     main()

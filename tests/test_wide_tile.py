@@ -83,10 +83,10 @@ def test_fast_path_gives_each_call_the_kernel_config_for_chooses(monkeypatch):
 
     from fa4gen.runtime import launch, validate
 
-    loaded = {}  # the registry: (content hash, device) -> kernel
+    loaded = {}  # the registry: (config key, device) -> kernel
 
     def fake_get_kernel(cfg, dev):
-        loaded[(cfg.content_hash, dev.index)] = cfg  # the "kernel" is its config
+        loaded[launch.registry_key(cfg, dev.index)] = cfg  # the "kernel" is its config
         return cfg, launch.LoadInfo(name=cfg.name, content_hash=cfg.content_hash, source="built")
 
     monkeypatch.setattr(launch, "get_kernel", fake_get_kernel)

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 from ..spec.config import GENERATOR_VERSION, KernelConfig
 from ..ir.core import Pipeline
-from ..spec.plan import (KVCACHE_ORDER, SINKS_ABI_PARAMS, SOFTCAP_ABI_PARAMS, VARLEN_ORDER, WINDOW_ABI_PARAMS,
-                         abi_params, gqa_manifest, kv_box_rows, kvcache_manifest, qk_panels, qo_map_dims, varlen_manifest,
-                         vo_panels)
+from ..spec.plan import (KVCACHE_ORDER, VARLEN_ORDER, abi_params, gqa_manifest, kv_box_rows, kvcache_manifest, qk_panels, qo_map_dims, varlen_manifest,
+                         score_mods_record, vo_panels)
 
 __all__ = ["ENTRY", "GridFacts", "entry_params", "grid_section", "manifest", "score_mods_record",
            "smem_layout_section", "tensor_maps"]
@@ -99,17 +98,6 @@ def tensor_maps(cfg: KernelConfig, o_rows: int) -> dict:
     kv_box = [1, kv_box_rows(cfg), 1]
     return {"q": tmap(qo_dims, box(qk, cfg.block_m), qk), "k": tmap(kv_dims, [qk.panel_cols, *kv_box], qk),
             "v": tmap(kv_dims, [vo.panel_cols, *kv_box], vo), "o": tmap(qo_dims, box(vo, o_rows), vo)}
-
-
-def score_mods_record(cfg: KernelConfig) -> dict | None:
-    """The manifest's `score_mods` record (docs/ABI.md "Windows, softcap, sinks"): which score modifiers
-    the kernel applies and the entry parameters that carry their run-time values; None (no record)
-    for a kernel without any, so their manifests are unchanged. Prebuilt-kernel loading checks it."""
-    if not (cfg.window or cfg.softcap or cfg.sinks):
-        return None
-    params = ((WINDOW_ABI_PARAMS if cfg.window else ()) + (SOFTCAP_ABI_PARAMS if cfg.softcap else ())
-              + (SINKS_ABI_PARAMS if cfg.sinks else ()))
-    return {"window": cfg.window, "softcap": cfg.softcap, "sinks": cfg.sinks, "params": [n for n, _ in params]}
 
 
 def smem_layout_section(layout) -> dict:

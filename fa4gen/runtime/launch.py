@@ -10,12 +10,13 @@ and how long each took (also logged at DEBUG on the "fa4gen" logger).
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from dataclasses import dataclass
 
-from . import validate
+from . import bundle, validate
 from ..assemble.cache import KERNELS, CubinCache, EntryState
 from ..spec.config import KernelConfig
 from ..spec.tiles import q_tile_rows
@@ -30,7 +31,7 @@ class LoadInfo:
 
     name: str
     content_hash: str
-    source: str  # "memory" (already loaded), "disk" (cache hit), "built" (generated + assembled)
+    source: str  # "memory" (already loaded), "bundle" (a loaded bundle's cubin), "disk" (cache hit), "built"
     build_s: float = 0.0  # generate + assemble (0 unless built)
     cache_s: float = 0.0  # cache lookup and write, outside the build
     load_s: float = 0.0  # cuModuleLoadData and friends
@@ -87,9 +88,17 @@ def build(cfg: KernelConfig) -> tuple[bytes, dict]:
     return res.cubin, res.manifest
 
 
+def registry_key(cfg: KernelConfig, device_index) -> tuple[str, object]:
+    """The key of cfg's loaded kernel in this process's table (KERNELS): its config and device. Not
+    the content hash: that hashes the generator's sources (~0.1 s at a process's first call), which
+    a process that loads a bundle never needs; within one process the sources do not change."""
+    return bundle.config_key(cfg), device_index
+
+
 def get_kernel(cfg: KernelConfig, device=None, cache: CubinCache | None = None):
     """The loaded Kernel for cfg on a CUDA device (default: the current one): from this process's
-    table, else the disk cache, else built. Returns (kernel, LoadInfo)."""
+    table, else a loaded bundle (fa4gen/runtime/bundle.py), else the disk cache, else built.
+    Returns (kernel, LoadInfo)."""
     import torch
 
     from .runtime import Kernel
@@ -97,32 +106,46 @@ def get_kernel(cfg: KernelConfig, device=None, cache: CubinCache | None = None):
     device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    store = cache if cache is not None else CubinCache()
     info: list[LoadInfo] = []
+    key = registry_key(cfg, device.index)
 
     def factory():
         t0 = time.perf_counter()
-        r = store.get_or_build(cfg, build)
-        t1 = time.perf_counter()
-        with torch.cuda.device(device):
-            kernel = Kernel.load(r.cubin, r.manifest)
-        t2 = time.perf_counter()
-        li = LoadInfo(name=cfg.name, content_hash=cfg.content_hash, source="disk" if r.hit else "built",
-                      build_s=r.build_s, cache_s=(t1 - t0) - r.build_s, load_s=t2 - t1, cache_path=str(r.path),
-                      rebuilt_reason=r.reason if r.found is EntryState.CORRUPT else "")
+        hit = bundle.find(cfg)
+        if hit is not None:
+            cubin, manifest = hit.cubin_path.read_bytes(), json.loads(hit.manifest_path.read_text())
+            t1 = time.perf_counter()
+            with torch.cuda.device(device):
+                kernel = Kernel.load(cubin, manifest)
+            li = LoadInfo(name=cfg.name, content_hash=hit.content_hash, source="bundle", cache_s=t1 - t0,
+                          load_s=time.perf_counter() - t1, cache_path=str(hit.cubin_path))
+        else:
+            store = cache if cache is not None else CubinCache()
+            r = store.get_or_build(cfg, build)
+            t1 = time.perf_counter()
+            with torch.cuda.device(device):
+                kernel = Kernel.load(r.cubin, r.manifest)
+            t2 = time.perf_counter()
+            li = LoadInfo(name=cfg.name, content_hash=cfg.content_hash, source="disk" if r.hit else "built",
+                          build_s=r.build_s, cache_s=(t1 - t0) - r.build_s, load_s=t2 - t1, cache_path=str(r.path),
+                          rebuilt_reason=r.reason if r.found is EntryState.CORRUPT else "")
         log.debug("fa4gen %s: %s; build %.3f s, cache %.3f s, load %.3f s%s", cfg.name, li.source, li.build_s,
                   li.cache_s, li.load_s, f" (rebuilt: {li.rebuilt_reason})" if li.rebuilt_reason else "")
         info.append(li)
+        _hashes[key] = li.content_hash
         return kernel
 
-    kernel, created = KERNELS.get_or_create((cfg.content_hash, device.index), factory)
+    kernel, created = KERNELS.get_or_create(key, factory)
     if not created:
-        info.append(LoadInfo(name=cfg.name, content_hash=cfg.content_hash, source="memory"))
+        info.append(LoadInfo(name=cfg.name, content_hash=_hashes.get(key) or cfg.content_hash, source="memory"))
     return kernel, info[-1]
 
 
+_hashes: dict[tuple[str, object], str] = {}  # registry key -> the content hash its kernel was built with
+
+
 # Per-call host cost matters at small shapes (a 16 x 1024 causal call is ~180 us of GPU time):
-# content_hash (dataclass -> JSON -> sha256) alone is ~50 us, so calls after the first map the
+# registry_key (dataclass -> JSON) costs tens of us, so calls after the first map the
 # problem's kernel key (config_fields: a tuple of a few ints and strings) straight to the loaded kernel,
 # as long as the registry still holds it.
 _fast: dict[tuple, tuple[tuple[str, int], LoadInfo]] = {}
@@ -235,8 +258,8 @@ def kernel_for(problem, dev, fields=None):
             return kernel, known[1]
     cfg = KernelConfig(**dict(key[0]))
     kernel, info = get_kernel(cfg, dev)
-    _fast[key] = ((cfg.content_hash, dev.index), LoadInfo(name=cfg.name, content_hash=cfg.content_hash,
-                                                          source="memory"))
+    _fast[key] = (registry_key(cfg, dev.index), LoadInfo(name=cfg.name, content_hash=info.content_hash,
+                                                         source="memory"))
     return kernel, info
 
 

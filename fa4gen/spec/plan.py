@@ -119,6 +119,17 @@ WINDOW_ABI_PARAMS: tuple[tuple[str, str], ...] = (
 )
 SOFTCAP_ABI_PARAMS: tuple[tuple[str, str], ...] = (("softcap_in", ".param .f32 softcap_in"),)
 SINKS_ABI_PARAMS: tuple[tuple[str, str], ...] = (("sink_ptr", ".param .u64 sink_ptr"),)
+
+
+def score_mods_record(cfg: KernelConfig) -> dict | None:
+    """The manifest's `score_mods` record (docs/ABI.md "Windows, softcap, sinks"): which score modifiers
+    the kernel applies and the entry parameters that carry their run-time values; None (no record)
+    for a kernel without any, so their manifests are unchanged. Prebuilt-kernel loading checks it."""
+    if not (cfg.window or cfg.softcap or cfg.sinks):
+        return None
+    params = ((WINDOW_ABI_PARAMS if cfg.window else ()) + (SOFTCAP_ABI_PARAMS if cfg.softcap else ())
+              + (SINKS_ABI_PARAMS if cfg.sinks else ()))
+    return {"window": cfg.window, "softcap": cfg.softcap, "sinks": cfg.sinks, "params": [n for n, _ in params]}
 ABI_PARAM_NAMES: tuple[str, ...] = tuple(n for n, _ in ABI_PARAMS + VARLEN_ABI_PARAMS + KVCACHE_ABI_PARAMS
                                          + WINDOW_ABI_PARAMS + SOFTCAP_ABI_PARAMS + SINKS_ABI_PARAMS)
 
