@@ -16,6 +16,7 @@ PKG = Path(__file__).resolve().parent.parent / "fa4gen"
 CHAIN = ("spec", "ir", "verify", "lower", "render", "assemble", "codegen", "runtime")
 BESIDE = {"evidence": set(CHAIN) | {"evidence", "package"},  # may read any stage; no stage reads it
           "cli": set(CHAIN) | {"evidence", "package", "cli"},  # the command line: everything, imported by nothing
+          "integrations": set(CHAIN) | {"integrations", "package"},  # framework adapters: on top, imported by nothing
           "package": set(CHAIN) | {"package"}}  # fa4gen/__init__.py: the public API (config, runtime, lazily)
 
 
