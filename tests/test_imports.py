@@ -1,5 +1,5 @@
 """The package's folders are the chain: spec -> ir -> verify -> lower -> render -> assemble -> codegen ->
-runtime (load and launch), with evidence/ beside it and cli.py on top. Every module belongs to one stage, imports run down
+runtime (load and launch), with evidence/ beside it and cli.py and integrations/ (framework adapters) on top. Every module belongs to one stage, imports run down
 the chain only (a stage imports its own and earlier stages, even inside a function), no stage imports
 evidence/, nothing imports the CLI, and no two modules import each other, directly or around a circle.
 Inside spec/, the plan reads only the config, the tile rules and the ISA's facts (encodings.py), and those
@@ -95,6 +95,7 @@ def test_imports_run_down_the_chain():
     ("fa4gen.codegen", "fa4gen.evidence.check"),
     ("fa4gen.runtime.api", "fa4gen.cli"),
     ("fa4gen.evidence.check", "fa4gen.cli"),
+    ("fa4gen.runtime.api", "fa4gen.integrations.transformers"),
 ])
 def test_an_import_against_the_chain_is_found(importer, imported):
     files = _package_files()
@@ -106,7 +107,7 @@ def test_an_import_against_the_chain_is_found(importer, imported):
 def test_the_stage_order_is_the_one_the_package_shows():
     """Each stage folder exists and is a package: the layout and CHAIN cannot drift apart."""
     folders = {p.parent.name for p in PKG.glob("*/__init__.py")}
-    assert folders == set(CHAIN) - {"codegen"} | {"evidence"}
+    assert folders == set(CHAIN) - {"codegen"} | {"evidence", "integrations"}
     assert {p.name for p in PKG.glob("*.py")} == {"__init__.py", "codegen.py", "cli.py"}
     # a folder named like a public name would replace it as the package's attribute once imported
     # (fa4gen.load, the function, became the module fa4gen.load when the stage 7 folder had that name)
