@@ -127,7 +127,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
 # ---- KV cache (decode) ---------------------------------------------------------------------------
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table=None, causal: bool = True,
                            softmax_scale: float | None = None, num_splits: int = 0, return_lse: bool = False,
-                           window_size: tuple[int, int] = (-1, -1), softcap: float = 0, learnable_sink=None):
+                           window_size: tuple[int, int] = (-1, -1), softcap: float = 0, learnable_sink=None,
+                           batch_invariant: bool = False):
     """Attention of a few new queries over a KV cache (decode, speculative decode, chunked prefill).
 
     q: (B, Sq, Hq, D), Sq >= 1. The cache is contiguous, k_cache / v_cache (B, Smax, Hkv, D), or
@@ -142,7 +143,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table=None, 
     num_splits: the keys of each (sequence, kv head) are cut into this many ranges processed by
     different CTAs, whose partial outputs (fp32) a generated combine kernel merges by their LSE.
     0 (default) chooses from the shape and the SM count (fa4gen.spec.schedule.choose_num_splits); 1
-    writes O directly (no combine kernel).
+    writes O directly (no combine kernel). Any fixed num_splits makes each sequence's O and LSE the
+    same bits whatever else is in the batch and on any GPU (its split ranges depend on it and the
+    count alone); batch_invariant=True asks for that with num_splits=0 resolved to a fixed count
+    (fa4gen.spec.schedule.BATCH_INVARIANT_SPLITS) instead of one chosen from the shape and SMs.
 
     cache_seqlens and page_table may live on the GPU (no host sync: out-of-range values are clamped
     by the kernel, which never reads outside the cache: lengths to [0, capacity], page entries to
@@ -167,10 +171,11 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table=None, 
         return torch_ops.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table, causal=causal,
                                                 softmax_scale=softmax_scale, num_splits=num_splits,
                                                 return_lse=return_lse, window_size=window_size, softcap=softcap,
-                                                learnable_sink=learnable_sink)
+                                                learnable_sink=learnable_sink, batch_invariant=batch_invariant)
     return launch.attention_with_kvcache_eager(torch, q, k_cache, v_cache, cache_seqlens, page_table, causal,
                                               softmax_scale, num_splits, return_lse, window_size=window_size,
-                                              softcap=softcap, learnable_sink=learnable_sink)
+                                              softcap=softcap, learnable_sink=learnable_sink,
+                                              batch_invariant=batch_invariant)
 
 
 # ---- prebuilt cubins ---------------------------------------------------------------------------

@@ -429,7 +429,7 @@ def attention_varlen_eager(torch, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqle
 
 def attention_with_kvcache_eager(torch, q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
                                  num_splits, return_lse, window_size=(-1, -1), softcap=0.0, learnable_sink=None,
-                                 check_grad: bool = True):
+                                 check_grad: bool = True, batch_invariant: bool = False):
     """`attention_with_kvcache` once torch is imported (and the custom op's real implementation):
     validate (or reuse the validation of the same signature; the values of CPU-held lengths and page
     entries are checked on every call), get the kernel, launch, record."""
@@ -439,11 +439,12 @@ def attention_with_kvcache_eager(torch, q, k_cache, v_cache, cache_seqlens, page
         metas = kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table)
         return validate.check_kvcache_problem(*metas, causal=causal, softmax_scale=softmax_scale,
                                               num_splits=num_splits, return_lse=return_lse, window_size=window_size,
-                                              softcap=softcap, learnable_sink=sink_meta(learnable_sink))
+                                              softcap=softcap, learnable_sink=sink_meta(learnable_sink),
+                                              batch_invariant=batch_invariant)
 
     # CPU-held lengths / page entries have no signature (_tensor_sig): such calls are validated in full
     tensors = (q, k_cache, v_cache, cache_seqlens, page_table, learnable_sink)
-    scalars = (causal, softmax_scale, num_splits, return_lse, window_size, softcap)
+    scalars = (causal, softmax_scale, num_splits, return_lse, window_size, softcap, batch_invariant)
     prep = prepared(torch, "kvcache", tensors, scalars, check,
                     ((q, "q"), (k_cache, "k"), (v_cache, "v")))
     problem = prep.problem

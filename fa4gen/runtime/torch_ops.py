@@ -189,8 +189,10 @@ def _attention_with_kvcache_fwd_fake(q, k_cache, v_cache, cache_seqlens, page_ta
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table=None, causal: bool = True,
                            softmax_scale: float | None = None, num_splits: int = 0, return_lse: bool = False,
-                           window_size=(-1, -1), softcap: float = 0, learnable_sink=None):
-    """`fa4gen.attention_with_kvcache` through the op (what it runs under torch.compile)."""
+                           window_size=(-1, -1), softcap: float = 0, learnable_sink=None,
+                           batch_invariant: bool = False):
+    """`fa4gen.attention_with_kvcache` through the op (what it runs under torch.compile); batch_invariant
+    resolves num_splits = 0 to the fixed count here, so the op's schema carries the count alone."""
     scale, left, right, cap = _op_args(causal, return_lse, softmax_scale, window_size, softcap, learnable_sink)
     if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
         raise validate.InputTypeError(f"num_splits must be an int (0 = chosen from the shape), got "
@@ -199,6 +201,12 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table=None, 
         if not (isinstance(t, torch.Tensor) or (t is None and name == "page_table")):
             raise validate.InputTypeError(f"{name} must be a torch.Tensor{' or None' if name == 'page_table' else ''}"
                                           f", got {type(t).__name__}")
+    if type(batch_invariant) is not bool:
+        raise validate.InputTypeError(f"batch_invariant must be True or False, got {type(batch_invariant).__name__}")
+    if batch_invariant and num_splits == 0:
+        from ..spec.schedule import BATCH_INVARIANT_SPLITS
+
+        num_splits = BATCH_INVARIANT_SPLITS
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k_cache, v_cache)):
         raise validate.InputValueError(launch.FORWARD_ONLY.replace("fa4gen.attention", "fa4gen.attention_with_kvcache"))
     o, lse = attention_with_kvcache_fwd(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale,

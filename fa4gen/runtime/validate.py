@@ -649,7 +649,7 @@ class KvcacheProblem(_BshdOutputs):
     page_size: int  # 0: contiguous
     num_pages: int
     max_pages: int
-    num_splits: int  # as asked: 0 = choose
+    num_splits: int  # as asked (batch_invariant: BATCH_INVARIANT_SPLITS when asked 0): 0 = choose
     dtype: str
     causal: bool
     softmax_scale: float
@@ -686,7 +686,7 @@ def _index_meta(m: TensorMeta | None, name: str, shape: tuple, device: str | Non
 def check_kvcache_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cache_seqlens: TensorMeta | None,
                           page_table: TensorMeta | None = None, *, causal=True, softmax_scale=None, num_splits=0,
                           return_lse=False, window_size=(-1, -1), softcap=0.0,
-                          learnable_sink: TensorMeta | None = None) -> KvcacheProblem:
+                          learnable_sink: TensorMeta | None = None, batch_invariant=False) -> KvcacheProblem:
     """Everything the host checks before a KV-cache launch, every problem in one error. Values of
     cache_seqlens / page_table on the device are not read (no sync): the kernel clamps them."""
     from ..spec.config import PAGE_SIZES
@@ -758,6 +758,12 @@ def check_kvcache_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cache_seq
         errors.append(InputTypeError(f"num_splits must be an int (0 = choose), got {type(num_splits).__name__}"))
     elif not 0 <= int(num_splits) <= KVCACHE_MAX_SPLITS:
         errors.append(InputValueError(f"num_splits must be in [0, {KVCACHE_MAX_SPLITS}] (0 = choose), got {num_splits}"))
+    elif type(batch_invariant) is not bool:
+        errors.append(InputTypeError(f"batch_invariant must be True or False, got {type(batch_invariant).__name__}"))
+    elif batch_invariant and int(num_splits) == 0:  # a fixed split count: spec/schedule.py BATCH_INVARIANT_SPLITS
+        from ..spec.schedule import BATCH_INVARIANT_SPLITS
+
+        num_splits = BATCH_INVARIANT_SPLITS
     scale = attempt(check_softmax_scale, softmax_scale, d if d in HEAD_DIMS else HEAD_DIMS[-1])
     mods = attempt(check_score_mods, window_size, softcap, learnable_sink, causal=causal, heads_q=hq if ok else None,
                    device=device, softmax_scale=scale or 1.0,

@@ -287,6 +287,14 @@ def kvcache_page(page_table_row, key: int, page_size: int, max_pages: int, num_p
 # KV_MIN_SPLIT_BLOCKS blocks, preferring the count whose last wave wastes the least.
 KV_MIN_SPLIT_BLOCKS = 4
 
+# Batch-invariant decode (attention_with_kvcache(batch_invariant=True)): a sequence's split ranges are
+# split_blocks(its visible blocks, s, S), a function of that sequence and S alone, and fa4_combine
+# merges a row's S partials in split order (an empty split adds exact zeros); so with S fixed, not
+# chosen from the batch, the cache capacity or the SM count, each sequence's O and LSE are the same
+# bits in any batch on any GPU. 16 fills an H100/H200 at batch 1 with 8 KV heads (128 tasks on 132
+# SMs); its cost is a split per (sequence, head) that short caches leave empty (one masked block each).
+BATCH_INVARIANT_SPLITS = 16
+
 
 def choose_num_splits(base_tasks: int, kv_blocks: int, sms: int, max_splits: int = 256) -> int:
     """num_splits for `base_tasks` = B * Hkv * (G / P) * num_m_blocks tiles over `kv_blocks`
