@@ -234,8 +234,9 @@ def verify(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, block
     sys.exit(0 if rep.ok else 1)
 
 
-def _load_ptx(path: Path, manifest: str | None, mutation: str | None) -> tuple[str, dict]:
-    """(PTX text as on disk, its manifest), a corpus mutation applied if asked; UsageError otherwise."""
+def _load_ptx(path: Path, manifest: str | None, mutation: str | None, read_back: bool = False) -> tuple[str, dict]:
+    """(PTX text as on disk, its manifest), a corpus mutation applied if asked (read_back: the
+    read-back-only corpus too); UsageError otherwise."""
     from .evidence.ptxemu import harness
     from .evidence.ptxemu.mutations import MutationMiss, by_name
 
@@ -245,7 +246,7 @@ def _load_ptx(path: Path, manifest: str | None, mutation: str | None) -> tuple[s
     text = path.read_text()
     if mutation:
         try:
-            text = by_name(mutation).apply(text, man)
+            text = by_name(mutation, read_back).apply(text, man)
         except (KeyError, MutationMiss) as e:
             raise harness.UsageError(str(e.args[0] if isinstance(e, KeyError) else e)) from None
     return text, man
@@ -392,14 +393,15 @@ def emulate(ptx_file, manifest, shapes, lens, kvs, seeds, seed0, ctas, step_limi
 @click.argument("ptx_file", type=click.Path(dir_okay=False))
 @click.option("--manifest", type=click.Path(dir_okay=False), default=None,
               help="The build manifest (default: the .json beside the .ptx).")
-@click.option("--mutation", default=None, help="Apply a PTX corpus mutation first (fa4gen emulate --list-mutations).")
+@click.option("--mutation", default=None, help="Apply a PTX corpus mutation first: one of `fa4gen emulate "
+              "--list-mutations` or of the read-back corpus (fa4gen/evidence/ptxemu/mutations.py CHECK_MUTATIONS).")
 def check(ptx_file, manifest, mutation):
     from .evidence.check import CheckUsageError, check_ptx
     from .evidence.ptxemu import harness
 
     path = Path(ptx_file)
     try:
-        text, man = _load_ptx(path, manifest, mutation)
+        text, man = _load_ptx(path, manifest, mutation, read_back=True)
         rep = check_ptx(text, man)
     except (harness.UsageError, CheckUsageError) as e:
         click.echo(f"fa4gen check: error: {e}", err=True)

@@ -707,6 +707,22 @@ def test_check_cli_exit_codes(tmp_path):
     assert r.exit_code == 2 and "manifest" in r.output
 
 
+def test_check_cli_applies_the_read_back_corpus(tmp_path):
+    """`fa4gen check --mutation` takes the read-back-only mutations (CHECK_MUTATIONS) too; `emulate`
+    does not (they are not emulated)."""
+    mut = CHECK_MUTATIONS[0]
+    ptx, man = emitted(**mut.config)
+    path = tmp_path / f"{man['name']}.ptx"
+    path.write_text(ptx)
+    path.with_suffix(".json").write_text(json.dumps(man))
+    runner = CliRunner()
+    assert runner.invoke(cli_main, ["check", str(path)]).exit_code == 0
+    r = runner.invoke(cli_main, ["check", str(path), "--mutation", mut.name])
+    assert r.exit_code == 1 and "the IR says" in r.output, r.output
+    r = runner.invoke(cli_main, ["emulate", str(path), "--mutation", mut.name])
+    assert r.exit_code == 2 and f"no PTX mutation {mut.name!r}" in r.output
+
+
 # ---- found by the emulator ------------------------------------------------------------------------
 @pytest.mark.parametrize("causal", [True, False])
 def test_one_cta_runs_several_tasks(causal):

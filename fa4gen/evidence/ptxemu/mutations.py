@@ -466,11 +466,14 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
 )
 
 
-def by_name(name: str) -> PtxMutation:
-    for m in PTX_MUTATIONS:
+def by_name(name: str, read_back: bool = False) -> PtxMutation:
+    """The PTX mutation called `name`: of the emulated corpus (PTX_MUTATIONS), and with read_back also
+    of the corpus only `fa4gen check` is held to (CHECK_MUTATIONS, defined below)."""
+    corpus = PTX_MUTATIONS + (CHECK_MUTATIONS if read_back else ())
+    for m in corpus:
         if m.name == name:
             return m
-    raise KeyError(f"no PTX mutation {name!r}; known: {', '.join(m.name for m in PTX_MUTATIONS)}")
+    raise KeyError(f"no PTX mutation {name!r}; known: {', '.join(m.name for m in corpus)}")
 
 
 # ---- 192-row Q tiles (sm_90a D = 64: three consumer warpgroups, tiles.SM90_Q_ROWS): the edits put back
