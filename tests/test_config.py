@@ -264,3 +264,21 @@ def test_a_planned_head_dim_pair_builds_ir_but_no_lowering_emits_it():
         pipe = build_pipeline(KernelConfig(arch="sm_100a", head_dim=96))
     with pytest.raises(Sm100LoweringError, match=r"\(96, 96\) is not generated .* no lowering emits it"):
         lower_sm100(pipe)
+
+
+def test_block_n_is_the_targets_block_and_follows_replace():
+    """block_n (keys per K/V block) is tiles.kv_block_keys of the target and head_dim: 128, and 64 for
+    sm_90a D = 256; another value is refused naming it, and replace() of head_dim or arch re-derives it."""
+    from fa4gen.spec.config import planning_head_dims
+
+    assert KernelConfig().block_n == 128 and KernelConfig(arch="sm_90a", head_dim=96).block_n == 128
+    with planning_head_dims():
+        d256 = KernelConfig(arch="sm_90a", head_dim=256)
+        assert d256.block_n == 64 and KernelConfig(arch="sm_100a", head_dim=256).block_n == 128
+        assert d256.replace(arch="sm_100a").block_n == 128
+        assert KernelConfig(arch="sm_90a").replace(head_dim=256).block_n == 64
+        with pytest.raises(ConfigError, match="64 on sm_90a at head_dim 256"):
+            KernelConfig(arch="sm_90a", head_dim=256, block_n=128)
+    with pytest.raises(ConfigError, match="block_n"):
+        KernelConfig(block_n=64)
+    assert KernelConfig(block_n=128) == KernelConfig()  # the derived value, given or not, is one config

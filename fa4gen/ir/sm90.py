@@ -17,7 +17,7 @@ pre-arrives once so consumer 0 goes first, and consumer 0 takes the last hand-of
 from __future__ import annotations
 
 from ..spec.config import K_SPLIT_DEFAULT, KV_STAGES_MAX, KV_STAGES_MIN, ConfigError, KernelConfig
-from ..spec.plan import (ARCH_LIMITS, SM90_CONSUMER_REGS, SM90_PRODUCER_REGS, SM90_REGS, SM90_SCHED_BAR_ID, q_tile_bytes,
+from ..spec.plan import (ARCH_LIMITS, SM90_CONSUMER_REGS, SM90_PRODUCER_REGS, SM90_REGS, SM90_SCHED_BAR_ID, block_n, q_tile_bytes,
                          sm90_consumers, sm90_epi_bar_id, tile_bytes, v_tile_bytes)
 from ..spec.tiles import PlanError
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync,
@@ -39,8 +39,8 @@ def _smem(cfg: KernelConfig, nq: int, kv: int, o_staged: bool) -> tuple[tuple[Re
     arrivals = 4 * nc  # one per consumer warp
     regions = (
         Region("Q", Space.SMEM, cfg.dtype, cfg.block_m, slots=nq, bytes_per_slot=qtile),
-        Region("K", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=tile),
-        Region("V", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=vtile),
+        Region("K", Space.SMEM, cfg.dtype, block_n(cfg), slots=kv, bytes_per_slot=tile),
+        Region("V", Space.SMEM, cfg.dtype, block_n(cfg), slots=kv, bytes_per_slot=vtile),
         # O from the registers (KV cache, or no staging fits): no staging slots
         *((Region("O_smem", Space.SMEM, cfg.dtype, 64, slots=nc, bytes_per_slot=64 * dv * 2),) if o_staged else ()),
         Region("S", Space.REG, "f32", 64),
@@ -161,7 +161,7 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
         return Mma("qk", "Q", "q", "K", "k", "S", 0, d, "false", block)
 
     def pv(block):
-        return Mma("pv", "P", 0, "V", "v", "O", 0, 128, "not_first", block)
+        return Mma("pv", "P", 0, "V", "v", "O", 0, block_n(cfg), "not_first", block)
 
     rescale = If(Cond.ANY_RESCALE, (Compute("rescale_o", me, reads=("O",), writes=("O",)),))
     release_q = If(Cond.LAST_BLOCK, (Arrive("q_empty", "q", Scope.WARP),))
