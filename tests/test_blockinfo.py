@@ -211,6 +211,9 @@ def _kernels():
             for arch in ("sm_90a", "sm_100a"):
                 cfg = KernelConfig(arch=arch, causal=causal, gqa_ratio=gqa, **var)
                 yield cfg, (build_sm90 if arch == "sm_90a" else build_sm100)(cfg)[0]
+    for causal in (False, True):  # 64-key blocks (sm_90a D = 256): the lists of block_n = 64
+        cfg = KernelConfig(arch="sm_90a", head_dim=256, causal=causal, gqa_ratio=4, kvcache=causal, page_size=16 * causal)
+        yield cfg, build_sm90(cfg)[0]
 
 
 @pytest.mark.parametrize("cfg,ptx", list(_kernels()), ids=lambda x: x.name if isinstance(x, KernelConfig) else "")
@@ -221,7 +224,7 @@ def test_rendered_kernels_derive_blocks_only_through_block_info_ptx(cfg, ptx):
     split = cfg.kvcache
     if cfg.arch == "sm_90a":
         lists = {"task": (block_info_ptx(causal=cfg.causal, rows=sqt, m="%mb", sq="%sq", skv="%skv", tmp="%tmp0",
-                                         n="%n", n_unmasked="%nunm",
+                                         n="%n", n_unmasked="%nunm", block_n=cfg.block_n,
                                          split=("%split", "%nsplit", "%nlo", "%tmp0") if split else None), 2)}
     else:
         roles = len(re.findall(r"^\$L_\w+_task\d+:$", ptx, re.M))  # the roles with a task loop

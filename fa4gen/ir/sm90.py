@@ -5,10 +5,10 @@ are consumers that each own 64 rows of the block_m-row Q tile (C = block_m / 64:
 192-row tiles of tiles.SM90_Q_ROWS). S, P and O live in registers (wgmma
 accumulators; P as the RS-form A fragments), so the TMEM hand-offs of sm_100a become
 `wgmma.wait_group` (MmaWait) points. Q has two SMEM slots (the next task's Q loads under this
-task's K/V loop; one where two do not fit, D = 192), K and V separate rings (each with its own tile
-size and tx count: K D columns, V DV); O leaves through a staging slot per consumer (a TMA store, or
+task's K/V loop; one where two do not fit, D = 192 and 256), K and V separate rings of block_n-key
+blocks (each with its own tile size and tx count: K D columns, V DV; 64 keys at D = 256); O leaves through a staging slot per consumer (a TMA store, or
 varlen's row copies) where one fits beside the rings, else from the registers (KV cache, and the
-(192, 128) kernels: `sm90_o_staged`); every empty
+(192, 128) and D = 256 kernels: `sm90_o_staged`); every empty
 barrier gets one arrival per consumer warp (4 C). C 256-thread named barriers pass the tensor core
 around the consumers in a ring (ping-pong; consumer i hands it to i + 1 mod C): consumer C - 1
 pre-arrives once so consumer 0 goes first, and consumer 0 takes the last hand-off after its final task.
@@ -80,7 +80,7 @@ def sm90_o_staged(cfg: KernelConfig) -> bool:
     o_ptr) or store it from the registers (each thread its rows < Sq, st.global through o_ptr).
     KV-cache kernels always store from the registers (their O rows and fp32 split partials are row
     stores); the others stage O where the smallest ring, 1 Q slot and KV_STAGES_MIN K/V stages,
-    fits beside the staging slots (D = 64 and 128; not (192, 128): docs/HEAD_DIMS.md)."""
+    fits beside the staging slots (D = 64, 96 and 128; not (192, 128) nor 256: docs/HEAD_DIMS.md)."""
     return not cfg.kvcache and _fits(cfg, 1, KV_STAGES_MIN, o_staged=True)
 
 

@@ -52,7 +52,7 @@ ARCHS = ("sm_100a", "sm_90a")
 # The one table KernelConfig, the API (runtime/validate.py), the CLI and prebuilt-kernel checks read.
 HEAD_DIM_PAIRS: dict[str, tuple[tuple[int, int], ...]] = {
     "sm_100a": ((64, 64), (128, 128)),
-    "sm_90a": ((64, 64), (96, 96), (128, 128), (192, 128)),
+    "sm_90a": ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256)),
 }
 HEAD_DIMS = tuple(sorted({d for pairs in HEAD_DIM_PAIRS.values() for d, _ in pairs}))  # every head_dim of some pair
 # Pairs the design of docs/HEAD_DIMS.md plans (D = 96 and 256, DeepSeek's (192, 128)) on a target that does not
@@ -84,8 +84,12 @@ def head_dim_refusal(arch: str, head_dim: int, head_dim_v: int) -> str | None:
     """Why `arch` does not generate this (head_dim, head_dim_v) pair (None when it does)."""
     if (head_dim, head_dim_v) in HEAD_DIM_PAIRS[arch]:
         return None
-    planned = " (planned: docs/HEAD_DIMS.md)" if (head_dim, head_dim_v) in HEAD_DIM_PLANNED else ""
-    return (f"(head_dim, head_dim_v) = ({head_dim}, {head_dim_v}) is not generated for {arch}{planned}; "
+    pair = (head_dim, head_dim_v)
+    elsewhere = [a for a in ARCHS if a != arch and pair in HEAD_DIM_PAIRS[a]]
+    notes = ([f"{' and '.join(elsewhere)} generates it"] if elsewhere else []) + (
+        ["planned here: docs/HEAD_DIMS.md" if elsewhere else "planned: docs/HEAD_DIMS.md"] if pair in HEAD_DIM_PLANNED else [])
+    noted = f" ({'; '.join(notes)})" if notes else ""
+    return (f"(head_dim, head_dim_v) = ({head_dim}, {head_dim_v}) is not generated for {arch}{noted}; "
             f"it generates {head_dim_pairs_text(arch)}")
 
 

@@ -74,7 +74,7 @@ ABI_PARAMS: tuple[tuple[str, str], ...] = (
     ("l2_group", ".param .u32 l2_group"),
 )
 # Appended for dense (not varlen, not KV-cache) kernels that store O from the registers (sm_90a
-# (192, 128): no O staging fits beside its rings, ir/sm90.sm90_o_staged; the Pipeline says which, and
+# (192, 128) and (256, 256): no O staging fits beside their rings, ir/sm90.sm90_o_staged; the Pipeline says which, and
 # lower/manifest.entry_params asks it): O (B, Sq, Hq, DV) contiguous, each thread writing its rows < Sq.
 DENSE_O_ABI_PARAMS: tuple[tuple[str, str], ...] = (("o_ptr", ".param .u64 o_ptr"),)
 # Appended for varlen kernels (KernelConfig.varlen; docs/ABI.md "Varlen"): sequence b's query rows
