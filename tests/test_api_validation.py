@@ -123,10 +123,11 @@ def test_deepseek_head_dims_are_a_problem_whose_output_has_v_columns():
     assert p.head_dims == (192, 128) and p.out_shape == (2, 100, 8, 128)
 
 
-def test_d96_is_a_problem_of_96_columns():
-    """(96, 96) is generated for the runtime's arch (sm_90a)."""
-    p = problem(*qkv(d=96))
-    assert p.head_dims == (96, 96) and p.out_shape == (2, 100, 8, 96)
+@pytest.mark.parametrize("d", [96, 256])
+def test_d96_and_d256_are_problems_of_their_columns(d):
+    """(96, 96) and (256, 256) are generated for the runtime's arch (sm_90a)."""
+    p = problem(*qkv(d=d))
+    assert p.head_dims == (d, d) and p.out_shape == (2, 100, 8, d)
 
 
 def test_v_head_dim_is_refused_by_every_entry_point():

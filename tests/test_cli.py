@@ -134,7 +134,7 @@ def test_build_outputs_are_replaced_atomically(tmp_path, monkeypatch):
 
 # ---- --head-dim D[,DV] (issue 26 groundwork) ---------------------------------------------------------
 @pytest.mark.parametrize("arg,dims", [("128", (128, 128)), ("64", (64, 64)), ("64,64", (64, 64)), ("128,128", (128, 128)),
-                                      ("192,128", (192, 128))])
+                                      ("192,128", (192, 128)), ("256", (256, 256))])
 def test_head_dim_takes_d_or_d_comma_dv(arg, dims, tmp_path, monkeypatch):
     seen = []
 
