@@ -33,7 +33,7 @@ from fa4gen.spec.config import (HEAD_DIM_PAIRS, HEAD_DIM_PLANNED, KernelConfig, 
                                 planning_head_dims)
 from fa4gen.spec.exp2 import emulated_columns  # noqa: E402
 from fa4gen.spec.plan import ARCH_LIMITS, SM90_REGS, sm90_consumers  # noqa: E402
-from fa4gen.spec.tiles import ROWS, PlanError, q_tile_rows  # noqa: E402
+from fa4gen.spec.tiles import ROWS, PlanError, kv_block_keys, q_tile_rows  # noqa: E402
 from fa4gen.verify.verify import static_findings  # noqa: E402
 
 BUDGET_CODES = ("TMEM_", "SMEM_", "REG_")
@@ -161,7 +161,8 @@ def sm90_headroom_today() -> int:
     out = []
     for d, dv in HEAD_DIM_PAIRS["sm_90a"]:
         for rows in {ROWS, q_tile_rows("sm_90a", d, 1)}:
-            out.append(SM90_REGS[sm90_consumers(rows)][1] - sm90_reg_floor(dv, 128))
+            cfg = KernelConfig(arch="sm_90a", head_dim=d, head_dim_v=dv, block_m=rows)
+            out.append(SM90_REGS[sm90_consumers(rows)][1] - sm90_reg_floor(dv, cfg.block_n))
     return min(out)
 
 
@@ -188,13 +189,18 @@ def sm90_rows(d: int, dv: int) -> list[Row]:
             nq, kv = sm90_stages(c)
         except PlanError as e:
             pipe = smem_pipeline(c, 1, 2)
-            return row_of(pipe, f"{label}: no ring fits", _regs90(c, 128), (f"[PlanError] {e}",))
-        return row_of(smem_pipeline(c, nq, kv), f"{label}: {nq} Q slots, {kv} K/V stages", _regs90(c, 128),
-                      reg_problem(c, 128))
+            return row_of(pipe, f"{label}: no ring fits", _regs90(c, c.block_n), (f"[PlanError] {e}",))
+        return row_of(smem_pipeline(c, nq, kv), f"{label}: {nq} Q slots, {kv} K/V stages", _regs90(c, c.block_n),
+                      reg_problem(c, c.block_n))
 
-    rows = [ir_row(cfg, f"IR ({cfg.block_m}-row tile, {o_text(cfg)})")]
-    if (d, dv) in HEAD_DIM_PAIRS["sm_90a"]:
+    keys = "" if cfg.block_n == ROWS else f", {cfg.block_n}-key K/V blocks"
+    rows = [ir_row(cfg, f"IR ({cfg.block_m}-row tile{keys}, {o_text(cfg)})")]
+    if (d, dv) in HEAD_DIM_PAIRS["sm_90a"] and cfg.block_n == ROWS:
         return rows
+    if cfg.block_n != ROWS:  # what 128-key blocks would take (the smallest ring, O from the registers)
+        pipe = _edit(smem_pipeline(cfg, 1, 2, False), slot_bytes={"K": ROWS * d * 2, "V": ROWS * dv * 2})
+        rows.append(row_of(pipe, f"{ROWS}-key K/V blocks, O from registers: 1 Q slots, 2 K/V stages",
+                           _regs90(cfg, ROWS), reg_problem(cfg, ROWS)))
     if d == 96:  # the three-consumer 192-row tile (FA3's choice at 96; fa4gen's at 64)
         wide = cfg.replace(block_m=192)
         rows.append(ir_row(wide, f"IR (192-row tile, {o_text(wide)})"))
@@ -259,7 +265,9 @@ def model_rows() -> list[dict]:
         if d != 256:
             out.append(throughput("sm_90a", d, dv, "128-row tile", b_reads=2))
         else:
-            out.append(throughput("sm_90a", d, dv, "128-row tile, 80-key blocks", block_n=80, b_reads=2))
+            n = kv_block_keys("sm_90a", d)  # the kernel's blocks (64)
+            out.append(throughput("sm_90a", d, dv, f"128-row tile, {n}-key blocks", block_n=n, b_reads=2))
+            out.append(throughput("sm_90a", d, dv, "128-row tile, 80-key blocks (FA3's)", block_n=80, b_reads=2))
     return out
 
 

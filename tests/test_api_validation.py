@@ -99,11 +99,10 @@ def test_head_dim_mismatch():
     raises(InputValueError, "same head_dim, got 128 and 64", meta("q", (2, 100, 8, 128)), k, v)
 
 
-@pytest.mark.parametrize("d", [32, 192, 256, 0])
+@pytest.mark.parametrize("d", [32, 192, 80, 0])
 def test_unsupported_head_dim_says_which_are(d):
-    planned = r" \(planned: docs/HEAD_DIMS.md\)" if d == 256 else ""
-    raises(InputValueError, rf"^head_dim {d} is not supported{planned}; fa4gen generates \(head_dim, head_dim_v\) "
-                            r"\(64, 64\), \(96, 96\), \(128, 128\), \(192, 128\)$", *qkv(d=d))
+    raises(InputValueError, rf"^head_dim {d} is not supported; fa4gen generates \(head_dim, head_dim_v\) "
+                            r"\(64, 64\), \(96, 96\), \(128, 128\), \(192, 128\), \(256, 256\)$", *qkv(d=d))
 
 
 @pytest.mark.parametrize("d,dv", [(128, 64), (64, 128), (192, 64), (128, 96)])
@@ -113,7 +112,7 @@ def test_v_head_dim_other_than_q_is_refused_as_a_head_dim_pair(d, dv):
     q, k, _ = qkv(d=d)
     raises(InputValueError, rf"^head_dim {d} with head_dim_v {dv} \(q's and v's last dims\) is not supported; "
                             r"fa4gen generates \(head_dim, head_dim_v\) \(64, 64\), \(96, 96\), \(128, 128\), "
-                            r"\(192, 128\)$",
+                            r"\(192, 128\), \(256, 256\)$",
            q, k, meta("v", (2, 300, 2, dv)))
 
 
@@ -124,10 +123,11 @@ def test_deepseek_head_dims_are_a_problem_whose_output_has_v_columns():
     assert p.head_dims == (192, 128) and p.out_shape == (2, 100, 8, 128)
 
 
-def test_d96_is_a_problem_of_96_columns():
-    """(96, 96) is generated for the runtime's arch (sm_90a)."""
-    p = problem(*qkv(d=96))
-    assert p.head_dims == (96, 96) and p.out_shape == (2, 100, 8, 96)
+@pytest.mark.parametrize("d", [96, 256])
+def test_d96_and_d256_are_problems_of_their_columns(d):
+    """(96, 96) and (256, 256) are generated for the runtime's arch (sm_90a)."""
+    p = problem(*qkv(d=d))
+    assert p.head_dims == (d, d) and p.out_shape == (2, 100, 8, d)
 
 
 def test_v_head_dim_is_refused_by_every_entry_point():

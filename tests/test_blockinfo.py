@@ -39,13 +39,14 @@ SPLITS = (1, 2, 3, 5, 8)
 
 
 # ---- brute force from the mask --------------------------------------------------------------------------
-def brute_unit(m: int, rows: int, sq: int, sk: int, causal: bool):
-    """(visible blocks, blocks every row sees whole, visibility) of the unit's rows, from the mask."""
+def brute_unit(m: int, rows: int, sq: int, sk: int, causal: bool, bn: int = BLOCK_N):
+    """(visible blocks, blocks every row sees whole, visibility) of the unit's rows, from the mask,
+    over blocks of bn keys."""
     i = np.arange(m * rows, (m + 1) * rows)[:, None]
-    nb = -(-sk // BLOCK_N) + 2  # blocks past the keys too: they must come out invisible
-    j = np.arange(nb * BLOCK_N)[None, :]
+    nb = -(-sk // bn) + 2  # blocks past the keys too: they must come out invisible
+    j = np.arange(nb * bn)[None, :]
     vis = (j < sk) & ((j <= i + sk - sq) if causal else np.ones_like(i, bool))
-    per_block = vis.reshape(rows, nb, BLOCK_N)
+    per_block = vis.reshape(rows, nb, bn)
     visible = np.flatnonzero(per_block.any(axis=(0, 2))).tolist()
     whole = np.flatnonzero(per_block.all(axis=(0, 2))).tolist()
     return visible, whole, vis
@@ -105,20 +106,20 @@ def run_ptx(ins, regs: dict) -> dict:
 REGS = dict(m="%m", sq="%sq", skv="%skv", tmp="%t")
 
 
-def ptx_values(causal, rows, m, sq, sk, split, nsplit):
-    """(n_unmasked, lo, n) from the instruction lists, as the kernels use them."""
+def ptx_values(causal, rows, m, sq, sk, split, nsplit, bn: int = BLOCK_N):
+    """(n_unmasked, lo, n) from the instruction lists, as the kernels use them (blocks of bn keys)."""
     base = {"%m": m, "%sq": sq, "%skv": sk, "%t": 0xDEADBEEF, "%t2": 0xDEADBEEF, "%s": split, "%S": nsplit}
     if nsplit == 1:  # unsplit: [0, n) (sm_90a dense / varlen, sm_100a dense / varlen)
-        out = run_ptx(block_info_ptx(causal=causal, rows=rows, n="%n", n_unmasked="%nu", **REGS), base)
+        out = run_ptx(block_info_ptx(causal=causal, rows=rows, n="%n", n_unmasked="%nu", block_n=bn, **REGS), base)
         lo = 0
     else:  # split: sm_90a reuses %tmp0 for both temporaries, sm_100a has two
         t2 = "%t" if split % 2 else "%t2"
         out = run_ptx(block_info_ptx(causal=causal, rows=rows, n="%n", n_unmasked="%nu",
-                                     split=("%s", "%S", "%lo", t2), **REGS), base)
+                                     split=("%s", "%S", "%lo", t2), block_n=bn, **REGS), base)
         lo = out["%lo"]
     # n_unmasked alone with tmp = m (sm_100a's softmax roles, %tmp1 holding the tile index)
     alone = run_ptx(block_info_ptx(causal=causal, rows=rows, m="%m", sq="%sq", skv="%skv", tmp="%m",
-                                   n_unmasked="%nu"), base)
+                                   n_unmasked="%nu", block_n=bn), base)
     assert alone["%nu"] == out["%nu"]
     return out["%nu"], lo, out["%n"]
 
@@ -210,6 +211,9 @@ def _kernels():
             for arch in ("sm_90a", "sm_100a"):
                 cfg = KernelConfig(arch=arch, causal=causal, gqa_ratio=gqa, **var)
                 yield cfg, (build_sm90 if arch == "sm_90a" else build_sm100)(cfg)[0]
+    for causal in (False, True):  # 64-key blocks (sm_90a D = 256): the lists of block_n = 64
+        cfg = KernelConfig(arch="sm_90a", head_dim=256, causal=causal, gqa_ratio=4, kvcache=causal, page_size=16 * causal)
+        yield cfg, build_sm90(cfg)[0]
 
 
 @pytest.mark.parametrize("cfg,ptx", list(_kernels()), ids=lambda x: x.name if isinstance(x, KernelConfig) else "")
@@ -220,7 +224,7 @@ def test_rendered_kernels_derive_blocks_only_through_block_info_ptx(cfg, ptx):
     split = cfg.kvcache
     if cfg.arch == "sm_90a":
         lists = {"task": (block_info_ptx(causal=cfg.causal, rows=sqt, m="%mb", sq="%sq", skv="%skv", tmp="%tmp0",
-                                         n="%n", n_unmasked="%nunm",
+                                         n="%n", n_unmasked="%nunm", block_n=cfg.block_n,
                                          split=("%split", "%nsplit", "%nlo", "%tmp0") if split else None), 2)}
     else:
         roles = len(re.findall(r"^\$L_\w+_task\d+:$", ptx, re.M))  # the roles with a task loop
@@ -289,28 +293,28 @@ WINDOWS = ((None, None), (0, 0), (1, None), (None, 3), (127, 0), (128, None), (1
            (1000, None), (None, 0), (0, None))
 
 
-def brute_window(m: int, rows: int, sq: int, sk: int, left, right):
+def brute_window(m: int, rows: int, sq: int, sk: int, left, right, bn: int = BLOCK_N):
     i = np.arange(m * rows, (m + 1) * rows)[:, None]
-    nb = -(-sk // BLOCK_N) + 2
-    j = np.arange(nb * BLOCK_N)[None, :]
-    vis = np.broadcast_to(j < sk, (rows, nb * BLOCK_N))
+    nb = -(-sk // bn) + 2
+    j = np.arange(nb * bn)[None, :]
+    vis = np.broadcast_to(j < sk, (rows, nb * bn))
     if right is not None:
         vis = vis & (j <= i + sk - sq + right)
     if left is not None:
         vis = vis & (j >= i + sk - sq - left)
-    per_block = vis.reshape(rows, nb, BLOCK_N)
+    per_block = vis.reshape(rows, nb, bn)
     return (np.flatnonzero(per_block.any(axis=(0, 2))).tolist(), np.flatnonzero(per_block.all(axis=(0, 2))).tolist(),
             vis)
 
 
-def window_ptx_values(rows, m, sq, sk, left, right, split, nsplit):
-    """(n_unmasked, unmasked_lo, lo, n) from the window's instruction lists."""
+def window_ptx_values(rows, m, sq, sk, left, right, split, nsplit, bn: int = BLOCK_N):
+    """(n_unmasked, unmasked_lo, lo, n) from the window's instruction lists (blocks of bn keys)."""
     from fa4gen.spec.plan import WINDOW_UNBOUNDED
     wl = WINDOW_UNBOUNDED if left is None else left
     wr = WINDOW_UNBOUNDED if right is None else right
     base = {"%m": m, "%sq": sq, "%skv": sk, "%t": 0xDEADBEEF, "%t2": 0xDEADBEEF, "%s": split, "%S": nsplit,
             "%wl": wl, "%wr": wr}
-    kw = dict(causal=False, rows=rows, window=("%wl", "0" if right == 0 else "%wr"), **REGS)
+    kw = dict(causal=False, rows=rows, window=("%wl", "0" if right == 0 else "%wr"), block_n=bn, **REGS)
     out = run_ptx(block_info_ptx(n="%n", lo="%lo", n_unmasked="%nu", unmasked_lo="%ul",
                                  split=("%s", "%S", "%lo", "%t2") if nsplit > 1 else None, **kw), base)
     alone = run_ptx(block_info_ptx(**{**kw, "tmp": "%m"}, unmasked_lo="%ul"), base)
@@ -412,3 +416,63 @@ def test_later_blocks_need_a_mask_only_with_causal_or_a_window():
                         seen[(causal, window)] = True
                         assert later_blocks_need_mask(causal, window), (rows, sq, skv, m, split, causal, window)
     assert seen == {(False, False): False, (True, False): True, (False, True): True, (True, True): True}
+
+
+# ---- 64-key blocks (sm_90a D = 256: tiles.kv_block_keys) ------------------------------------------------
+def test_blockinfo_of_64_key_blocks_equals_the_mask_and_its_ptx():
+    """BlockInfo and block_info_ptx over 64-key blocks, on the boundaries that move with the block:
+    Skv and the causal diagonal at multiples of 64 and +-1, Sq != Skv both ways (units that see no
+    key), windows smaller than a block and crossing 64-key boundaries, and KV-cache splits."""
+    bn, checked = 64, 0
+    for sq, sk, causal, rows in itertools.product((1, 63, 64, 65, 129, 200), (0, 1, 63, 64, 65, 127, 128, 129, 320),
+                                                  (False, True), (32, 128)):
+        for m in range(-(-sq // rows)):
+            visible, whole, vis = brute_unit(m, rows, sq, sk, causal, bn)
+            for nsplit in (1, 3):
+                for split in range(nsplit):
+                    lo, n = brute_split(visible, split, nsplit)
+                    info = BlockInfo.of(m, rows, sq, sk, causal, split, nsplit, block_n=bn)
+                    key = (sq, sk, causal, rows, m, split, nsplit)
+                    assert (info.end, info.n_unmasked, info.lo, info.n) == (len(visible), len(whole), lo, n), key
+                    if info.empty:
+                        assert not vis[:, info.lo * bn:(info.lo + 1) * bn].any(), key
+                    assert ptx_values(causal, rows, m, sq, sk, split, nsplit, bn) == \
+                        (info.n_unmasked, info.lo, info.n), key
+                    checked += 1
+    for sq, sk, (left, right) in itertools.product((1, 65, 200), (64, 129, 320),
+                                                   ((0, 0), (63, 0), (64, None), (65, 5), (None, 64), (100, 30))):
+        for m in range(-(-sq // 128)):
+            visible, whole, vis = brute_window(m, 128, sq, sk, left, right, bn)
+            info = BlockInfo.of(m, 128, sq, sk, False, window=(left, right), block_n=bn)
+            key = (sq, sk, m, left, right)
+            assert set(whole) == set(range(info.unmasked_lo, info.n_unmasked)), key
+            if visible:
+                assert (info.lo, info.n) == (visible[0], len(visible)), key
+            assert window_ptx_values(128, m, sq, sk, left, right, 0, 1, bn) == \
+                (info.n_unmasked, info.unmasked_lo, info.lo, info.n), key
+            checked += 1
+    assert checked > 900, checked
+    # the block rules are shifts and whole 32-bit mask words: other sizes are refused
+    for bad in (48, 80, 16):
+        with pytest.raises(ValueError):
+            BlockInfo.of(0, 128, 5, 5, True, block_n=bad)
+
+
+def test_the_reference_runs_64_key_blocks():
+    """fa4_forward over 64-key blocks (a D = 256 sm_90a config) visits BlockInfo's blocks and masks on
+    the causal diagonal with Sq != Skv; its output is attention's."""
+    from fa4gen.spec.config import planning_head_dims
+
+    with planning_head_dims():
+        cfg = KernelConfig(arch="sm_90a", head_dim=256, causal=True)
+    assert cfg.block_n == 64
+    rng = np.random.default_rng(5)
+    sq, sk, d = 70, 200, 256
+    q, k, v = (round_to_dtype(rng.standard_normal(s), "bf16") for s in ((1, sq, 1, d), (1, sk, 1, d), (1, sk, 1, d)))
+    stats = {}
+    o, lse = fa4_forward(q, k, v, cfg, stats=stats)
+    # one tile, keys < 200: blocks 3 (the tail) .. 0; queries 0..69 see keys <= i + 130, so blocks 2 and 3
+    # cross the diagonal (masked), 0 and 1 are whole for every row
+    assert stats["blocks"] == 4 and stats["masked_blocks"] == 2
+    o_ref, lse_ref = attention_exact(q, k, v, causal=True)
+    assert np.allclose(o, o_ref, atol=2e-2) and np.allclose(lse, lse_ref, atol=1e-3)

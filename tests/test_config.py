@@ -224,23 +224,25 @@ def test_head_dim_v_defaults_to_head_dim_and_changes_nothing_for_dv_equal_d():
 @pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])
 @pytest.mark.parametrize("kwargs,field", [({"head_dim": 192, "head_dim_v": 128}, {"sm_100a": "head_dim"}),
                                           ({"head_dim": 192}, {"sm_100a": "head_dim", "sm_90a": "head_dim_v"}),
-                                          ({"head_dim": 256}, "head_dim"), ({"head_dim": 96}, {"sm_100a": "head_dim"}),
+                                          ({"head_dim": 256}, {"sm_100a": "head_dim"}), ({"head_dim": 96}, {"sm_100a": "head_dim"}),
                                           ({"head_dim": 128, "head_dim_v": 64}, "head_dim_v"),
                                           ({"head_dim": 64, "head_dim_v": 128}, "head_dim_v")])
 def test_unsupported_head_dim_pairs_name_the_supported_ones(arch, kwargs, field):
     """The field blamed is head_dim when no generated pair has it (sm_90a's (192, 128) makes 192 a
-    head_dim there; sm_90a generates 96); the message names the arch's pairs and says where a pair is planned."""
+    head_dim there; sm_90a generates 96 and 256); the message names the arch's pairs, the target that
+    generates the pair if another does, and says where a pair is planned."""
     pair = (kwargs["head_dim"], kwargs.get("head_dim_v", kwargs["head_dim"]))
     if isinstance(field, dict) and arch not in field:
-        assert KernelConfig(arch=arch, **kwargs).head_dims == pair  # sm_90a generates (192, 128) and (96, 96)
+        assert KernelConfig(arch=arch, **kwargs).head_dims == pair  # sm_90a generates (192, 128), (96, 96), (256, 256)
         return
     with pytest.raises(ConfigError) as info:
         KernelConfig(arch=arch, **kwargs)
     assert info.value.field == (field[arch] if isinstance(field, dict) else field)
     msg = str(info.value)
-    pairs = {"sm_100a": "(64, 64), (128, 128)", "sm_90a": "(64, 64), (96, 96), (128, 128), (192, 128)"}[arch]
+    pairs = {"sm_100a": "(64, 64), (128, 128)", "sm_90a": "(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)"}[arch]
     assert config_module.head_dim_pairs_text(arch) == pairs and pairs in msg
     assert f"= {pair}" in msg and arch in msg
+    assert ("sm_90a generates it" in msg) == (pair in config_module.HEAD_DIM_PAIRS["sm_90a"])
     assert ("planned" in msg) == (pair in config_module.HEAD_DIM_PLANNED)
 
 
@@ -251,7 +253,7 @@ def test_head_dim_v_is_in_the_dict_name_and_hash_only_where_it_differs():
     assert deepseek.head_dims == (192, 128) and deepseek.to_dict()["head_dim_v"] == 128
     assert deepseek.name == "fa4_sm100a_d192v128_bf16_noncausal_gqa1"  # no hash: the pair's default kernel
     assert d256.name == "fa4_sm100a_d256_bf16_noncausal_gqa1" and "head_dim_v" not in d256.to_dict()
-    with pytest.raises(ConfigError, match=r"\(192, 128\) is not generated for sm_100a \(planned"):
+    with pytest.raises(ConfigError, match=r"\(192, 128\) is not generated for sm_100a \(sm_90a generates it; planned"):
         KernelConfig.from_dict(deepseek.to_dict())  # outside planning_head_dims: refused
 
 
@@ -264,3 +266,21 @@ def test_a_planned_head_dim_pair_builds_ir_but_no_lowering_emits_it():
         pipe = build_pipeline(KernelConfig(arch="sm_100a", head_dim=96))
     with pytest.raises(Sm100LoweringError, match=r"\(96, 96\) is not generated .* no lowering emits it"):
         lower_sm100(pipe)
+
+
+def test_block_n_is_the_targets_block_and_follows_replace():
+    """block_n (keys per K/V block) is tiles.kv_block_keys of the target and head_dim: 128, and 64 for
+    sm_90a D = 256; another value is refused naming it, and replace() of head_dim or arch re-derives it."""
+    from fa4gen.spec.config import planning_head_dims
+
+    assert KernelConfig().block_n == 128 and KernelConfig(arch="sm_90a", head_dim=96).block_n == 128
+    with planning_head_dims():
+        d256 = KernelConfig(arch="sm_90a", head_dim=256)
+        assert d256.block_n == 64 and KernelConfig(arch="sm_100a", head_dim=256).block_n == 128
+        assert d256.replace(arch="sm_100a").block_n == 128
+        assert KernelConfig(arch="sm_90a").replace(head_dim=256).block_n == 64
+        with pytest.raises(ConfigError, match="64 on sm_90a at head_dim 256"):
+            KernelConfig(arch="sm_90a", head_dim=256, block_n=128)
+    with pytest.raises(ConfigError, match="block_n"):
+        KernelConfig(block_n=64)
+    assert KernelConfig(block_n=128) == KernelConfig()  # the derived value, given or not, is one config

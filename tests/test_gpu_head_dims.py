@@ -1,11 +1,12 @@
-"""The sm_90a (192, 128) kernels (q and k of 192 columns, v and o of 128: DeepSeek-V3 prefill) and the
+"""The sm_90a (192, 128) kernels (q and k of 192 columns, v and o of 128: DeepSeek-V3 prefill), the
 D = 96 ones (three 32-column panels of 64B swizzle per tile, O staged; the combine kernel's 96-column
-rows on 24 lanes) on an H100/H200 (marker `gpu`; skipped without one), against the float32 torch reference of test_gpu.py
+rows on 24 lanes) and the D = 256 ones (64-key K/V blocks, O from the registers; pages of 16 to 256
+keys against 64-key blocks; the combine kernel's 8 columns per lane) on an H100/H200 (marker `gpu`; skipped without one), against the float32 torch reference of test_gpu.py
 (its tolerances, derived there): dense (causal or not, GQA 1 / 4 / a ratio that does not divide 128,
 bf16 and fp16, the Kernel called directly with O and LSE poisoned with NaN, and fa4gen.attention equal
 to it bit for bit), varlen (per-sequence reference, guarded outputs) and the KV cache (contiguous and
-paged, one split and several: the combine kernel's DV-column rows). The (192, 128) kernels store O from
-the registers through o_ptr (docs/HEAD_DIMS.md); the emulator runs both on the CPU
+paged, one split and several: the combine kernel's DV-column rows). The (192, 128) and D = 256 kernels
+store O from the registers through o_ptr (docs/HEAD_DIMS.md); the emulator runs them on the CPU
 (tests/test_head_dims.py, `fa4gen emulate`).
 """
 
@@ -22,7 +23,7 @@ from test_gpu import case_id, check_against_reference, make_inputs, run_kernel_p
 from test_gpu_kvcache import check_kvcache, make_cache, run_poisoned  # noqa: E402
 from test_gpu_varlen import _cu, _inputs, check_per_sequence, ragged_lengths, run_varlen_poisoned  # noqa: E402
 
-PAIRS = [(192, 128), (96, 96)]  # (D, DV): q and k have D columns, v and o DV
+PAIRS = [(192, 128), (96, 96), (256, 256)]  # (D, DV): q and k have D columns, v and o DV
 
 
 def _tag(d: int, dv: int) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fa4gen.spec.config import HEAD_DIM_PAIRS, HEAD_DIM_PLANNED
+from fa4gen.spec.config import HEAD_DIM_PAIRS, HEAD_DIM_PLANNED, KernelConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,8 +50,12 @@ def _golden(arch: str, d: int):
 def test_rows_of_todays_pairs_are_the_kernels_that_build(arch, rows, budgets):
     seen = 0
     for d, dv in HEAD_DIM_PAIRS[arch]:
-        ir = [r for r in rows[arch] if (r.d, r.dv) == (d, dv)]
-        assert len(ir) == 1 and ir[0].fits and ir[0].design.startswith("IR"), ir  # no options for built pairs
+        pair_rows = [r for r in rows[arch] if (r.d, r.dv) == (d, dv)]
+        ir = [r for r in pair_rows if r.design.startswith("IR")]
+        assert len(ir) == 1 and ir[0].fits and pair_rows[0] is ir[0], pair_rows
+        # no options for built pairs, but the K/V block sizes weighed for one whose blocks are not 128 keys
+        keys = KernelConfig(arch=arch, head_dim=d, head_dim_v=dv).block_n
+        assert len(pair_rows) == 1 or (keys != 128 and all("-key K/V blocks" in r.design for r in pair_rows[1:])), pair_rows
         for m in _golden(arch, d):
             if arch == "sm_90a" and f"{m['config']['block_m']}-row" not in ir[0].design:
                 continue  # the table's sm_90a row is the tile fa4gen.attention chooses
@@ -79,3 +83,14 @@ def test_sm90_register_floor_and_todays_headroom(budgets):
     # 64-row warpgroup fragments: O dv/2, S block_n/2, P block_n/4 registers per thread
     assert budgets.sm90_reg_floor(128, 128) == 64 + 64 + 32
     assert budgets.sm90_headroom_today() == 160 - budgets.sm90_reg_floor(64, 128)  # D = 64's 192-row tile
+
+
+def test_sm90_d256_row_is_the_64_key_kernel_and_128_keys_do_not_fit(rows, budgets):
+    """The sm_90a D = 256 IR row is the generated kernel's layout (64-key blocks, 1 Q slot, 2 stages,
+    O from the registers, floor 128 + 32 + 16 = 176 of 240); 128-key blocks exceed SMEM."""
+    d256 = [r for r in rows["sm_90a"] if (r.d, r.dv) == (256, 256)]
+    assert d256[0].design.startswith("IR (128-row tile, 64-key K/V blocks, O from registers)") and d256[0].fits
+    assert d256[0].smem == 197720 and d256[0].regs.startswith(f"{budgets.sm90_reg_floor(256, 64)} / 240")
+    assert budgets.sm90_reg_floor(256, 64) == 176
+    k128 = next(r for r in d256 if r.design.startswith("128-key"))
+    assert not k128.fits and any("SMEM_BUDGET" in p for p in k128.problems)

@@ -1,15 +1,17 @@
-"""sm_90a (192, 128) and D = 96 (docs/HEAD_DIMS.md): the IR's layout choice (O from the registers where
-no ring fits beside O staging), the K and V rings' own tile bytes held by the verifier, o_ptr in the
-dense ABI of such a kernel only, D = 96's 32-column 64B-swizzled panels in the manifest's tensor maps,
-and one small emulation of each pair reaching every basic block (the rest of the variants are emulated
-by hand, `fa4gen emulate`, and run on the GPU by tests/test_gpu_head_dims.py)."""
+"""sm_90a (192, 128), D = 96 and D = 256 (docs/HEAD_DIMS.md): the IR's layout choice (O from the
+registers where no ring fits beside O staging), the K and V rings' own tile bytes held by the verifier,
+o_ptr in the dense ABI of such a kernel only, D = 96's 32-column 64B-swizzled panels in the manifest's
+tensor maps, D = 256's 64-key K/V blocks (rings, boxes, wgmma shapes), and small emulations reaching
+every basic block (one per pair; three for D = 256: dense with every score modifier, varlen, paged KV
+cache; the rest of the variants are emulated by hand, `fa4gen emulate`, and run on the GPU by
+tests/test_gpu_head_dims.py)."""
 import dataclasses
 from pathlib import Path
 
 import pytest
 
 from fa4gen import codegen
-from fa4gen.evidence.ptxemu.harness import Shape, VarShape, emulate_file
+from fa4gen.evidence.ptxemu.harness import KvShape, Shape, VarShape, emulate_file
 from fa4gen.ir.core import ExpectTx, Space, TmaLoad
 from fa4gen.ir.layout import layout_of
 from fa4gen.ir.sm90 import build_sm90_pipeline, sm90_o_staged, smem_pipeline
@@ -27,7 +29,8 @@ DEEPSEEK = dict(arch="sm_90a", head_dim=192, head_dim_v=128)
                                        (dict(head_dim=192, head_dim_v=128), False),
                                        (dict(head_dim=192, head_dim_v=128, varlen=True), False),
                                        (dict(head_dim=96), True), (dict(head_dim=96, varlen=True), True),
-                                       (dict(head_dim=96, kvcache=True), False)])
+                                       (dict(head_dim=96, kvcache=True), False),
+                                       (dict(head_dim=256), False), (dict(head_dim=256, varlen=True), False)])
 def test_o_staging_is_where_the_smallest_ring_fits_beside_it(kw, staged):
     cfg = KernelConfig(arch="sm_90a", **kw)
     assert sm90_o_staged(cfg) is staged
@@ -71,7 +74,7 @@ def test_o_ptr_joins_the_dense_abi_of_a_kernel_storing_o_from_registers_only():
         assert names.count("o_ptr") == 1
 
 
-@pytest.mark.parametrize("d,dv", [(192, 128), (96, 96)])
+@pytest.mark.parametrize("d,dv", [(192, 128), (96, 96), (256, 256)])
 def test_sm100a_still_refuses_the_pair(d, dv):
     from fa4gen.ir import build_pipeline
     from fa4gen.lower.sm100 import Sm100LoweringError, lower_sm100
@@ -94,7 +97,8 @@ def test_d96_rings_and_staging_are_the_design_budget():
 @pytest.mark.parametrize("kw,cols,swizzle", [(dict(head_dim=96), (32, 32, 32, 32), "64B"),
                                             (dict(head_dim=96, kvcache=True, page_size=16), (32, 32, 32, 32), "64B"),
                                             (dict(head_dim=128), (64, 64, 64, 64), "128B"),
-                                            (DEEPSEEK, (64, 64, 64, 64), "128B")])
+                                            (DEEPSEEK, (64, 64, 64, 64), "128B"),
+                                            (dict(head_dim=256), (64, 64, 64, 64), "128B")])
 def test_tensor_maps_take_one_panel_per_box_with_its_swizzle(kw, cols, swizzle):
     """D = 96 is cut into three 32-column panels of 64B swizzle (plan.Panels): every box is one panel
     wide, with the swizzle whose row it fills; the PTX issues one box per panel."""
@@ -134,3 +138,76 @@ def test_d96_varlen_causal_kernel_emulates_with_every_block_reached():
     cov = rep.coverage.entries["fa4_fwd"]
     hit, total = cov.block_fraction()
     assert hit == total, cov
+
+
+D256 = dict(arch="sm_90a", head_dim=256)
+
+
+def test_d256_rings_are_64_key_blocks_one_q_slot_two_stages():
+    """No 128-key ring fits at D = 256 (Q 64 KiB + 2 x (64 + 64) KiB): 64-key K/V blocks (tiles.kv_block_keys),
+    1 Q slot, 2 stages, O from the registers: 197,720 bytes; the tx counts are the 64-key tiles'."""
+    cfg = KernelConfig(**D256)
+    pipe = build_sm90_pipeline(cfg)
+    assert cfg.block_n == 64 and tile_bytes(cfg) == 64 * 256 * 2
+    assert [(r.name, r.slots, r.rows, r.bytes_per_slot) for r in pipe.regions if r.space is Space.SMEM] == [
+        ("Q", 1, 128, 128 * 256 * 2), ("K", 2, 64, 64 * 256 * 2), ("V", 2, 64, 64 * 256 * 2)]
+    assert {b.name: b.tx_bytes for b in pipe.barriers if b.tx_bytes} == {
+        "q_full": 128 * 256 * 2, "k_full": 64 * 256 * 2, "v_full": 64 * 256 * 2}
+    assert layout_of(pipe).total == 197720 <= pipe.smem_limit
+    assert not static_findings(pipe)
+
+
+@pytest.mark.parametrize("kw,rows", [(dict(), 64), (dict(kvcache=True, page_size=16), 16),
+                                     (dict(kvcache=True, page_size=64), 64), (dict(kvcache=True, page_size=256), 64)])
+def test_d256_kv_boxes_and_wgmma_shapes_are_the_64_key_block(kw, rows):
+    """K/V TMA boxes hold a 64-key block (or a smaller page: four 16-key boxes per block); QK^T is
+    m64n64k16 over 16 k-steps, PV m64n256k16 over the block's 4 k-steps of 16 keys."""
+    from fa4gen.lower.sm90 import manifest_sm90
+    from fa4gen.render.kernels import build_sm90
+    cfg = KernelConfig(**D256, **kw)
+    maps = manifest_sm90(cfg)["tensor_maps"]
+    assert maps["k"]["box"][-2 if cfg.page_size else 2] == rows and maps["v"]["box"] == maps["k"]["box"]
+    ptx = build_sm90(cfg)[0]
+    assert "m64n128k16" not in ptx
+    qk, pv = ptx.count("wgmma.mma_async.sync.aligned.m64n64k16"), ptx.count("wgmma.mma_async.sync.aligned.m64n256k16")
+    assert qk == 2 * 16 and pv == 2 * 4  # the first block's QK^T and the loop's, the loop's PV and the last
+    loads = ptx.count("cp.async.bulk.tensor.4d")  # K and V loads: 4 panels x the boxes of a block, 4 sites
+    assert loads == 4 * 4 * (64 // rows)
+
+
+def _emulate_covering(cfg, shapes):
+    res = codegen.build(cfg, emit=("ptx",), verify=False)
+    rep = emulate_file(Path(cfg.name + ".ptx"), ptx_text=res.ptx, manifest=res.manifest, seeds=1, shapes=shapes)
+    assert rep.ok, rep.summary()
+    for entry in ("fa4_fwd", "fa4_combine") if cfg.kvcache else ("fa4_fwd",):
+        hit, total = rep.coverage.entries[entry].block_fraction()
+        assert hit == total, (entry, hit, total)
+
+
+def test_d256_dense_score_modifiers_kernel_emulates_with_every_block_reached():
+    """fp16, causal, GQA 2, window + softcap + sinks over 64-key blocks: a tile whose window cuts its
+    first block and leaves the next whole (unmasked), masked diagonal blocks, Sq > Skv without LSE
+    (rows that see no key; a -inf sink), a decode-like tile whose one block runs unmasked; O from the
+    registers through o_ptr. About 3 s of CPU."""
+    cfg = KernelConfig(**D256, causal=True, gqa_ratio=2, dtype="fp16", window=True, softcap=True, sinks=True)
+    _emulate_covering(cfg, [Shape.parse(s) for s in ("1,70,260,2,1 w=200,0 cap=30 sink=50",
+                                                     "1,140,50,2,1,nolse w=20,0 cap=5 sink=-inf",
+                                                     "1,1,64,2,1 w=-1,0 cap=50 sink=0.5")])
+
+
+def test_d256_varlen_causal_kernel_emulates_with_every_block_reached():
+    """Varlen, causal, GQA 4: sequences over three 64-key blocks, without keys, without queries, a
+    decode row over one whole block, and a batch with seqused_k and no LSE. About 3 s of CPU."""
+    cfg = KernelConfig(**D256, causal=True, varlen=True, gqa_ratio=4)
+    _emulate_covering(cfg, [VarShape.parse("100:150,0:17,40:0,1:64;4,1"),
+                            VarShape((3, 0), (70, 5), 4, 1, seqused_k=(40, 3), with_lse=False)])
+
+
+def test_d256_paged_kvcache_kernel_emulates_with_every_block_reached():
+    """16-key pages (four boxes per 64-key block), causal, GQA 4: three splits over short, empty, negative
+    and clamped sequences (the combine kernel's 8 columns per lane), then one split storing O and LSE
+    itself, with a 65-key sequence whose two blocks both cross the diagonal (a later masked block).
+    About 3 s of CPU."""
+    cfg = KernelConfig(**D256, causal=True, kvcache=True, page_size=16, gqa_ratio=4)
+    _emulate_covering(cfg, [KvShape((129, 1, -3, 1000), 3, 4, 1, num_splits=3, capacity=200),
+                            KvShape((65, 300), 3, 4, 1, num_splits=1, capacity=310)])

@@ -80,7 +80,7 @@ def test_manifest_head_dim_v_is_checked(tmp_path, built):
     with pytest.raises(fa4gen.runtime.api.KernelLoadError,
                        match=r"its config is not valid here \(invalid head_dim_v=128: \(head_dim, head_dim_v\) = "
                              r"\(64, 128\) is not generated for sm_90a; it generates \(64, 64\), \(96, 96\), "
-                             r"\(128, 128\), \(192, 128\)\)"):
+                             r"\(128, 128\), \(192, 128\), \(256, 256\)\)"):
         fa4gen.load(cubin)
     m["config"]["head_dim_v"] = 64
     manifest.write_text(json.dumps(m))

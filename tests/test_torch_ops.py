@@ -80,8 +80,8 @@ def test_fake_impl_takes_strided_views_and_empty_problems():
 
 def test_fake_impl_validates_like_eager():
     with fake_mode():
-        q, k, v = fake_qkv(d=256)
-        with pytest.raises(InputValueError, match="head_dim 256 is not supported"):
+        q, k, v = fake_qkv(d=80)
+        with pytest.raises(InputValueError, match="head_dim 80 is not supported"):
             OP(q, k, v, False, None, False)
         q, k, v = fake_qkv()
         with pytest.raises(InputTypeError, match="same dtype"):
@@ -175,11 +175,11 @@ def test_dynamic_shapes_compile_once():
 def test_errors_surface_while_tracing(what):
     fn = torch.compile(lambda q, k, v, kw: fa4gen.attention(q, k, v, **kw), fullgraph=True, backend="aot_eager")
     with fake_mode():
-        q, k, v = fake_qkv(d=256 if what == "head_dim" else 128)
+        q, k, v = fake_qkv(d=80 if what == "head_dim" else 128)
         kw = {"causal": 1} if what == "flag" else {}
         if what == "grad":
             q.requires_grad_()
-        message = {"head_dim": "head_dim 256 is not supported", "flag": "causal must be True or False",
+        message = {"head_dim": "head_dim 80 is not supported", "flag": "causal must be True or False",
                    "grad": "forward-only"}[what]
         with pytest.raises(Exception, match=message):  # Dynamo wraps it (Unsupported / TorchRuntimeError)
             fn(q, k, v, kw)

@@ -211,7 +211,7 @@ def test_valid_varlen_problem():
     (dict(max_seqlen_q=-1), InputValueError, "\\[0, 2\\^31\\)"),
     (dict(q=_m("q", (1, 100, 4, 64))), InputValueError, "3 dims"),
     (dict(q=_m("q", (100, 3, 64))), InputValueError, "multiple"),
-    (dict(q=_m("q", (100, 4, 256)), k=_m("k", (120, 2, 256)), v=_m("v", (120, 2, 256))), InputValueError, "head_dim 256"),
+    (dict(q=_m("q", (100, 4, 80)), k=_m("k", (120, 2, 80)), v=_m("v", (120, 2, 80))), InputValueError, "head_dim 80"),
     (dict(seqused_k=_m("seqused_k", (3,), "int32")), InputValueError, "seqused_k must have 2 entries"),
     (dict(cu_q=_m("cu_seqlens_q", (1,), "int32"), cu_k=_m("cu_seqlens_k", (1,), "int32")), InputValueError,
      "no sequence but q has 100 rows"),

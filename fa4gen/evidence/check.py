@@ -817,13 +817,14 @@ def _expected(pipe) -> dict:
     """Each role instance's events as the reader spells them, from its verified program (on sm_90a the
     replicated consumer once per instance: its own barrier slots and branches). The ops of both
     targets share one spelling here; what the targets spell apart is `_target_event`'s."""
-    from ..spec.plan import ROWS, kv_box_rows, qk_panels, vo_panels
+    from ..spec.plan import block_n, kv_box_rows, qk_panels, vo_panels
     cfg = pipe.config
     sm100 = cfg.arch == "sm_100a"
     # one box per panel (plan.Panels): Q and K have head_dim columns, V and O head_dim_v; a paged K/V
     # block has one box per page and panel
     nq, nv = qk_panels(cfg).count, vo_panels(cfg).count
-    boxes = {"q": nq, "k": nq * (ROWS // kv_box_rows(cfg)), "v": nv * (ROWS // kv_box_rows(cfg)), "o": nv}
+    per_block = block_n(cfg) // kv_box_rows(cfg)
+    boxes = {"q": nq, "k": nq * per_block, "v": nv * per_block, "o": nv}
     out = {}
     for role in pipe.roles:
         ops = list(walk_ops(role.program))
@@ -923,11 +924,10 @@ def _event_sm100(op, pipe, role, slot):
 def _event_sm90(op, pipe, role, slot):
     """sm_90a's own spelling of an op (None: no event): row stores (the consumer's slot is %cw's: the
     rows' predicate is read back), wgmma groups (k steps) and their waits, a ring advance."""
-    from ..spec.plan import ROWS
     if isinstance(op, StoreRows):
         return ("store_rows", "?", None, "rows < %sq")
     if isinstance(op, Mma):
-        return ("wgmma", pipe.config.head_dim // 16 if op.kind == "qk" else ROWS // 16, True)
+        return ("wgmma", (op.k_hi - op.k_lo) // 16, True)  # k16 steps: QK^T over D, PV over the block's keys
     if isinstance(op, MmaWait):
         return ("wgmma_wait", op.pending)
     if isinstance(op, Advance):

@@ -280,7 +280,7 @@ def tile_block_info(cfg: KernelConfig, m_block: int, seqlen_q: int, seqlen_k: in
     `split` of num_splits (KV cache); window: flash-attn's (left, right) (-1 unbounded), or None."""
     sides = window_sides(window, cfg.causal) if window is not None else None
     return BlockInfo.of(m_block, tiles * cfg.seq_q_per_tile, seqlen_q, seqlen_k, cfg.causal, split, num_splits,
-                        window=sides)
+                        window=sides, block_n=cfg.block_n)
 
 
 def n_block_max(cfg: KernelConfig, m_block: int, seqlen_q: int, seqlen_k: int, window=None) -> int:

@@ -161,7 +161,8 @@ class NumpyData(DataModel):
                 tile = self._tma_rows(self.q, task, task.q_start, seq, valid, head)
             else:
                 src = self.k if op.tensor == "k" else self.v
-                pos = self.kv_block(task, ctx["block"]) * 128 + np.arange(128)
+                bn = self.cfg.block_n  # keys per K/V block
+                pos = self.kv_block(task, ctx["block"]) * bn + np.arange(bn)
                 tile = self._tma_rows(src, task, task.k_start, pos, pos < self.task_skv(task), task.kv_head)
             self.smem[(op.dst, slots["dst"])] = tile
         elif kind == "mma":
@@ -212,24 +213,24 @@ class NumpyData(DataModel):
     # ---- the softmax math both targets share (the reference's functions) -------------------------
     def _softmax_block(self, regs, scores, task: Task, qtile: int, t: int, rows: slice):
         """Mask the block's scores where needed and run the reference's block update on them."""
-        cfg, n = self.cfg, rows.stop - rows.start
+        cfg, n, bn = self.cfg, rows.stop - rows.start, self.cfg.block_n
         if t == 0:
             regs["row_max"] = np.full(n, -np.inf, np.float32)
             regs["row_sum"] = np.zeros(n, np.float32)
         nb = self.kv_block(task, t)
         seq = self.tile_rows(task, qtile)[0][rows]
-        s = np.array(scores[:, :128], np.float32)
+        s = np.array(scores[:, :bn], np.float32)
         if self.softcap_in is not None:  # mul.f32 then tanh.approx.f32 of every raw score, before the mask
             s = tanh_approx_f32(s * self.softcap_in)
         sq, skv = self.task_sq(task), self.task_skv(task)
         masked = tile_block_info(cfg, tiles_per_task(cfg) * task.m_block + qtile, sq, skv,
                                  self.window).needs_mask(nb)
         if masked:
-            col = nb * 128 + np.arange(128)[None, :]
+            col = nb * bn + np.arange(bn)[None, :]
             s[(col >= col_limits(cfg, seq, sq, skv, self.window)[:, None])
               | (col < col_begins(cfg, seq, sq, skv, self.window)[:, None])] = -np.inf
         upd = block_update(RowState(regs["row_max"], regs["row_sum"], np.zeros((n, 1), np.float32)),
-                           s, np.zeros((128, 1)), self.sl2, cfg.rescale_threshold, first=t == 0,
+                           s, np.zeros((bn, 1)), self.sl2, cfg.rescale_threshold, first=t == 0,
                            emulated=emulated_columns(cfg, apply_mask=masked))
         regs["row_max"], regs["acc_scale"] = upd.state.ref, upd.acc_scale
         return upd

@@ -5,10 +5,10 @@ are consumers that each own 64 rows of the block_m-row Q tile (C = block_m / 64:
 192-row tiles of tiles.SM90_Q_ROWS). S, P and O live in registers (wgmma
 accumulators; P as the RS-form A fragments), so the TMEM hand-offs of sm_100a become
 `wgmma.wait_group` (MmaWait) points. Q has two SMEM slots (the next task's Q loads under this
-task's K/V loop; one where two do not fit, D = 192), K and V separate rings (each with its own tile
-size and tx count: K D columns, V DV); O leaves through a staging slot per consumer (a TMA store, or
+task's K/V loop; one where two do not fit, D = 192 and 256), K and V separate rings of block_n-key
+blocks (each with its own tile size and tx count: K D columns, V DV; 64 keys at D = 256); O leaves through a staging slot per consumer (a TMA store, or
 varlen's row copies) where one fits beside the rings, else from the registers (KV cache, and the
-(192, 128) kernels: `sm90_o_staged`); every empty
+(192, 128) and D = 256 kernels: `sm90_o_staged`); every empty
 barrier gets one arrival per consumer warp (4 C). C 256-thread named barriers pass the tensor core
 around the consumers in a ring (ping-pong; consumer i hands it to i + 1 mod C): consumer C - 1
 pre-arrives once so consumer 0 goes first, and consumer 0 takes the last hand-off after its final task.
@@ -17,7 +17,7 @@ pre-arrives once so consumer 0 goes first, and consumer 0 takes the last hand-of
 from __future__ import annotations
 
 from ..spec.config import K_SPLIT_DEFAULT, KV_STAGES_MAX, KV_STAGES_MIN, ConfigError, KernelConfig
-from ..spec.plan import (ARCH_LIMITS, SM90_CONSUMER_REGS, SM90_PRODUCER_REGS, SM90_REGS, SM90_SCHED_BAR_ID, q_tile_bytes,
+from ..spec.plan import (ARCH_LIMITS, SM90_CONSUMER_REGS, SM90_PRODUCER_REGS, SM90_REGS, SM90_SCHED_BAR_ID, block_n, q_tile_bytes,
                          sm90_consumers, sm90_epi_bar_id, tile_bytes, v_tile_bytes)
 from ..spec.tiles import PlanError
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync,
@@ -39,8 +39,8 @@ def _smem(cfg: KernelConfig, nq: int, kv: int, o_staged: bool) -> tuple[tuple[Re
     arrivals = 4 * nc  # one per consumer warp
     regions = (
         Region("Q", Space.SMEM, cfg.dtype, cfg.block_m, slots=nq, bytes_per_slot=qtile),
-        Region("K", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=tile),
-        Region("V", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=vtile),
+        Region("K", Space.SMEM, cfg.dtype, block_n(cfg), slots=kv, bytes_per_slot=tile),
+        Region("V", Space.SMEM, cfg.dtype, block_n(cfg), slots=kv, bytes_per_slot=vtile),
         # O from the registers (KV cache, or no staging fits): no staging slots
         *((Region("O_smem", Space.SMEM, cfg.dtype, 64, slots=nc, bytes_per_slot=64 * dv * 2),) if o_staged else ()),
         Region("S", Space.REG, "f32", 64),
@@ -80,7 +80,7 @@ def sm90_o_staged(cfg: KernelConfig) -> bool:
     o_ptr) or store it from the registers (each thread its rows < Sq, st.global through o_ptr).
     KV-cache kernels always store from the registers (their O rows and fp32 split partials are row
     stores); the others stage O where the smallest ring, 1 Q slot and KV_STAGES_MIN K/V stages,
-    fits beside the staging slots (D = 64 and 128; not (192, 128): docs/HEAD_DIMS.md)."""
+    fits beside the staging slots (D = 64, 96 and 128; not (192, 128) nor 256: docs/HEAD_DIMS.md)."""
     return not cfg.kvcache and _fits(cfg, 1, KV_STAGES_MIN, o_staged=True)
 
 
@@ -161,7 +161,7 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
         return Mma("qk", "Q", "q", "K", "k", "S", 0, d, "false", block)
 
     def pv(block):
-        return Mma("pv", "P", 0, "V", "v", "O", 0, 128, "not_first", block)
+        return Mma("pv", "P", 0, "V", "v", "O", 0, block_n(cfg), "not_first", block)
 
     rescale = If(Cond.ANY_RESCALE, (Compute("rescale_o", me, reads=("O",), writes=("O",)),))
     release_q = If(Cond.LAST_BLOCK, (Arrive("q_empty", "q", Scope.WARP),))

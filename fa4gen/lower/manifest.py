@@ -81,7 +81,7 @@ def grid_section(cfg: KernelConfig, g: GridFacts) -> dict:
 
 def tensor_maps(cfg: KernelConfig, o_rows: int) -> dict:
     """The four TMA maps: Q/O 5-D over (D, heads of a tile, head groups, Sq, B), K/V 4-D (a paged
-    cache: one box per page, or per 128-key block). The Q box is one block_m-row tile, the O box
+    cache: one box per page, or per K/V block of block_n keys). The Q box is one block_m-row tile, the O box
     o_rows rows (a whole tile, or the 64 rows one sm_90a consumer warpgroup stores); one panel's
     columns wide with its swizzle (plan.Panels: 64 columns, 128B; D = 96: 32 columns, 64B)."""
     p = cfg.gqa_pack
@@ -112,7 +112,7 @@ def smem_layout_section(layout) -> dict:
 
 def entry_params(pipe: Pipeline) -> tuple[tuple[str, str], ...]:
     """The entry's parameters (plan.abi_params) of pipe's kernel: a dense kernel whose pipeline has no
-    O staging (sm_90a (192, 128), ir/sm90.sm90_o_staged) stores O from the registers through o_ptr."""
+    O staging (sm_90a (192, 128) and (256, 256), ir/sm90.sm90_o_staged) stores O from the registers through o_ptr."""
     return abi_params(pipe.config, o_from_registers=all(r.name != "O_smem" for r in pipe.regions))
 
 

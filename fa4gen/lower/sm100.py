@@ -222,10 +222,11 @@ class _RoleEmitter(Walker):
         if cfg.window:
             load, win = self.window_regs()
             blocks = load + block_info_ptx(causal=cfg.causal, rows=unit, m="%mpair", sq="%sq", skv="%skv",
-                                           tmp="%tmp0", n="%n", split=split, window=win, lo=self.r("b32", "nlo"))
+                                           tmp="%tmp0", n="%n", split=split, window=win, lo=self.r("b32", "nlo"),
+                                           block_n=cfg.block_n)
         else:
             blocks = block_info_ptx(causal=cfg.causal, rows=unit, m="%mpair", sq="%sq", skv="%skv", tmp="%tmp0",
-                                    n="%n", split=split)
+                                    n="%n", split=split, block_n=cfg.block_n)
         self.emit("task_begin", head=head, done=done, causal=cfg.causal, sqt=cfg.seq_q_per_tile,
                   varlen=cfg.varlen, unit_rows=unit, unit_shift=unit.bit_length() - 1, uid=self.p,
                   blocks=blocks, **({"kvcache": True} if cfg.kvcache else {}))
@@ -264,11 +265,11 @@ class _RoleEmitter(Walker):
                                                    begin=self.r("b32", "cbegin"), window=win)
                 nunm = block_info_ptx(causal=cfg.causal, rows=cfg.seq_q_per_tile, m="%tmp1", sq="%sq", skv="%skv",
                                       tmp="%tmp0", n_unmasked="%nunm", unmasked_lo=self.r("b32", "unmlo"),
-                                      window=win)
+                                      window=win, block_n=cfg.block_n)
             else:
                 limits = key_limits_ptx(causal=cfg.causal, q="%seq", sq="%sq", skv="%skv", end="%climit")
                 nunm = block_info_ptx(causal=cfg.causal, rows=cfg.seq_q_per_tile, m="%tmp1", sq="%sq", skv="%skv",
-                                      tmp="%tmp1", n_unmasked="%nunm")
+                                      tmp="%tmp1", n_unmasked="%nunm", block_n=cfg.block_n)
             self.emit("softmax_task_setup", tile=role.qtile, limits=limits, sqt=cfg.seq_q_per_tile, nunm=nunm,
                       capin=self.r("f32", "capin") if cfg.softcap else None,
                       log2_p=cfg.gqa_pack.bit_length() - 1, p=cfg.gqa_pack, neg_inf=NEG_INF, zero=ZERO,

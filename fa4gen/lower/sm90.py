@@ -30,7 +30,7 @@ from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Compute, Cond, Ex
                        TmaLoad, TmaStore, TmaStoreWait, Wait, instantiate, walk_ops)
 from ..ir.sm90 import build_sm90_pipeline
 from ..spec.encodings import DescArch, SmemMatrixDesc
-from ..spec.plan import (ARCH_LIMITS, block_info_ptx, MASK_AS_WORDS, MASK_WORD_BITS, ROWS, SM90_REGS,
+from ..spec.plan import (ARCH_LIMITS, block_info_ptx, block_n, MASK_AS_WORDS, MASK_WORD_BITS, SM90_REGS,
                          WINDOW_UNBOUNDED, combine_context, key_limits_ptx, kv_box_rows,
                          later_blocks_need_mask, mask_words, qk_panels, sm90_consumers, vo_panels)
 from .manifest import ENTRY, GridFacts, entry_params, manifest
@@ -193,7 +193,7 @@ class Sm90Walker(Walker):
                   # the descriptors' address-independent bits (start 0): the kernel adds each operand's address
                   desc_k_major=hex(SmemMatrixDesc.k_major(DescArch.SM90A, 0, qk.swizzle).encode()),
                   desc_v=hex(SmemMatrixDesc.mn_major(DescArch.SM90A, 0, vo.swizzle,
-                                                     panel_stride=vo.bytes(ROWS)).encode()))
+                                                     panel_stride=vo.bytes(block_n(cfg))).encode()))
 
     def task_begin(self, head: str, done: str) -> None:
         cfg = self.cfg
@@ -207,7 +207,7 @@ class Sm90Walker(Walker):
                                 split=("%split", "%nsplit", "%nlo", "%tmp1" if window else "%tmp0")
                                 if cfg.kvcache else None, window=window,
                                 lo="%nlo" if window else None,
-                                unmasked_lo=self.r("b32", "unlo") if window else None)
+                                unmasked_lo=self.r("b32", "unlo") if window else None, block_n=block_n(cfg))
         # per row: the first invisible key (and with a window the first visible one), minus this
         # thread's column base 2 (lane % 4): the element mask's limits (plan.key_limits_ptx)
         limits = []
@@ -292,7 +292,8 @@ class Sm90Walker(Walker):
         cfg = self.cfg
         dt = {"bf16": "bf16", "fp16": "f16"}[cfg.dtype]
         qk, vo = qk_panels(cfg), vo_panels(cfg)
-        q_half, half, kpp = qk.bytes(cfg.block_m), qk.bytes(ROWS), qk.k_steps
+        bn = block_n(cfg)  # keys per K/V block: QK^T's N, PV's K
+        q_half, half, kpp = qk.bytes(cfg.block_m), qk.bytes(bn), qk.k_steps
         if op.kind == "qk":
             self.s_block = op.block
             pa, da = self.slot_desc("Q", op.a_slot, "%dq")
@@ -302,13 +303,13 @@ class Sm90Walker(Walker):
             steps = [{"a": (k // kpp) * (q_half >> 4) + (k % kpp) * 2, "b": (k // kpp) * (half >> 4) + (k % kpp) * 2,
                       "scale_d": "%p_false" if k == 0 else "%p_true"} for k in range(cfg.head_dim // 16)]
             self.what(f"S = Q[{self.slot_note(op.a_slot)}] x K[{self.slot_note(op.b_slot)}]^T (block "
-                      f"{self.block_note(op.block)}): wgmma m64n128k16, {len(steps)} k-steps")
-            self.emit("gemm_ss", pre=pre, inst=f"wgmma.mma_async.sync.aligned.m64n128k16.f32.{dt}.{dt}",
+                      f"{self.block_note(op.block)}): wgmma m64n{bn}k16, {len(steps)} k-steps")
+            self.emit("gemm_ss", pre=pre, inst=f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{dt}.{dt}",
                       d_regs=self.ctx.s_regs, a=da, b=db, steps=steps)
             return
         pre, dv = self.slot_desc("V", op.b_slot, "%dv0")
         p = self.ctx.p_regs
-        steps = [{"b": (16 * vo.row_bytes * j) >> 4, "a": p[4 * j:4 * j + 4]} for j in range(ROWS // 16)]  # 16 key rows
+        steps = [{"b": (16 * vo.row_bytes * j) >> 4, "a": p[4 * j:4 * j + 4]} for j in range(bn // 16)]  # 16 key rows
         # O is zeroed at the task's start, so accumulating on the first PV equals not accumulating
         self.what(f"O += P x V[{self.slot_note(op.b_slot)}] (block {self.block_note(op.block)}): wgmma "
                   f"m64n{cfg.head_dim_v}k16, P from registers")
@@ -320,7 +321,7 @@ class Sm90Walker(Walker):
         rows = kv_box_rows(cfg)
         self.page_block = op.block
         self.what(f"page-table entries of K/V block {self.block_note(op.block)}")
-        self.emit("page_entries", pre=self.block_reg(op.block, "%tmp4"), boxes=[i * rows for i in range(ROWS // rows)],
+        self.emit("page_entries", pre=self.block_reg(op.block, "%tmp4"), boxes=[i * rows for i in range(block_n(cfg) // rows)],
                   log2_page=cfg.page_size.bit_length() - 1)
 
     def op_TmaLoad(self, op: TmaLoad) -> None:
@@ -335,14 +336,14 @@ class Sm90Walker(Walker):
                       boxes=[{"c0": h * qk.panel_cols, "off": off + h * qk.bytes(cfg.block_m)} for h in range(qk.count)])
             return
         pn = qk_panels(cfg) if op.tensor == "k" else vo_panels(cfg)  # K: D columns, V: DV
-        half = pn.bytes(ROWS)
+        half = pn.bytes(block_n(cfg))  # the step between a K/V tile's panels
         pre = pre + self.block_reg(op.block, "%tmp4")
         if cfg.page_size:
             if self.page_block is not op.block:
                 raise self.Error(f"{self.p}: paged TmaLoad of block {op.block.value} without its PageLookup")
             rows = kv_box_rows(cfg)
             boxes = [{"c0": h * pn.panel_cols, "off": off + h * half + i * rows * pn.row_bytes, "pg": f"%pg{i}"}
-                     for i in range(ROWS // rows) for h in range(pn.count)]
+                     for i in range(block_n(cfg) // rows) for h in range(pn.count)]
         else:
             boxes = [{"c0": h * pn.panel_cols, "off": off + h * half} for h in range(pn.count)]
         self.emit("tma_load_kv", pre=pre + bpre, mbar=mbar, tmap=f"%tm{op.tensor}", boxes=boxes,
@@ -488,14 +489,15 @@ class Sm90Ctx(WalkCtx):
             self.reg("b32", "%nlo")
         if "O_smem" not in layout.regions and not (cfg.varlen or cfg.kvcache):  # (theirs declare it already)
             self.reg("b64", "%vop")  # o_ptr: a dense kernel storing O from the registers
-        self.s_regs = [f"%s{i}" for i in range(ROWS // 2)]  # m64n128 f32 accumulator: 64 per thread
+        bn = block_n(cfg)  # keys per K/V block
+        self.s_regs = [f"%s{i}" for i in range(bn // 2)]  # m64n<bn> f32 accumulator: bn / 2 per thread
         self.o_regs = [f"%o{i}" for i in range(DV // 2)]
-        self.p_regs = [f"%pk{i}" for i in range(ROWS // 4)]  # 8 k16 steps x 4 .b32 A fragments
+        self.p_regs = [f"%pk{i}" for i in range(bn // 4)]  # bn / 16 k16 steps x 4 .b32 A fragments
         # wgmma accumulator fragment (PTX ISA 9.7.15.5.1): register i holds row lane/4 + 8*((i>>1)&1)
         # of the warp's 16 and column 8*(i>>2) + 2*(lane%4) + (i&1); the A fragment of k16 step j is
         # accumulator registers 8j..8j+7 paired in order (cvt packs its first source in the upper half).
         s, p = self.s_regs, self.p_regs
-        self.p_pack = [(p[4 * j + t], s[8 * j + 2 * t + 1], s[8 * j + 2 * t]) for j in range(8) for t in range(4)]
+        self.p_pack = [(p[4 * j + t], s[8 * j + 2 * t + 1], s[8 * j + 2 * t]) for j in range(bn // 16) for t in range(4)]
         self.o_rescale = [(reg, f"%acc{(i >> 1) & 1}") for i, reg in enumerate(self.o_regs)]
         rows, self.n_mask_words = [], 0
         for r in range(2):
@@ -586,6 +588,7 @@ def lower_sm90(pipe: Pipeline) -> dict:
         "sqt": cfg.seq_q_per_tile, "log2_P": P.bit_length() - 1, "log2_sqt": cfg.seq_q_per_tile.bit_length() - 1,
         "kv_stages": pipe.barrier("k_full").slots,
         "box_rows": kv_box_rows(cfg), "log2_page": cfg.page_size.bit_length() - 1,
+        "block_n": block_n(cfg), "log2_bn": block_n(cfg).bit_length() - 1,
         "inits": inits,
         "decls": ctx.decls(),
         "roles": roles,

@@ -25,8 +25,8 @@ def attention(q, k, v, causal: bool = False, softmax_scale: float | None = None,
     """Attention forward, flash-attn layout: softmax(q kᵀ * softmax_scale) v per (batch, head).
 
     q: (B, Sq, Hq, D); k: (B, Skv, Hkv, D), v: (B, Skv, Hkv, DV); float16 or bfloat16, all the same, on one
-    CUDA device of compute capability 9.0 (H100/H200). (D, DV) is (64, 64), (96, 96), (128, 128) or (192, 128)
-    (DeepSeek-V3's; spec.config.HEAD_DIM_PAIRS). Hq must be a multiple of Hkv, any ratio
+    CUDA device of compute capability 9.0 (H100/H200). (D, DV) is (64, 64), (96, 96), (128, 128), (192, 128)
+    (DeepSeek-V3's) or (256, 256) (spec.config.HEAD_DIM_PAIRS). Hq must be a multiple of Hkv, any ratio
     G = Hq/Hkv (GQA/MQA: query head h reads kv head h // G; a ratio dividing 128 packs G heads per
     128-row Q tile, any other ratio runs one head per tile, fa4gen.spec.tiles.gqa_pack). softmax_scale defaults to
     1/sqrt(D). causal=True masks bottom-right aligned: query i sees keys j <= i + Skv - Sq, so with

@@ -201,6 +201,16 @@ def manifest_tile_rows(manifest: dict) -> int:
     return rows
 
 
+def manifest_block_n(manifest: dict) -> int:
+    """Keys per K/V block of the kernel (its config's block_n, plan.block_n: 128, or 64 for sm_90a D = 256)."""
+    from ..spec.tiles import ROWS, SM90_KV_BLOCK
+
+    n, known = int(manifest["config"].get("block_n") or ROWS), sorted({ROWS, *SM90_KV_BLOCK.values()})
+    if n not in known:
+        raise RuntimeSetupError(f"the manifest's K/V blocks have {n} keys: this runtime knows {known}")
+    return n
+
+
 @dataclass(frozen=True)
 class LaunchGeometry:
     """What one launch covers: (batch, head group) pairs x m_blocks of block_m / pack positions."""
@@ -338,6 +348,7 @@ class Kernel:
         self.l2_bytes = l2_bytes
         self.device = device
         self._cfg = manifest["config"]
+        self.block_n = manifest_block_n(manifest)
         self._maps_cache: dict = {}
         self._l2_cache: dict = {}
         params = tuple(manifest["params"])
@@ -442,7 +453,7 @@ class Kernel:
                 l2_bytes=self.l2_bytes, batch=batch, num_heads_kv=num_heads_kv * geo.head_groups, seqlen_q=seqlen_q,
                 seqlen_k=seqlen_k, head_dim=head_dim, elem_bytes=elem_bytes, m_count=m_count,
                 nctas=max(self.grid(geo.num_tasks), 1), seq_q_per_tile=geo.rows_per_tile,
-                tiles_per_task=per_task)
+                tiles_per_task=per_task, block_n=self.block_n)
         return _memoised(self._l2_cache, (batch, num_heads_kv, seqlen_q, seqlen_k, head_dim, elem_bytes), 256, choose)
 
     def varlen(self, q, k, v, o, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, lse=None,
@@ -486,12 +497,12 @@ class Kernel:
     def kvcache_num_splits(self, batch: int, num_heads_kv: int, seqlen_q: int, kv_len: int) -> int:
         """num_splits = 0's choice (fa4gen.spec.schedule.choose_num_splits) for this device's SM count:
         kv_len is the longest sequence's keys when the caller knows it, else the cache capacity."""
-        from ..spec.plan import BLOCK_N, KVCACHE_MAX_SPLITS
+        from ..spec.plan import KVCACHE_MAX_SPLITS
         from ..spec.schedule import choose_num_splits
 
         return _memoised(self._l2_cache, ("splits", batch, num_heads_kv, seqlen_q, kv_len), 256,
                          lambda: choose_num_splits(self._geometry(batch, num_heads_kv, seqlen_q).num_tasks,
-                                                   -(-int(kv_len) // BLOCK_N), self.sm_count, KVCACHE_MAX_SPLITS))
+                                                   -(-int(kv_len) // self.block_n), self.sm_count, KVCACHE_MAX_SPLITS))
 
     def kvcache(self, q, k_cache, v_cache, o, cache_seqlens, page_table=None, num_splits: int = 1, lse=None,
                 softmax_scale: float | None = None, o_partial=None, lse_partial=None, mods=None, sink=None) -> None:

@@ -20,7 +20,7 @@ import operator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .tiles import gqa_pack, q_tile_rows_refusal
+from .tiles import ROWS, gqa_pack, kv_block_keys, q_tile_rows_refusal
 
 GENERATOR_VERSION = "0.1.0"
 
@@ -52,7 +52,7 @@ ARCHS = ("sm_100a", "sm_90a")
 # The one table KernelConfig, the API (runtime/validate.py), the CLI and prebuilt-kernel checks read.
 HEAD_DIM_PAIRS: dict[str, tuple[tuple[int, int], ...]] = {
     "sm_100a": ((64, 64), (128, 128)),
-    "sm_90a": ((64, 64), (96, 96), (128, 128), (192, 128)),
+    "sm_90a": ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256)),
 }
 HEAD_DIMS = tuple(sorted({d for pairs in HEAD_DIM_PAIRS.values() for d, _ in pairs}))  # every head_dim of some pair
 # Pairs the design of docs/HEAD_DIMS.md plans (D = 96 and 256, DeepSeek's (192, 128)) on a target that does not
@@ -84,8 +84,12 @@ def head_dim_refusal(arch: str, head_dim: int, head_dim_v: int) -> str | None:
     """Why `arch` does not generate this (head_dim, head_dim_v) pair (None when it does)."""
     if (head_dim, head_dim_v) in HEAD_DIM_PAIRS[arch]:
         return None
-    planned = " (planned: docs/HEAD_DIMS.md)" if (head_dim, head_dim_v) in HEAD_DIM_PLANNED else ""
-    return (f"(head_dim, head_dim_v) = ({head_dim}, {head_dim_v}) is not generated for {arch}{planned}; "
+    pair = (head_dim, head_dim_v)
+    elsewhere = [a for a in ARCHS if a != arch and pair in HEAD_DIM_PAIRS[a]]
+    notes = ([f"{' and '.join(elsewhere)} generates it"] if elsewhere else []) + (
+        ["planned here: docs/HEAD_DIMS.md" if elsewhere else "planned: docs/HEAD_DIMS.md"] if pair in HEAD_DIM_PLANNED else [])
+    noted = f" ({'; '.join(notes)})" if notes else ""
+    return (f"(head_dim, head_dim_v) = ({head_dim}, {head_dim_v}) is not generated for {arch}{noted}; "
             f"it generates {head_dim_pairs_text(arch)}")
 
 
@@ -137,7 +141,7 @@ class KernelConfig:
     gqa_ratio: int = 1
     dtype: str = "bf16"
     block_m: int = 128  # rows of one Q tile: 128, or 192 (sm_90a D = 64: three consumers; tiles.q_tile_rows)
-    block_n: int = 128  # keys per K/V block
+    block_n: int | None = None  # keys per K/V block; None: tiles.kv_block_keys (normalised to it)
     q_stages: int = 2  # Q tiles in flight per CTA task
     kv_stages: int = 3  # K/V SMEM ring depth
     rescale_threshold: float = 8.0
@@ -164,7 +168,7 @@ class KernelConfig:
             fix(name, str(v.value) if isinstance(v, enum.Enum) else str(v))
         for name in _INT_FIELDS:
             v = getattr(self, name)
-            if v is not None or name not in ("head_dim_v", "emu_pairs", "emu_start", "k_split"):
+            if v is not None or name not in ("head_dim_v", "block_n", "emu_pairs", "emu_start", "k_split"):
                 fix(name, _exact_int(name, v))
         for name in ("causal", "varlen", "kvcache", "window", "softcap", "sinks"):
             flag = getattr(self, name)
@@ -196,8 +200,12 @@ class KernelConfig:
         why = q_tile_rows_refusal(self.arch, self.head_dim, self.gqa_ratio, self.varlen, self.kvcache, self.block_m)
         if why:
             raise ConfigError("block_m", self.block_m, why)
-        if self.block_n != 128:
-            raise ConfigError("block_n", self.block_n, "128 (four 32-column TMEM fragments)")
+        keys = kv_block_keys(self.arch, self.head_dim)
+        if self.block_n is None:
+            fix("block_n", keys)
+        if self.block_n != keys:
+            raise ConfigError("block_n", self.block_n, f"{keys} on {self.arch} at head_dim {self.head_dim} "
+                                                       "(tiles.kv_block_keys)")
         if self.q_stages != 2:
             raise ConfigError("q_stages", self.q_stages, "2 (two Q tiles in flight per task)")
         if isinstance(self.kv_stages, bool) or not isinstance(self.kv_stages, int) or not KV_STAGES_MIN <= self.kv_stages <= KV_STAGES_MAX:
@@ -217,7 +225,7 @@ class KernelConfig:
             raise ConfigError("emu_start", start, "an integer in [0, 3] (first emulated 32-column fragment)")
         fix("emu_start", start)
         ks = K_SPLIT_DEFAULT[self.causal] if self.k_split is None else self.k_split
-        if isinstance(ks, bool) or not isinstance(ks, int) or ks % 32 or not 0 < ks < self.block_n:
+        if isinstance(ks, bool) or not isinstance(ks, int) or ks % 32 or not 0 < ks < ROWS:
             raise ConfigError("k_split", ks, "a multiple of 32 in (0, 128): P is stored in 32-column chunks")
         fix("k_split", ks)
         if self.kvcache and self.varlen:
@@ -306,7 +314,11 @@ class KernelConfig:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def replace(self, **changes) -> "KernelConfig":
-        """A copy with `changes`; head_dim_v follows a changed head_dim unless it differed or is given."""
+        """A copy with `changes`; head_dim_v follows a changed head_dim unless it differed or is given,
+        block_n a changed head_dim or arch unless given."""
         if "head_dim" in changes and "head_dim_v" not in changes and self.head_dim_v == self.head_dim:
             changes["head_dim_v"] = None
+        # block_n follows a changed target or head_dim (tiles.kv_block_keys) unless given
+        if ("head_dim" in changes or "arch" in changes) and "block_n" not in changes:
+            changes["block_n"] = None
         return dataclasses.replace(self, **changes)

@@ -74,7 +74,7 @@ ABI_PARAMS: tuple[tuple[str, str], ...] = (
     ("l2_group", ".param .u32 l2_group"),
 )
 # Appended for dense (not varlen, not KV-cache) kernels that store O from the registers (sm_90a
-# (192, 128): no O staging fits beside its rings, ir/sm90.sm90_o_staged; the Pipeline says which, and
+# (192, 128) and (256, 256): no O staging fits beside their rings, ir/sm90.sm90_o_staged; the Pipeline says which, and
 # lower/manifest.entry_params asks it): O (B, Sq, Hq, DV) contiguous, each thread writing its rows < Sq.
 DENSE_O_ABI_PARAMS: tuple[tuple[str, str], ...] = (("o_ptr", ".param .u64 o_ptr"),)
 # Appended for varlen kernels (KernelConfig.varlen; docs/ABI.md "Varlen"): sequence b's query rows
@@ -209,8 +209,8 @@ def param_buffer_layout(decls) -> tuple[str, tuple[int, ...]]:
 #   one fully masked block at its start when that is empty (BlockInfo below).
 # - paged key j of sequence b: page = page_table[b * stride + min(j / page_size, max_pages - 1)],
 #   then min(page as unsigned, num_pages - 1) (a negative or too large entry reads the last page, never
-#   outside the cache); row j % page_size of that page. A K/V block of 128 keys is 128 / min(page_size,
-#   128) TMA boxes of min(page_size, 128) rows.
+#   outside the cache); row j % page_size of that page. A K/V block of block_n keys is block_n /
+#   min(page_size, block_n) TMA boxes of min(page_size, block_n) rows (kv_box_rows).
 # - S > 1: each split writes its row's normalized O (fp32) and LSE (natural log, -inf when it saw no
 #   key) to o_partial / lse_partial at row r = (b * Sq + pos) * Hq + head; fa4_combine merges them:
 #   lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s (O = 0, LSE = -inf when every split is
@@ -246,9 +246,14 @@ def combine_context(cfg: KernelConfig) -> dict:
             "sinks": cfg.sinks}
 
 
+def block_n(cfg: KernelConfig) -> int:
+    """Keys per K/V block of the kernel (cfg.block_n, tiles.kv_block_keys: 128, sm_90a D = 256 64)."""
+    return cfg.block_n
+
+
 def kv_box_rows(cfg: KernelConfig) -> int:
-    """Rows of one K/V TMA box: a whole 128-key block, or one page when pages are smaller."""
-    return min(cfg.page_size, ROWS) if cfg.page_size else ROWS
+    """Rows of one K/V TMA box: a whole block_n-key block, or one page when pages are smaller."""
+    return min(cfg.page_size, block_n(cfg)) if cfg.page_size else block_n(cfg)
 
 
 def kvcache_num_tasks(batch: int, num_heads_kv: int, groups: int, num_m_blocks: int, num_splits: int) -> int:
@@ -302,13 +307,13 @@ def qo_map_dims(cfg: KernelConfig) -> list[str]:
 
 
 def tile_bytes(cfg: KernelConfig) -> int:
-    """One 128-row x head_dim tile of 16-bit elements: a K stage (a V stage when dv == d) and its TMA tx count."""
-    return ROWS * cfg.head_dim * cfg.elem_bytes
+    """One block_n-row x head_dim tile of 16-bit elements: a K stage (a V stage when dv == d) and its TMA tx count."""
+    return block_n(cfg) * cfg.head_dim * cfg.elem_bytes
 
 
 def v_tile_bytes(cfg: KernelConfig) -> int:
-    """One 128-row x head_dim_v tile: a V stage and its TMA tx count (tile_bytes when dv == d)."""
-    return ROWS * cfg.head_dim_v * cfg.elem_bytes
+    """One block_n-row x head_dim_v tile: a V stage and its TMA tx count (tile_bytes when dv == d)."""
+    return block_n(cfg) * cfg.head_dim_v * cfg.elem_bytes
 
 
 def q_tile_bytes(cfg: KernelConfig) -> int:
@@ -424,8 +429,16 @@ SM90_REGS = {2: (24, 240), 3: (24, 160)}
 
 
 # ---- K/V block ranges: the one definition (both targets' PTX, the reference, schedule, simulator) ----
-BLOCK_N = ROWS  # keys per K/V block (both targets)
-_BLOCK_SHIFT = BLOCK_N.bit_length() - 1
+# Blocks are block_n keys (plan.block_n(cfg), a power of two); BLOCK_N is the block of every kernel
+# but sm_90a D = 256 (tiles.kv_block_keys), the default of the functions below.
+BLOCK_N = ROWS
+
+
+def _block_shift(block_n: int) -> int:
+    """log2 of a block size: the block rules are shifts (and 32-bit mask words cover a block)."""
+    if block_n <= 0 or block_n & (block_n - 1) or block_n % MASK_WORD_BITS:
+        raise PlanError(f"K/V blocks of {block_n} keys: a power of two of at least {MASK_WORD_BITS} keys")
+    return block_n.bit_length() - 1
 
 
 def _lo_hi(x, lo, hi):
@@ -506,7 +519,7 @@ class BlockInfo:
     """The K/V blocks of one task: query positions [m * rows, (m + 1) * rows) (an m unit: sm_90a one
     Q tile of seq_q_per_tile positions, sm_100a a pair of them; the GQA packing is folded into
     seq_q_per_tile), seqlen_q, the visible keys seqlen_k (varlen: the sequence's; KV cache: k_len),
-    causal, and a KV-cache split s of S. Blocks are BLOCK_N keys; the kernels visit
+    causal, and a KV-cache split s of S. Blocks are block_n keys (plan.block_n); the kernels visit
     [lo, lo + n) in reverse order.
 
     - visible blocks [first, end): those holding a key some row of the unit sees (first = 0; the
@@ -517,7 +530,7 @@ class BlockInfo:
 
     A unit or split that sees no key (causal Sq > Skv above the diagonal, Skv = 0, a split past the
     last visible block) still runs ONE block, at lo, whose keys every row's mask hides (it is
-    >= n_unmasked, and its keys >= end * BLOCK_N lie past every row's key_end): row_max stays -inf,
+    >= n_unmasked, and its keys >= end * block_n lie past every row's key_end): row_max stays -inf,
     row_sum 0, so O = 0 and LSE = -inf come out of the ordinary epilogue. Why not n = 0 and skip:
     the verified pipeline IR of both targets runs its tasks with >= 1 block (verify.engine Scenario:
     the sm_100a roles' K/V loops are do-while loops with a peeled first block, and the S/P/O
@@ -544,9 +557,11 @@ class BlockInfo:
 
     @classmethod
     def of(cls, m: int, rows: int, seqlen_q: int, seqlen_k: int, causal: bool, split: int = 0,
-           num_splits: int = 1, window=None) -> "BlockInfo":
-        """window: (left, right) as window_sides gives them (None = unbounded), or None."""
-        m, rows, split, num_splits = int(m), int(rows), int(split), int(num_splits)
+           num_splits: int = 1, window=None, block_n: int = BLOCK_N) -> "BlockInfo":
+        """window: (left, right) as window_sides gives them (None = unbounded), or None; block_n: the
+        kernel's keys per block (plan.block_n)."""
+        m, rows, split, num_splits, bn = int(m), int(rows), int(split), int(num_splits), int(block_n)
+        _block_shift(bn)
         if rows <= 0 or m < 0 or num_splits < 1 or not 0 <= split < num_splits or seqlen_k < 0 or seqlen_q < 0:
             raise ValueError(f"BlockInfo.of(m={m}, rows={rows}, Sq={seqlen_q}, Skv={seqlen_k}, split {split} of {num_splits})")
         left, right = window if window is not None else (None, None)
@@ -557,11 +572,11 @@ class BlockInfo:
         full = _lo_hi(key_end(r0, seqlen_q, seqlen_k, causal, right), 0, seqlen_k)
         begin = _lo_hi(key_begin(r0, seqlen_q, seqlen_k, left), 0, seqlen_k)
         begin_last = _lo_hi(key_begin(r1, seqlen_q, seqlen_k, left), 0, seqlen_k)
-        end = -(-last // BLOCK_N)
-        first = min(begin // BLOCK_N, end)
+        end = -(-last // bn)
+        first = min(begin // bn, end)
         lo, hi = split_blocks(end - first, split, num_splits)
-        return cls(first=first, end=end, n_unmasked=full // BLOCK_N, lo=first + lo, n=max(hi - lo, 1),
-                   unmasked_lo=-(-begin_last // BLOCK_N))
+        return cls(first=first, end=end, n_unmasked=full // bn, lo=first + lo, n=max(hi - lo, 1),
+                   unmasked_lo=-(-begin_last // bn))
 
     @property
     def empty(self) -> bool:
@@ -587,10 +602,10 @@ def later_blocks_need_mask(causal: bool, window: bool) -> bool:
 def block_info_ptx(*, causal: bool, rows: int, m: str, sq: str, skv: str, tmp: str, n: str | None = None,
                    n_unmasked: str | None = None, split: tuple[str, str, str, str] | None = None,
                    window: tuple[str, str] | None = None, lo: str | None = None,
-                   unmasked_lo: str | None = None) -> list[tuple]:
+                   unmasked_lo: str | None = None, block_n: int = BLOCK_N) -> list[tuple]:
     """BlockInfo.of in PTX: the instructions, as (opcode, dst, src...) tuples the templates print,
-    that compute from registers m (the m unit), sq, skv (both <= 2^31 - 2 BLOCK_N: the causal limits
-    are signed 32-bit) what is asked for:
+    that compute from registers m (the m unit), sq, skv (both <= 2^31 - 2 block_n: the causal limits
+    are signed 32-bit) what is asked for, over blocks of block_n keys (plan.block_n):
     n_unmasked; n (unsplit: the blocks [0, n) run; split: the split's count, with split =
     (split reg, num_splits reg (>= 1), lo dst, tmp2) writing lo as well). `rows` is the unit's
     query positions (a constant). Only `tmp` (and tmp2) are clobbered; tmp may be m when only one
@@ -602,12 +617,12 @@ def block_info_ptx(*, causal: bool, rows: int, m: str, sq: str, skv: str, tmp: s
     unmasked_lo (a dst) the first block every row sees whole."""
     if window is not None:
         return _block_info_window_ptx(rows=rows, m=m, sq=sq, skv=skv, tmp=tmp, n=n, n_unmasked=n_unmasked,
-                                      split=split, window=window, lo=lo, unmasked_lo=unmasked_lo)
+                                      split=split, window=window, lo=lo, unmasked_lo=unmasked_lo, block_n=block_n)
     if lo is not None or unmasked_lo is not None:
         raise ValueError("lo / unmasked_lo are window outputs (without a window: lo = 0, unmasked_lo = 0)")
     if tmp == m and n and n_unmasked:
         raise ValueError("tmp may be m only when one of n / n_unmasked is computed")
-    rnd, sh = str(BLOCK_N - 1), str(_BLOCK_SHIFT)
+    rnd, sh = str(block_n - 1), str(_block_shift(block_n))
     ins: list[tuple] = []
     if n:  # key_end of the unit's last row clipped to [0, Skv] (unsplit: [1, Skv], n >= 1), rounded up
         floor = "0" if split else "1"
@@ -634,7 +649,8 @@ def block_info_ptx(*, causal: bool, rows: int, m: str, sq: str, skv: str, tmp: s
     return ins
 
 
-def _block_info_window_ptx(*, rows, m, sq, skv, tmp, n, n_unmasked, split, window, lo, unmasked_lo) -> list[tuple]:
+def _block_info_window_ptx(*, rows, m, sq, skv, tmp, n, n_unmasked, split, window, lo, unmasked_lo,
+                           block_n) -> list[tuple]:
     """block_info_ptx with a window: BlockInfo.of's formulas with key_begin / key_end of the sides."""
     wl, wr = window
     asked = [x for x in (n, n_unmasked, unmasked_lo) if x]
@@ -644,7 +660,7 @@ def _block_info_window_ptx(*, rows, m, sq, skv, tmp, n, n_unmasked, split, windo
         raise ValueError("a window's block count needs lo (the first block run)")
     if split and split[3] == tmp:
         raise ValueError("a window's split needs tmp2 != tmp (tmp holds the window's first block)")
-    rnd, sh = str(BLOCK_N - 1), str(_BLOCK_SHIFT)
+    rnd, sh = str(block_n - 1), str(_block_shift(block_n))
     right = [] if wr == "0" else [("add.s32", tmp, tmp, wr)]  # a causal window adds no right side
 
     def clip(lst):  # tmp in [0, Skv]

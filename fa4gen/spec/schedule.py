@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .plan import BlockInfo, split_blocks
+from .plan import BLOCK_N, BlockInfo, split_blocks
 
 __all__ = ["BALANCE_TOLERANCE", "BALANCE_TOLERANCE_UNSHARED", "L2_BUDGET_FRACTION", "L2Choice", "choose_l2_group",
            "clamp_l2_group", "cta_work", "l2_group_budget", "persistent_task", "task_coords", "task_tile",
@@ -105,14 +105,16 @@ def persistent_task(rnd, cta, nctas: int, causal: bool):
     return rnd * nctas + cta + (nctas - 1 - 2 * cta) * odd
 
 
-def tile_blocks(m_tile, seqlen_q: int, seqlen_k: int, seq_q_per_tile: int, causal: bool, window=None):
-    """K/V blocks a Q tile visits (plan.BlockInfo.n: the kernels' %nblk, >= 1; with a window,
-    (left, right) as plan.window_sides gives them, only the window's blocks). Ints or NumPy
-    arrays of m_tile (an array back)."""
+def tile_blocks(m_tile, seqlen_q: int, seqlen_k: int, seq_q_per_tile: int, causal: bool, window=None,
+                block_n: int = BLOCK_N):
+    """K/V blocks of block_n keys (plan.block_n) a Q tile visits (plan.BlockInfo.n: the kernels' %nblk,
+    >= 1; with a window, (left, right) as plan.window_sides gives them, only the window's blocks).
+    Ints or NumPy arrays of m_tile (an array back)."""
     if isinstance(m_tile, (int, np.integer)):
-        return BlockInfo.of(m_tile, seq_q_per_tile, seqlen_q, seqlen_k, causal, window=window).n
+        return BlockInfo.of(m_tile, seq_q_per_tile, seqlen_q, seqlen_k, causal, window=window, block_n=block_n).n
     m = np.asarray(m_tile, dtype=np.int64)
-    per = {v: BlockInfo.of(v, seq_q_per_tile, seqlen_q, seqlen_k, causal, window=window).n for v in np.unique(m).tolist()}
+    per = {v: BlockInfo.of(v, seq_q_per_tile, seqlen_q, seqlen_k, causal, window=window, block_n=block_n).n
+           for v in np.unique(m).tolist()}
     return np.vectorize(per.__getitem__, otypes=[np.int64])(m) if m.size else np.zeros(m.shape, np.int64)
 
 
@@ -123,7 +125,7 @@ def l2_group_budget(l2_bytes: int, seqlen_k: int, head_dim: int, elem_bytes: int
 
 
 def cta_work(l2_group: int, *, num_bh: int, m_count: int, nctas: int, seqlen_q: int, seqlen_k: int,
-             seq_q_per_tile: int, tiles_per_task: int = 1, window=None) -> np.ndarray:
+             seq_q_per_tile: int, tiles_per_task: int = 1, window=None, block_n: int = BLOCK_N) -> np.ndarray:
     """Per-CTA work of the causal persistent deal, in K/V blocks plus one per task for its Q load
     and epilogue: the model `choose_l2_group` balances. window: (left, right) sides (plan.window_sides;
     None = none): a tile's work is its window's blocks."""
@@ -132,7 +134,7 @@ def cta_work(l2_group: int, *, num_bh: int, m_count: int, nctas: int, seqlen_q: 
     m, _ = task_coords(t, num_bh, m_count, l2_group, True)
     cost = np.ones(ntasks, dtype=np.int64)
     for j in range(tiles_per_task):
-        cost += tile_blocks(tiles_per_task * m + j, seqlen_q, seqlen_k, seq_q_per_tile, True, window)
+        cost += tile_blocks(tiles_per_task * m + j, seqlen_q, seqlen_k, seq_q_per_tile, True, window, block_n)
     rnd, pos = t // nctas, t % nctas
     cta = pos + (nctas - 1 - 2 * pos) * (rnd % 2)  # inverse of persistent_task: the snake is its own inverse
     return np.bincount(cta, weights=cost, minlength=nctas)
@@ -147,7 +149,7 @@ class L2Choice:
 
 def choose_l2_group(*, causal: bool, persistent: bool, l2_bytes: int, batch: int, num_heads_kv: int,
                     seqlen_q: int, seqlen_k: int, head_dim: int, elem_bytes: int, m_count: int, nctas: int,
-                    seq_q_per_tile: int, tiles_per_task: int = 1, window=None) -> L2Choice:
+                    seq_q_per_tile: int, tiles_per_task: int = 1, window=None, block_n: int = BLOCK_N) -> L2Choice:
     """The `l2_group` launch parameter for one problem on one device.
 
     One-CTA-per-task grids take the budget as is (the hardware hands out CTAs as SMs free up, so
@@ -158,7 +160,7 @@ def choose_l2_group(*, causal: bool, persistent: bool, l2_bytes: int, batch: int
     (BALANCE_TOLERANCE, or BALANCE_TOLERANCE_UNSHARED when there are more pairs than half the
     CTAs); none qualifies -> one section (the unsectioned order). window: the sides (plan.window_sides)
     of a windowed launch: the balance counts each tile's window blocks (the L2 budget still counts a
-    pair's whole K/V).
+    pair's whole K/V). block_n: the kernel's keys per block (plan.block_n).
     """
     num_bh = batch * num_heads_kv
     if num_bh <= 0 or m_count <= 0:
@@ -171,7 +173,7 @@ def choose_l2_group(*, causal: bool, persistent: bool, l2_bytes: int, batch: int
     if not persistent:
         return L2Choice(budget, budget, "one CTA per task: sections of the budget")
     kw = dict(num_bh=num_bh, m_count=m_count, nctas=nctas, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-              seq_q_per_tile=seq_q_per_tile, tiles_per_task=tiles_per_task, window=window)
+              seq_q_per_tile=seq_q_per_tile, tiles_per_task=tiles_per_task, window=window, block_n=block_n)
     tolerance = BALANCE_TOLERANCE_UNSHARED if 2 * num_bh > nctas else BALANCE_TOLERANCE
     limit = cta_work(num_bh, **kw).max() * (1 + tolerance)
     step = nctas // math.gcd(nctas, m_count)  # sections of a multiple of `step` pairs are whole rounds

@@ -3,7 +3,7 @@ plan, the API and `fa4gen build` choose tiles with them. Imports nothing of fa4g
 """
 from __future__ import annotations
 
-ROWS = 128  # Q tile rows == K/V block keys == TMEM lanes (both targets)
+ROWS = 128  # Q tile rows == TMEM lanes (both targets) == K/V block keys (but sm_90a D = 256: kv_block_keys)
 
 
 class PlanError(ValueError):
@@ -69,6 +69,20 @@ def q_tile_rows_refusal(arch: str, head_dim: int, gqa_ratio: int, varlen: bool, 
         return (f"128 at GQA ratio {gqa_ratio}: a 192-row tile packs at most 64 heads (the packed heads of one "
                 f"position must sit in one consumer warpgroup's 64 rows)")
     return None
+
+
+# Keys per K/V block (KernelConfig.block_n, which every block rule reads: plan.BlockInfo and its PTX,
+# the masks, the K/V tiles and TMA boxes, the wgmma shapes, the schedules, the emulator's inputs).
+# 128 (ROWS) everywhere but sm_90a D = 256, where no 128-key ring fits SMEM (Q 64 KiB + 2 stages of
+# K and V, 64 KiB each, > 227 KiB) and the wgmma fragments of a 128-key block leave 16 of 240
+# registers: 64-key blocks, 1 Q slot, 2 stages, O from the registers (docs/HEAD_DIMS.md "sm_90a").
+# A power of two, so the block rules stay shifts and whole 32-bit mask words.
+SM90_KV_BLOCK = {256: 64}  # by head_dim
+
+
+def kv_block_keys(arch: str, head_dim: int) -> int:
+    """Keys per K/V block of a kernel (KernelConfig.block_n): SM90_KV_BLOCK on sm_90a, else ROWS."""
+    return SM90_KV_BLOCK.get(int(head_dim), ROWS) if arch == "sm_90a" else ROWS
 
 
 def head_groups(gqa_ratio: int) -> int:

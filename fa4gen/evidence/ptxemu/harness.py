@@ -17,8 +17,7 @@ import numpy as np
 
 from .. import reference
 from ...spec.encodings import TensorMapSpec
-from ...spec.plan import BLOCK_N
-from ...runtime.runtime import launch_geometry, manifest_gqa, manifest_tile_rows, tensor_map_geometry, varlen_num_tasks
+from ...runtime.runtime import launch_geometry, manifest_block_n, manifest_gqa, manifest_tile_rows, tensor_map_geometry, varlen_num_tasks
 from . import units
 from .kvcache import KvShape, KvUsageError, default_kv_shapes, run_kvcache_once  # noqa: F401 (KvShape re-exported)
 from .emulator import Emulator
@@ -139,6 +138,7 @@ def default_shapes(man: dict) -> list:
         return default_kv_shapes(man)
     g, pack = manifest_gqa(man)
     rows = manifest_tile_rows(man) // pack
+    bn = manifest_block_n(man)  # keys per K/V block
     per_task = int(man["grid"].get("tiles_per_task", 1))
     hkv = 2 if g <= 2 else 1
     causal = bool(cfg["causal"])
@@ -157,19 +157,19 @@ def default_shapes(man: dict) -> list:
         windowed = bool(cfg.get("window"))
         # the last sequence, one query over one whole block, is the tile whose first block runs unmasked
         return mods([VarShape((3, 0), (70, 5), g * hkv, hkv, with_lse=False),
-                     VarShape((long_q, 0, 40, 9, 70, 1), (450 if windowed else 200, 17, 0, 130, 30, BLOCK_N), g * hkv,
+                     VarShape((long_q, 0, 40, 9, 70, 1), (450 if windowed else 200, 17, 0, 130, 30, bn), g * hkv,
                               hkv),
                      VarShape((5, rows + 1, 0), (140, 129, 0), g * hkv, hkv, seqused_k=(3, 100, 0))],
                     [(5, 2), (400, 30), (20, 0)])
     sq = rows * per_task + rows // 2 + 3  # a second task whose tiles are partly / wholly past Sq
     # keys of the causal Sq < Skv shape: at least three blocks, so that a tile of packed GQA heads (few
     # positions per tile: short Sq) still runs the K/V loop, masked and unmasked
-    skv = max(sq + 70, 2 * BLOCK_N + 5)
+    skv = max(sq + 70, 2 * bn + 5)
     no_lse = Shape(1, 3, 70, g * hkv, hkv, with_lse=False)
     # the one shape without a key tail (Skv one block; Sq = 1, a tail): the first block a task runs is
     # unmasked only when the tile's first row sees every key of it, which a causal tile can do only
     # when that row is the last query row (a decode-like tile)
-    aligned = Shape(1, 1, BLOCK_N, g, 1)
+    aligned = Shape(1, 1, bn, g, 1)
     if cfg.get("window"):  # Sq > Skv: the first tiles' rows see no key (left window side 20 < Sq - Skv)
         shapes = [no_lse, Shape(1, sq, skv, g * hkv, hkv), Shape(1, rows * per_task + 150, 97, g, 1),
                   Shape(1, sq, 203, g * hkv, hkv)]

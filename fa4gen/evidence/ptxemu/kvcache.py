@@ -136,7 +136,9 @@ def default_kv_shapes(man: dict) -> list:
     its first split for both row groups, and every Q tile has a block it sees whole) and (0, 0) (one
     key per query). Softcaps 5, 30, 50, 30: the rescales run under 30 and 50, which the rescale row
     does not saturate (5 does: tanh far from linear on the first batch); sinks as
-    harness.default_shapes."""
+    harness.default_shapes. The block counts above are for 128-key blocks; a kernel of 64-key blocks
+    (sm_90a D = 256) cuts the same sequences into twice the blocks, and still reaches every basic block
+    (docs/HEAD_DIMS.md)."""
     g, pack = manifest_gqa(man)
     hkv = 2 if g <= 2 else 1
     cfg = man["config"]
