@@ -51,7 +51,7 @@ ARCHS = ("sm_100a", "sm_90a")
 # (head_dim, head_dim_v) pairs each target generates: q and k have head_dim columns, v and o head_dim_v.
 # The one table KernelConfig, the API (runtime/validate.py), the CLI and prebuilt-kernel checks read.
 HEAD_DIM_PAIRS: dict[str, tuple[tuple[int, int], ...]] = {
-    "sm_100a": ((64, 64), (128, 128)),
+    "sm_100a": ((64, 64), (96, 96), (128, 128)),
     "sm_90a": ((64, 64), (96, 96), (128, 128), (192, 128)),
 }
 HEAD_DIMS = tuple(sorted({d for pairs in HEAD_DIM_PAIRS.values() for d, _ in pairs}))  # every head_dim of some pair
