@@ -76,7 +76,7 @@ KV_STAGES_MIN, KV_STAGES_MAX = 2, 4  # the K/V ring depths a config may ask for
 
 
 def head_dim_pairs_text(arch: str) -> str:
-    """The pairs `arch` generates, as an error message names them: "(64, 64), (128, 128)"."""
+    """The pairs `arch` generates, as an error message names them: "(64, 64), (96, 96), (128, 128)"."""
     return ", ".join(f"({d}, {dv})" for d, dv in HEAD_DIM_PAIRS[arch])
 
 

@@ -18,8 +18,6 @@ from .config import KernelConfig
 from .encodings import TMEM_COLUMNS, Swizzle
 from .tiles import ROWS, PlanError, gqa_pack
 
-HALF_COLS = 64  # 16-bit elements per 128-byte swizzled row: one TMA box's inner extent, one SMEM panel
-
 
 @dataclass(frozen=True)
 class ArchLimits:
@@ -303,16 +301,6 @@ def v_tile_bytes(cfg: KernelConfig) -> int:
 def q_tile_bytes(cfg: KernelConfig) -> int:
     """One block_m-row x head_dim Q tile (a Q slot, its TMA tx count, the O staging)."""
     return cfg.block_m * cfg.head_dim * cfg.elem_bytes
-
-
-def q_panel_bytes(cfg: KernelConfig) -> int:
-    """One block_m-row x 64-column swizzled panel of a Q slot or the O staging."""
-    return cfg.block_m * HALF_COLS * cfg.elem_bytes
-
-
-def panel_bytes(cfg: KernelConfig) -> int:
-    """One 128-row x 64-column swizzled panel (16 KiB): the step between a tile's 64-column halves."""
-    return ROWS * HALF_COLS * cfg.elem_bytes
 
 
 @dataclass(frozen=True)
