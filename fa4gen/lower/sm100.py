@@ -847,12 +847,11 @@ def _desc_mn_major(pn: Panels) -> int:
 
 
 def _panel_swizzle(pn: Panels) -> dict:
-    """A panel's row swizzle as the templates spell it: 16-byte chunk c of row R at c ^ ((R >> sw_shift) & mask),
-    the address bits [4, 4 + b) XOR bits [7, 7 + b) of the 8-row pattern (128-byte rows: shift 0;
-    64-byte rows, two per 128 bytes: shift 1); shift = log2(chunks per row), rows row_bytes apart."""
+    """A panel's row swizzle as the templates spell it (plan.Panels.row_swizzle_shift): 16-byte chunk c of
+    row R at c ^ ((R >> sw_shift) & mask), rows row_bytes apart; shift = log2(chunks per row)."""
     chunks = pn.row_bytes // 16
     return {"row_bytes": pn.row_bytes, "mask": chunks - 1, "shift": chunks.bit_length() - 1,
-            "sw_shift": (128 // pn.row_bytes).bit_length() - 1}
+            "sw_shift": pn.row_swizzle_shift}
 
 
 def lower_sm100(pipe: Pipeline) -> dict:

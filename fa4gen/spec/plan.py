@@ -333,6 +333,13 @@ class Panels:
         return rows * self.row_bytes
 
     @property
+    def row_swizzle_shift(self) -> int:
+        """The swizzle as a function of a panel's row R: 16-byte chunk c sits at chunk
+        c ^ ((R >> shift) % (row_bytes / 16)), the address bits [4, 4 + b) XOR bits [7, 7 + b) of the
+        8-row pattern: 128-byte rows (128B) shift 0, 64-byte rows (64B: two rows per 128 bytes) shift 1."""
+        return (128 // self.row_bytes).bit_length() - 1
+
+    @property
     def k_steps(self) -> int:
         """k16 wgmma steps inside one panel row (K-major: each advances 32 bytes along the row)."""
         return self.row_bytes // 32
