@@ -159,7 +159,7 @@ def test_head_dim_pairs_not_generated_are_refused_naming_the_generated_ones(arch
     err = _one_line_error(CliRunner().invoke(main, ["build", "--arch", arch, "--head-dim", arg]))
     d, _, dv = arg.partition(",")
     assert err.startswith(f"fa4gen: error: invalid {field}=")
-    pairs = {"sm_100a": "(64, 64), (128, 128)", "sm_90a": "(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)"}[arch]
+    pairs = {"sm_100a": "(64, 64), (96, 96), (128, 128)", "sm_90a": "(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)"}[arch]
     assert f"({d}, {dv or d}) is not generated for {arch}" in err and err.endswith(f"it generates {pairs}")
 
 

@@ -14,7 +14,7 @@ from fa4gen.spec.config import ConfigError, KernelConfig
 BAD_VALUES = [
     ("arch", "sm_80"),
     ("arch", "sm_100"),
-    ("head_dim", 96),
+    ("head_dim", 80),
     ("head_dim", 256),
     ("head_dim", True),
     ("head_dim_v", 64),  # with the default head_dim 128: (128, 64) is no pair fa4gen generates
@@ -176,7 +176,7 @@ def test_from_dict_unknown_field():
 
 def test_from_dict_validates():
     d = KernelConfig().to_dict()
-    d["head_dim"] = 96
+    d["head_dim"] = 80
     with pytest.raises(ConfigError, match="head_dim"):
         KernelConfig.from_dict(d)
 
@@ -224,22 +224,22 @@ def test_head_dim_v_defaults_to_head_dim_and_changes_nothing_for_dv_equal_d():
 @pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])
 @pytest.mark.parametrize("kwargs,field", [({"head_dim": 192, "head_dim_v": 128}, {"sm_100a": "head_dim"}),
                                           ({"head_dim": 192}, {"sm_100a": "head_dim", "sm_90a": "head_dim_v"}),
-                                          ({"head_dim": 256}, {"sm_100a": "head_dim"}), ({"head_dim": 96}, {"sm_100a": "head_dim"}),
+                                          ({"head_dim": 256}, {"sm_100a": "head_dim"}), ({"head_dim": 96}, {}),
                                           ({"head_dim": 128, "head_dim_v": 64}, "head_dim_v"),
                                           ({"head_dim": 64, "head_dim_v": 128}, "head_dim_v")])
 def test_unsupported_head_dim_pairs_name_the_supported_ones(arch, kwargs, field):
     """The field blamed is head_dim when no generated pair has it (sm_90a's (192, 128) makes 192 a
-    head_dim there; sm_90a generates 96 and 256); the message names the arch's pairs, the target that
-    generates the pair if another does, and says where a pair is planned."""
+    head_dim there; sm_90a generates 256, both generate 96); the message names the arch's pairs, the target
+    that generates the pair if another does, and says where a pair is planned."""
     pair = (kwargs["head_dim"], kwargs.get("head_dim_v", kwargs["head_dim"]))
     if isinstance(field, dict) and arch not in field:
-        assert KernelConfig(arch=arch, **kwargs).head_dims == pair  # sm_90a generates (192, 128), (96, 96), (256, 256)
+        assert KernelConfig(arch=arch, **kwargs).head_dims == pair  # sm_90a generates (192, 128), (256, 256); both (96, 96)
         return
     with pytest.raises(ConfigError) as info:
         KernelConfig(arch=arch, **kwargs)
     assert info.value.field == (field[arch] if isinstance(field, dict) else field)
     msg = str(info.value)
-    pairs = {"sm_100a": "(64, 64), (128, 128)", "sm_90a": "(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)"}[arch]
+    pairs = {"sm_100a": "(64, 64), (96, 96), (128, 128)", "sm_90a": "(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)"}[arch]
     assert config_module.head_dim_pairs_text(arch) == pairs and pairs in msg
     assert f"= {pair}" in msg and arch in msg
     assert ("sm_90a generates it" in msg) == (pair in config_module.HEAD_DIM_PAIRS["sm_90a"])
@@ -258,13 +258,13 @@ def test_head_dim_v_is_in_the_dict_name_and_hash_only_where_it_differs():
 
 
 def test_a_planned_head_dim_pair_builds_ir_but_no_lowering_emits_it():
-    """sm_100a plans D = 96 (sm_90a generates it): its IR builds, its lowering refuses it."""
+    """sm_100a plans (192, 128) (sm_90a generates it): its IR builds, its lowering refuses it."""
     from fa4gen.ir import build_pipeline
     from fa4gen.lower.sm100 import Sm100LoweringError, lower_sm100
 
     with config_module.planning_head_dims():
-        pipe = build_pipeline(KernelConfig(arch="sm_100a", head_dim=96))
-    with pytest.raises(Sm100LoweringError, match=r"\(96, 96\) is not generated .* no lowering emits it"):
+        pipe = build_pipeline(KernelConfig(arch="sm_100a", head_dim=192, head_dim_v=128))
+    with pytest.raises(Sm100LoweringError, match=r"\(192, 128\) is not generated .* no lowering emits it"):
         lower_sm100(pipe)
 
 

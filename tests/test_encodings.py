@@ -52,7 +52,7 @@ def test_idesc_f16_references():
     (dict(b_major=Major.MN), 1 << 16),
     (dict(sparse=True), 1 << 2),
     (dict(sparse=True, sparsity_selector=3), (1 << 2) | 0b11),
-    (dict(n=136), (16 ^ 17) << 17),  # N>>3: 16 -> 17
+    (dict(n=144), (16 ^ 18) << 17),  # N>>3: 16 -> 18
     (dict(m=64), (8 ^ 4) << 24),  # M>>4: 8 -> 4
     (dict(a_type=MmaType.F16, b_type=MmaType.F16), (1 << 7) | (1 << 10)),
 ])
@@ -72,9 +72,11 @@ def test_idesc_max_shift_bits_30_31():
 
 
 @pytest.mark.parametrize("kw, words", [
-    (dict(m=128, n=100), "N in 8..256 step 8"),
+    (dict(m=128, n=100), "N in 16..256 step 16"),
+    (dict(m=128, n=136), "N in 16..256 step 16"),  # a multiple of 8 is M = 64's step, not M = 128's
+    (dict(m=64, n=100), "N in 8..256 step 8"),
     (dict(m=256, n=128), "cta_group::1"),
-    (dict(m=128, n=264), "N in 8..256"),
+    (dict(m=128, n=264), "N in 16..256"),
     (dict(m=128, n=8, cta_group=2), "cta_group::2"),
     (dict(m=128, n=128, d_type=AccumType.F16), "bf16 inputs accumulate in f32"),
     (dict(m=128, n=128, a_type=MmaType.F16), "atype == btype"),
@@ -109,7 +111,7 @@ def test_idesc_decode_reference():
 
 _valid_idesc = st.one_of(
     st.builds(lambda m, n8, t, acc, am, bm, na, nb, sp, sel: TcgenInstrDesc(
-        m=m, n=8 * n8, a_type=t, b_type=t, d_type=AccumType.F32 if t == MmaType.BF16 else acc,
+        m=m, n=8 * n8 if m == 64 else 16 * ((n8 + 1) // 2), a_type=t, b_type=t, d_type=AccumType.F32 if t == MmaType.BF16 else acc,
         a_major=am, b_major=bm, negate_a=na, negate_b=nb, sparse=sp, sparsity_selector=sel if sp else 0),
         st.sampled_from([64, 128]), st.integers(1, 32), st.sampled_from(list(MmaType)),
         st.sampled_from(list(AccumType)), st.sampled_from(list(Major)), st.sampled_from(list(Major)),

@@ -374,27 +374,40 @@ def test_tma_swizzle_is_the_isa_chunk_pattern(swizzle):
             assert addr[r, 8 * c] == want and addr[r, 8 * c + 7] == want + 14
 
 
-def test_k_major_64b_descriptor_k_steps_read_the_d96_tile():
+# The 64B swizzle mode's code in each descriptor format, as the PTX ISA's tables give it: the wgmma
+# matrix descriptor's bits 62-63 (2 = 64B) and the tcgen05 shared memory descriptor's bits 61-63
+# (0 none, 1 128B with 32B atoms, 2 128B, 4 64B, 6 32B: 4 = 64B).
+SWIZZLE_64B_FIELD = {"sm_90a": (62, 2), "sm_100a": (61, 4)}
+
+
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])
+def test_k_major_64b_descriptor_k_steps_read_the_d96_tile(arch):
     """D = 96: three 32-column panels with 64B swizzle; k16 step k reads panel k // 2, 32 bytes further
-    along its rows per step (lower/sm90's QK^T steps), through SmemMatrixDesc.k_major (SBO 512)."""
+    along its rows per step (the QK^T steps of both lowerings), through SmemMatrixDesc.k_major (SBO 512),
+    whose swizzle field holds the ISA's 64B code of its format."""
     base, rows = 4096, 128
     tile = _tma_tile(rows, 96, base, Swizzle.B64)
+    lo, code = SWIZZLE_64B_FIELD[arch]
     for k0 in range(0, 96, 16):
         panel, within = divmod(k0, 32)
-        d = units.decode_desc(SmemMatrixDesc.k_major("sm_90a", base + panel * rows * 64 + within * 2,
-                                                     Swizzle.B64).encode(), "sm_90a")
+        value = SmemMatrixDesc.k_major(arch, base + panel * rows * 64 + within * 2, Swizzle.B64).encode()
+        assert value >> lo == code
+        d = units.decode_desc(value, arch)
         assert (d.sbo, d.swizzle) == (512, Swizzle.B64)
         assert np.array_equal(units.operand_addresses(d, False, 128, 16, 2), tile[:, k0:k0 + 16])
 
 
-def test_mn_major_64b_descriptor_reads_v96_with_its_panel_stride():
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])
+def test_mn_major_64b_descriptor_reads_v96_with_its_panel_stride(arch):
     """D = 96's V (keys x 96, three 32-column 64B panels): one MN-major descriptor spans N = 96 through
     LBO = the panel stride, and k16 step j starts 16 key rows (1024 bytes) further."""
     base = 8192
     v = _tma_tile(128, 96, base, Swizzle.B64)
+    lo, code = SWIZZLE_64B_FIELD[arch]
     for k0 in range(0, 128, 16):
-        d = units.decode_desc(SmemMatrixDesc.mn_major("sm_90a", base + k0 * 64, Swizzle.B64,
-                                                      panel_stride=128 * 64).encode(), "sm_90a")
+        value = SmemMatrixDesc.mn_major(arch, base + k0 * 64, Swizzle.B64, panel_stride=128 * 64).encode()
+        assert value >> lo == code
+        d = units.decode_desc(value, arch)
         got = units.operand_addresses(d, True, 96, 16, 2)  # [n = d, k = key]
         assert np.array_equal(got, v[k0:k0 + 16, :].T)
         wrong = units.operand_addresses(units.MatDesc(d.start, d.lbo, d.sbo, 0, Swizzle.B128), True, 96, 16, 2)

@@ -216,6 +216,19 @@ def test_default_shapes_of_flagged_variants_hold_the_adversarial_inputs():
     assert {s.mods.softcap for s in kv} == set(cases.SOFTCAPS)
 
 
+@pytest.mark.parametrize("arch,per_task", [("sm_100a", 2), ("sm_90a", 1)])
+def test_default_dense_shapes_rescale_o_under_a_cap_that_does_not_saturate(arch, per_task):
+    """A non-causal softcap kernel's default shapes: the one launch of more than one K/V block (the
+    only one whose O rescales) takes a softcap that keeps the rescale row's scores apart, not the
+    saturating 5 (under which the correction's rescale blocks went unreached); all three caps still run."""
+    man = {"config": KernelConfig(arch=arch, head_dim=64, softcap=True).to_dict(),
+           "grid": {"tiles_per_task": per_task}}
+    shapes = default_shapes(man)
+    multi = [s for s in shapes if s.skv > 128]
+    assert len(multi) == 1 and multi[0].mods.softcap == 30.0
+    assert {s.mods.softcap for s in shapes} == set(cases.SOFTCAPS)
+
+
 def test_schedule_counts_the_window_blocks():
     from fa4gen.spec.schedule import cta_work, tile_blocks
     m = np.arange(16)

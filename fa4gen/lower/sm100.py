@@ -25,8 +25,8 @@ import struct
 
 from ..spec.plan import PTX_VERSION_FOR_ARCH
 from ..spec.config import GENERATOR_VERSION, KernelConfig
-from ..spec.plan import (ARCH_LIMITS, block_info_ptx, combine_context, kv_box_rows, HALF_COLS, MASK_AS_WORDS,
-                         MASK_WORD_BITS, ROWS, WINDOW_UNBOUNDED, mask_words, panel_bytes, key_limits_ptx)
+from ..spec.plan import (ARCH_LIMITS, block_info_ptx, combine_context, kv_box_rows, MASK_AS_WORDS, MASK_WORD_BITS,
+                         ROWS, WINDOW_UNBOUNDED, Panels, PlanError, mask_words, key_limits_ptx, qk_panels, vo_panels)
 from ..spec.encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, check_tmem_alloc
 from ..spec.exp2 import EXP2_POLY, FRAG_COLS, ROUND_MAGIC, emulated_mask
 from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, ExpectTx, FenceProxyAsync,
@@ -197,7 +197,7 @@ class _RoleEmitter(Walker):
                   srow=self.r("b32", "srow") if "sScale" in self.ctx.layout.regions and needs_row else None,
                   sscale=self.ctx.layout.region_offset("sScale") if "sScale" in self.ctx.layout.regions else 0,
                   orow=self.r("b32", "orow") if any(isinstance(op, SmemSt) and op.region == "O_smem"
-                                                    for op in ops) else None,
+                                                    for op in ops) else None, opn=_panel_swizzle(vo_panels(self.cfg)),
                   osmem=self.ctx.layout.region_offset("O_smem") if "O_smem" in self.ctx.layout.regions else 0)
         seen = set()
         for op in per_warp_named:
@@ -279,7 +279,9 @@ class _RoleEmitter(Walker):
     def op_TmaLoad(self, op: TmaLoad) -> None:
         cfg = self.cfg
         pre, base, off = self.smem_addr(op.dst, op.dst_slot, "%rdst")
-        half_bytes = panel_bytes(cfg)
+        # one box per panel (plan.Panels): Q and K have head_dim columns, V head_dim_v
+        pn = vo_panels(cfg) if op.tensor == "v" else qk_panels(cfg)
+        half_bytes = pn.bytes(cfg.block_m if op.tensor == "q" else ROWS)
         if op.tensor == "q":
             pre = pre + [("mad.lo.u32", "%c3", "%mpair", str(2 * cfg.seq_q_per_tile),
                           str(op.qtile * cfg.seq_q_per_tile)), ("mov.u32", "%c1", "0")]
@@ -305,10 +307,10 @@ class _RoleEmitter(Walker):
             raise Sm100LoweringError(f"TMA load of unknown tensor {op.tensor!r}")
         what = f"Q tile {op.qtile}" if op.tensor == "q" else f"{op.tensor.upper()} block {self.block_note(op.block)}"
         into, bar = f"{op.dst}[{self.slot_note(op.dst_slot)}]", self.bar_note(op.barrier, op.bar_slot)
-        boxes = [{"dst": f"{base}+{off + h * half_bytes}", "c0": h * HALF_COLS,
-                  "note": f"load {what} cols {h * HALF_COLS}-{(h + 1) * HALF_COLS - 1} into {into}, "
-                          f"complete_tx on {bar}"}
-                 for h in range(cfg.head_dim // HALF_COLS)]
+        w = pn.panel_cols
+        boxes = [{"dst": f"{base}+{off + h * half_bytes}", "c0": h * w,
+                  "note": f"load {what} cols {h * w}-{(h + 1) * w - 1} into {into}, complete_tx on {bar}"}
+                 for h in range(pn.count)]
         bpre, mbar = self.bar_addr(op.barrier, op.bar_slot)
         self.emit("tma_load", pre=pre + bpre, rank=rank, tmap=tmap, coords=coords, boxes=boxes, mbar=mbar,
                   skip=self.label("noel"))
@@ -357,17 +359,18 @@ class _RoleEmitter(Walker):
         row = self.r("b32", "prow")
         pre = pre + ([("and.b32", row, "%c2", str(cfg.page_size - 1))] if cfg.page_size > ROWS
                      else [("mov.u32", row, "0")])
-        half_bytes = panel_bytes(cfg)
+        pn = vo_panels(cfg) if op.tensor == "v" else qk_panels(cfg)
+        half_bytes, w = pn.bytes(ROWS), pn.panel_cols
         what = f"{op.tensor.upper()} block {self.block_note(op.block)}"
         into, bar = f"{op.dst}[{self.slot_note(op.dst_slot)}]", self.bar_note(op.barrier, op.bar_slot)
         bpre, mbar = self.bar_addr(op.barrier, op.bar_slot)
         boxes = []
         for i in range(ROWS // rows):
-            for h in range(cfg.head_dim // HALF_COLS):
-                boxes.append({"dst": f"{base}+{off + h * half_bytes + i * rows * 128}", "c0": h * HALF_COLS,
+            for h in range(pn.count):
+                boxes.append({"dst": f"{base}+{off + h * half_bytes + i * rows * pn.row_bytes}", "c0": h * w,
                               "coords": ["%c0", kvh, row, f"%pg{i}"],
-                              "note": f"load {what} keys {i * rows}-{(i + 1) * rows - 1} cols {h * HALF_COLS}-"
-                                      f"{(h + 1) * HALF_COLS - 1} into {into} from page %pg{i}, complete_tx on {bar}"})
+                              "note": f"load {what} keys {i * rows}-{(i + 1) * rows - 1} cols {h * w}-"
+                                      f"{(h + 1) * w - 1} into {into} from page %pg{i}, complete_tx on {bar}"})
         self.emit("tma_load", pre=pre + bpre, rank=4, tmap=tmap, coords=["%c0", kvh, row, "%pg0"], boxes=boxes,
                   mbar=mbar, skip=self.label("noel"))
 
@@ -382,13 +385,14 @@ class _RoleEmitter(Walker):
             raise Sm100LoweringError(f"{self.p}: TmaStore needs a depth-2, stride-1 state over O_smem "
                                      "(slot k holds Q tile k)")
         pre, base, off = self.smem_addr(op.src, op.src_slot, "%rsrc")
-        half_bytes = panel_bytes(cfg)
+        vo = vo_panels(cfg)
+        half_bytes, w = vo.bytes(cfg.block_m), vo.panel_cols
         pre = pre + [("mad.lo.u32", "%c3", "%mpair", str(2 * cfg.seq_q_per_tile),
                       str(qtile * cfg.seq_q_per_tile)), ("mov.u32", "%c1", "0")]
         src = f"{op.src}[{self.slot_note(op.src_slot)}]"
-        boxes = [{"src": f"{base}+{off + h * half_bytes}", "c0": h * HALF_COLS,
-                  "note": f"store O tile {qtile} cols {h * HALF_COLS}-{(h + 1) * HALF_COLS - 1} from {src}"}
-                 for h in range(cfg.head_dim // HALF_COLS)]
+        boxes = [{"src": f"{base}+{off + h * half_bytes}", "c0": h * w,
+                  "note": f"store O tile {qtile} cols {h * w}-{(h + 1) * w - 1} from {src}"}
+                 for h in range(vo.count)]
         self.emit("tma_store", pre=pre, tmap="%tmo", coords=["%c0", "%c1", "%hkv", "%c3", "%b"], boxes=boxes,
                   skip=self.label("noel"))
 
@@ -408,7 +412,10 @@ class _RoleEmitter(Walker):
         if op.src != "O_smem":
             raise Sm100LoweringError(f"{self.p}: StoreRows copies the O staging buffer, not {op.src}")
         nthreads = self.role.threads
-        cpr = cfg.head_dim * cfg.elem_bytes // 16  # 16-byte chunks per row
+        vo = vo_panels(cfg)
+        row_bytes = cfg.head_dim_v * cfg.elem_bytes
+        chunks = row_bytes // 16  # 16-byte chunks per row; cpr: rounded up to a power of two (D = 96: 12 of 16)
+        cpr = 1 << (chunks - 1).bit_length()
         if nthreads % cpr or ROWS % (nthreads // cpr):
             raise Sm100LoweringError(f"{self.p}: {nthreads} threads do not tile {ROWS} rows of {cpr} chunks")
         pre, base, off = self.smem_addr(op.src, op.src_slot, "%rsrc")
@@ -420,13 +427,18 @@ class _RoleEmitter(Walker):
         for n in ("vop", "vga"):
             self.r("b64", n)
         self.r("pred", "p_row")
+        if chunks < cpr:
+            self.r("pred", "p_vc")
         src = f"{op.src}[{self.slot_note(op.src_slot)}]"
+        idle = f" (lanes of chunks >= {chunks} idle)" if chunks < cpr else ""
         self.what(f"store O tile {qtile} from {src} to o_ptr: lane l copies 16-byte chunk l % {cpr} of rows "
-                  f"l / {cpr} + {nthreads // cpr} i, rows whose position < %sq only")
-        self.emit("store_rows", pre=pre, base="%rsrc", off=off, cpr=cpr, cpr_mask=cpr - 1,
-                  cpr_shift=cpr.bit_length() - 1, step=nthreads // cpr, panel=panel_bytes(cfg),
+                  f"l / {cpr} + {nthreads // cpr} i{idle}, rows whose position < %sq only")
+        self.emit("store_rows", pre=pre, base="%rsrc", off=off, cpr=cpr, cpr_mask=cpr - 1, chunks=chunks,
+                  cpr_shift=cpr.bit_length() - 1, step=nthreads // cpr, panel=vo.bytes(cfg.block_m),
+                  pn=_panel_swizzle(vo), row_bytes=row_bytes,
                   pos0=2 * cfg.seq_q_per_tile, pos_tile=qtile * cfg.seq_q_per_tile, p=p,
-                  log2_p=p.bit_length() - 1, g=cfg.gqa_ratio, row_shift=(cfg.head_dim * cfg.elem_bytes).bit_length() - 1,
+                  log2_p=p.bit_length() - 1, g=cfg.gqa_ratio,
+                  row_shift=row_bytes.bit_length() - 1 if row_bytes & (row_bytes - 1) == 0 else None,
                   loop=self.label("rows"), qtile=qtile)
 
     def op_StorePartial(self, op: StorePartial) -> None:
@@ -450,7 +462,7 @@ class _RoleEmitter(Walker):
         self.emit("store_partial", pos0=2 * cfg.seq_q_per_tile, pos_tile=op.qtile * cfg.seq_q_per_tile, p=p,
                   log2_p=p.bit_length() - 1, g=cfg.gqa_ratio, t2=self.r("b32", "kt2"), t3=self.r("b32", "kt3"),
                   addr=self.r("b64", "kop"),
-                  row_bytes=cfg.head_dim * 4,
+                  row_bytes=cfg.head_dim_v * 4,
                   stores=[{"off": 4 * c, "regs": [self.buf(op.src, c + j) for j in range(4)]}
                           for c in range(op.col_lo, op.col_hi, 4)])
 
@@ -459,7 +471,7 @@ class _RoleEmitter(Walker):
         d = pipe.region(op.d)
         if (op.k_hi - op.k_lo) % MMA_K or op.k_lo % MMA_K:
             raise Sm100LoweringError(f"{self.p}: MMA k range [{op.k_lo}, {op.k_hi}) is not in steps of {MMA_K}")
-        half_bytes = panel_bytes(cfg)
+        qk, vo = qk_panels(cfg), vo_panels(cfg)
         pre = []
         steps = []
         acc0 = self.accumulate(op, pre)
@@ -473,34 +485,39 @@ class _RoleEmitter(Walker):
             idesc = TcgenInstrDesc.for_dtype(cfg.dtype, ROWS, d.cols).encode()
             inote = _idesc_note(idesc)
             for i, k in enumerate(range(op.k_lo, op.k_hi, MMA_K)):
-                off = (k // HALF_COLS) * half_bytes + (k % HALF_COLS) * cfg.elem_bytes
-                steps.append({"a": off >> 4, "b": off >> 4, "acc": acc0 if i == 0 else "1",
-                              "note": f"k {k}-{k + MMA_K - 1} (+{off} B), {inote}"})
+                # k16 step k: panel k // panel_cols, k % panel_cols columns along its swizzled rows
+                h, inner = divmod(k, qk.panel_cols)
+                aoff_k = h * qk.bytes(cfg.block_m) + inner * cfg.elem_bytes
+                boff_k = h * qk.bytes(ROWS) + inner * cfg.elem_bytes
+                off = f"+{aoff_k} B" if aoff_k == boff_k else f"A +{aoff_k} B, B +{boff_k} B"
+                steps.append({"a": aoff_k >> 4, "b": boff_k >> 4, "acc": acc0 if i == 0 else "1",
+                              "note": f"k {k}-{k + MMA_K - 1} ({off}), {inote}"})
             qa, kb = f"{op.a}[{self.slot_note(op.a_slot)}]", f"{op.b}[{self.slot_note(op.b_slot)}]"
             self.what(f"{op.d} = {qa} x {kb}^T (QK: M {ROWS}, N {d.cols}, K {op.k_lo}-{op.k_hi - 1}, "
                       f"{self.acc_note(op, acc0)}) into TMEM cols {d.col}-{d.col_end - 1}")
-            self.emit("mma_ss", pre=pre, abase=abase, aoff=aoff, bbase=bbase, boff=boff, desc_hi=hex(_DESC_K_MAJOR),
+            kdesc = _desc_k_major(qk)
+            self.emit("mma_ss", pre=pre, abase=abase, aoff=aoff, bbase=bbase, boff=boff, desc_hi=hex(kdesc),
                       dcol=d.col, idesc=hex(idesc), steps=steps,
-                      adesc_note=f"A desc {qa} K-major: {_sdesc_note(_DESC_K_MAJOR)}, start = address >> 4",
-                      bdesc_note=f"B desc {kb} (K) K-major: {_sdesc_note(_DESC_K_MAJOR)}, start = address >> 4")
+                      adesc_note=f"A desc {qa} K-major: {_sdesc_note(kdesc)}, start = address >> 4",
+                      bdesc_note=f"B desc {kb} (K) K-major: {_sdesc_note(kdesc)}, start = address >> 4")
             return
         a, b = pipe.region(op.a), pipe.region(op.b)
         if a.space is not Space.TMEM or a.dtype != "f16" or b.space is not Space.SMEM:
             raise Sm100LoweringError("PV MMA takes P from a 16-bit TMEM region and V from SMEM")
         pb, bbase, boff = self.smem_addr(op.b, op.b_slot, "%rdb")
         pre += pb
-        idesc = TcgenInstrDesc.for_dtype(cfg.dtype, ROWS, cfg.head_dim, b_major=Major.MN).encode()
+        idesc = TcgenInstrDesc.for_dtype(cfg.dtype, ROWS, cfg.head_dim_v, b_major=Major.MN).encode()
         inote = _idesc_note(idesc)
         for i, k in enumerate(range(op.k_lo, op.k_hi, MMA_K)):
-            # V [keys, D], D contiguous: MN-major; 16 keys = 16 rows of 128 B inside each panel.
-            boff_k = k * HALF_COLS * cfg.elem_bytes
+            # V [keys, DV], DV contiguous: MN-major; 16 keys = 16 rows of one panel row (plan.Panels) in each panel.
+            boff_k = k * vo.row_bytes
             steps.append({"a": a.col + k // 2, "b": boff_k >> 4, "acc": acc0 if i == 0 else "1",
                           "note": f"keys {k}-{k + MMA_K - 1}: A = {op.a} at TMEM col {a.col + k // 2}, "
                                   f"B +{boff_k} B, {inote}"})
         vb = f"{op.b}[{self.slot_note(op.b_slot)}]"
-        self.what(f"{op.d} += {op.a}[:, {op.k_lo}:{op.k_hi}] x {vb} (PV: M {ROWS}, N {cfg.head_dim}, "
+        self.what(f"{op.d} += {op.a}[:, {op.k_lo}:{op.k_hi}] x {vb} (PV: M {ROWS}, N {cfg.head_dim_v}, "
                   f"keys {op.k_lo}-{op.k_hi - 1}, {self.acc_note(op, acc0)}) into TMEM cols {d.col}-{d.col_end - 1}")
-        vdesc = _desc_mn_major(half_bytes)
+        vdesc = _desc_mn_major(vo)
         self.emit("mma_ts", pre=pre, bbase=bbase, boff=boff, desc_hi=hex(vdesc), dcol=d.col,
                   idesc=hex(idesc), steps=steps,
                   bdesc_note=f"B desc {vb} (V) MN-major: {_sdesc_note(vdesc)}, start = address >> 4")
@@ -612,7 +629,8 @@ class _RoleEmitter(Walker):
         if not cols or len(cols) % 8:
             raise Sm100LoweringError(f"{self.p}: O_smem store without a preceding normalize of whole 8-column groups")
         cfg = self.cfg
-        half_bytes = panel_bytes(cfg)
+        vo = vo_panels(cfg)
+        half_bytes, per_row = vo.bytes(cfg.block_m), vo.row_bytes // 16  # 16-byte chunks per panel row
         kind, v = self.slot(op.slot)
         if kind == "const":
             base, pre = "%orow", []
@@ -623,9 +641,10 @@ class _RoleEmitter(Walker):
                 ("mad.lo.u32", "%rsa", "%qs", str(self.ctx.layout.slot_bytes("O_smem")), "%orow")]
             slot_off = v.slot_base * self.ctx.layout.slot_bytes("O_smem")
         groups = []
-        # 128B swizzle (the TMA store's layout): 16-byte chunk c of row R lives at chunk c ^ (R % 8).
+        # the TMA store's layout (plan.Panels): 16-byte chunk c of a panel's row R lives at chunk
+        # c ^ ((R >> s) % per_row), %xsw holding ((R >> s) % per_row) * 16 (128B: s = 0; 64B: s = 1)
         for g0 in range(cols[0], cols[-1] + 1, 8):
-            h, c8 = divmod(g0 // 8, 8)
+            h, c8 = divmod(g0 // 8, per_row)
             groups.append({"x": c8 * 16, "off": slot_off + h * half_bytes,
                            "regs": [self.r("b32", f"ob{(g0 + 2 * q) // 2}") for q in range(4)]})
         self.emit("smem_st_tile", pre=pre, base=base, groups=groups)
@@ -808,7 +827,9 @@ class _RoleEmitter(Walker):
                   sink=self.cfg.sinks)
 
 
-_DESC_K_MAJOR = SmemMatrixDesc.k_major_sw128(DescArch.SM100A, 0).encode()
+def _desc_k_major(pn: Panels) -> int:
+    """Q or K (K-major) with the panels' swizzle: the address-independent bits (start 0)."""
+    return SmemMatrixDesc.k_major(DescArch.SM100A, 0, pn.swizzle).encode()
 
 
 def _idesc_note(value: int) -> str:
@@ -821,8 +842,17 @@ def _sdesc_note(value: int) -> str:
     return SmemMatrixDesc.decode(value, DescArch.SM100A).describe()
 
 
-def _desc_mn_major(panel_bytes: int) -> int:
-    return SmemMatrixDesc.mn_major_sw128(DescArch.SM100A, 0, panel_stride=panel_bytes).encode()
+def _desc_mn_major(pn: Panels) -> int:
+    """V (MN-major) with the panels' swizzle, its DV columns spanned through LBO = the 128-row panel stride."""
+    return SmemMatrixDesc.mn_major(DescArch.SM100A, 0, pn.swizzle, panel_stride=pn.bytes(ROWS)).encode()
+
+
+def _panel_swizzle(pn: Panels) -> dict:
+    """A panel's row swizzle as the templates spell it (plan.Panels.row_swizzle_shift): 16-byte chunk c of
+    row R at c ^ ((R >> sw_shift) & mask), rows row_bytes apart; shift = log2(chunks per row)."""
+    chunks = pn.row_bytes // 16
+    return {"row_bytes": pn.row_bytes, "mask": chunks - 1, "shift": chunks.bit_length() - 1,
+            "sw_shift": pn.row_swizzle_shift}
 
 
 def lower_sm100(pipe: Pipeline) -> dict:
@@ -831,8 +861,10 @@ def lower_sm100(pipe: Pipeline) -> dict:
     if pipe.arch != TARGET or cfg.arch != TARGET:
         raise Sm100LoweringError(f"arch {cfg.arch!r}: this lowering emits {TARGET} only")
     refuse_planned(cfg, Sm100LoweringError)
-    if cfg.head_dim % HALF_COLS:
-        raise Sm100LoweringError(f"head_dim {cfg.head_dim}: a multiple of {HALF_COLS} (128-byte swizzle rows)")
+    try:
+        qk_panels(cfg), vo_panels(cfg)
+    except PlanError as e:  # a width no swizzled panel divides
+        raise Sm100LoweringError(f"head_dim {cfg.head_dim}/{cfg.head_dim_v}: {e}") from None
     check_tmem_alloc(pipe.tmem_alloc_cols)
     layout = smem_layout(pipe, Sm100LoweringError)
     # One warp owns TMEM: it allocates (the MMA issuer's, as in the seed) and, after the final

@@ -189,7 +189,7 @@ class Sm90Walker(Walker):
                   q_off=lay.region_offset("Q"), k_off=lay.region_offset("K"), v_off=lay.region_offset("V"),
                   o_off=o[0] if o else None, o_wg_bytes=WG_ROWS * vo.row_bytes, o_row_bytes=vo.row_bytes,
                   # the O staging's swizzle: 16-byte chunk c of row R at c ^ ((R >> o_sw_shift) % chunks)
-                  o_sw_shift=_row_swizzle_shift(vo),
+                  o_sw_shift=vo.row_swizzle_shift,
                   # the descriptors' address-independent bits (start 0): the kernel adds each operand's address
                   desc_k_major=hex(SmemMatrixDesc.k_major(DescArch.SM90A, 0, qk.swizzle).encode()),
                   desc_v=hex(SmemMatrixDesc.mn_major(DescArch.SM90A, 0, vo.swizzle,
@@ -378,7 +378,7 @@ class Sm90Walker(Walker):
                                       "row_shift": row_bytes.bit_length() - 1 if row_bytes & (row_bytes - 1) == 0
                                       else None, "row_bytes": row_bytes},
                   pn={"shift": (vo.row_bytes // 16).bit_length() - 1, "mask": vo.row_bytes // 16 - 1,
-                      "row_bytes": vo.row_bytes, "sw_shift": _row_swizzle_shift(vo)},
+                      "row_bytes": vo.row_bytes, "sw_shift": vo.row_swizzle_shift},
                   q_half_bytes=vo.bytes(cfg.block_m), o_off=self.ctx.layout.region_offset("O_smem"),
                   sqt=cfg.seq_q_per_tile, log2_p=cfg.gqa_pack.bit_length() - 1, p=cfg.gqa_pack, g=cfg.gqa_ratio)
 
@@ -532,13 +532,6 @@ class Sm90Ctx(WalkCtx):
                 i0 = 4 * cfull + 2 * r
                 self.o_store.append({"c16": c8 * 16, "off": h * q_half + r * 8 * vo.row_bytes,
                                      "lo": self.o_regs[i0], "hi": self.o_regs[i0 + 1]})
-
-
-def _row_swizzle_shift(pn) -> int:
-    """The swizzle of a panel (plan.Panels) as a function of its row R: 16-byte chunk c sits at
-    c ^ ((R >> shift) % (row_bytes / 16)), the address bits [4, 4 + b) XOR bits [7, 7 + b) of the
-    pattern (8 rows): 128-byte rows (128B) shift 0, 64-byte rows (64B: two rows per 128 bytes) shift 1."""
-    return (128 // pn.row_bytes).bit_length() - 1
 
 
 def _check_instances(pipe: Pipeline) -> None:

@@ -157,9 +157,12 @@ class TcgenInstrDesc:
             if m not in ok_m or n not in ok_n:
                 raise EncodingError(f"M={m}, N={n}: .ws kind::f16 needs M in {ok_m}, N in {ok_n}")
         elif self.cta_group == 1:
-            if m not in (64, 128) or not (8 <= n <= 256 and n % 8 == 0):
+            # M = 64: N in 8..256 step 8; M = 128: N in 16..256 step 16 (CUTLASS's SM100_MMA_F16BF16_SS
+            # asserts the same)
+            step = 8 if m == 64 else 16
+            if m not in (64, 128) or not (step <= n <= 256 and n % step == 0):
                 raise EncodingError(f"M={m}, N={n}: cta_group::1 kind::f16 needs M in (64, 128), "
-                                    "N in 8..256 step 8 (Table 39)")
+                                    f"N in {step}..256 step {step} (Table 39)")
         elif self.cta_group == 2:
             if m not in (128, 256) or not (16 <= n <= 256 and n % 16 == 0):
                 raise EncodingError(f"M={m}, N={n}: cta_group::2 kind::f16 needs M in (128, 256), "

@@ -18,8 +18,6 @@ from .config import KernelConfig
 from .encodings import TMEM_COLUMNS, Swizzle
 from .tiles import ROWS, PlanError, gqa_pack
 
-HALF_COLS = 64  # 16-bit elements per 128-byte swizzled row: one TMA box's inner extent, one SMEM panel
-
 
 @dataclass(frozen=True)
 class ArchLimits:
@@ -321,16 +319,6 @@ def q_tile_bytes(cfg: KernelConfig) -> int:
     return cfg.block_m * cfg.head_dim * cfg.elem_bytes
 
 
-def q_panel_bytes(cfg: KernelConfig) -> int:
-    """One block_m-row x 64-column swizzled panel of a Q slot or the O staging."""
-    return cfg.block_m * HALF_COLS * cfg.elem_bytes
-
-
-def panel_bytes(cfg: KernelConfig) -> int:
-    """One 128-row x 64-column swizzled panel (16 KiB): the step between a tile's 64-column halves."""
-    return ROWS * HALF_COLS * cfg.elem_bytes
-
-
 @dataclass(frozen=True)
 class Panels:
     """How an SMEM tile of `cols` 16-bit columns is cut into swizzled panels, side by side: each panel
@@ -359,6 +347,13 @@ class Panels:
     def bytes(self, rows: int) -> int:
         """One rows-row panel: the step between a rows-row tile's panels."""
         return rows * self.row_bytes
+
+    @property
+    def row_swizzle_shift(self) -> int:
+        """The swizzle as a function of a panel's row R: 16-byte chunk c sits at chunk
+        c ^ ((R >> shift) % (row_bytes / 16)), the address bits [4, 4 + b) XOR bits [7, 7 + b) of the
+        8-row pattern: 128-byte rows (128B) shift 0, 64-byte rows (64B: two rows per 128 bytes) shift 1."""
+        return (128 // self.row_bytes).bit_length() - 1
 
     @property
     def k_steps(self) -> int:
