@@ -198,3 +198,20 @@ def test_without_matplotlib_the_error_names_the_extra(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     r = CliRunner().invoke(main, ["draw", "memory", str(SM100_D128), "--out", str(tmp_path / "m.svg")])
     assert r.exit_code == 2 and "fa4gen[draw]" in r.stderr and not (tmp_path / "m.svg").exists()
+
+
+def test_the_readme_pictures_are_committed_small_and_current():
+    """docs/img holds the README's two pictures (< 200 KB each), drawn from the kernel as it is now:
+    every rectangle of the golden sm_100a D 128 kernel's memory map is labelled in the committed map."""
+    root = SM100_D128.parent.parent
+    readme = (root / "README.md").read_text()
+    mm = draw.memory_map(_man(SM100_D128))
+    for name in ("memory_sm100a_d128.svg", "timeline_sm100a_d128.svg"):
+        p = root / "docs" / "img" / name
+        assert f"docs/img/{name}" in readme and 0 < p.stat().st_size < 200_000
+    svg = (root / "docs" / "img" / "memory_sm100a_d128.svg").read_text()
+    assert mm.name in svg
+    for r in mm.rects:
+        if r.kind in ("region", "alias", "barrier"):
+            assert r.label in svg, r.label
+            assert f"@{r.x0}" in svg or r.space == "TMEM", r
