@@ -249,10 +249,11 @@ def default_trace_shape(man: dict) -> "harness.Shape":
 
 
 def trace_run(ptx_text: str, man: dict, shape=None, seed: int = 0):
-    """(RunResult, Recorder) of one emulated launch on one CTA (shape: default_trace_shape)."""
+    """(RunResult, Recorder) of one emulated launch on one CTA (shape: default_trace_shape). A varlen or
+    KV-cache kernel is a harness.UsageError; a run that does not pass, a DrawError with its report."""
     cfg = man["config"]
     if cfg.get("varlen") or cfg.get("kvcache"):
-        raise DrawError("the timeline draws dense kernels (build one without --varlen / --kvcache)")
+        raise harness.UsageError("the timeline draws dense kernels (build one without --varlen / --kvcache)")
     shape = shape or default_trace_shape(man)
     rec = Recorder()
     res = harness.run_once(ptx_text, man, shape, seed, ctas=1, trace=rec)
@@ -428,8 +429,9 @@ def render_timeline(tl: Timeline, out) -> Path:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], ls="none", marker="|", color=c, ms=7)
     # labels on the longest waits and the TMA loads (where there is room)
     labelled: dict = {}  # row -> where its last label's bar ends (overlapping bars: the first labelled)
+    # a label where its bar is wide enough for it (5.5 pt characters on the 14-inch figure's axis)
     for b in sorted(tl.bars, key=lambda b: b.t0):
-        if b.band in y0 and b.label and b.kind in (WAIT, "TMA load") and b.t1 - b.t0 > tl.t_end / 25 \
+        if b.band in y0 and b.label and b.kind in (WAIT, "TMA load") and b.t1 - b.t0 > tl.t_end * 0.0042 * len(b.label) \
                 and labelled.get((b.band, b.row), -1) <= b.t0:
             labelled[(b.band, b.row)] = b.t1
             ax.text((b.t0 + b.t1) / 2, y0[b.band] + b.row + 0.5, b.label, ha="center", va="center", fontsize=5.5,
