@@ -340,8 +340,13 @@ def _layout_of_config(config_json: str) -> dict:
 
 
 def barrier_names(man: dict) -> dict:
-    """SMEM address (as the emulator places the aligned dynamic window) -> "name[slot]" of every mbarrier."""
-    lay = manifest_smem_layout(man)
+    """SMEM address (as the emulator places the aligned dynamic window) -> "name[slot]" of every mbarrier
+    ({} for a manifest with no smem_layout whose config builds no pipeline: the reports then name
+    mbarriers by address)."""
+    try:
+        lay = manifest_smem_layout(man)
+    except (ValueError, KeyError, TypeError):  # ConfigError, PlanError, a config that is no KernelConfig's
+        return {}
     slots = {b["name"]: b.get("slots", 1) for b in man.get("barriers", [])}
     align = int(lay.get("align", 1024))
     base = (SMEM_BASE + align - 1) // align * align
