@@ -10,10 +10,11 @@ import pytest
 from click.testing import CliRunner
 
 from fa4gen.cli import main
-from fa4gen.evidence import draw
+from fa4gen.evidence import draw, reference
 from fa4gen.evidence.ptxemu import harness
-from fa4gen.evidence.ptxemu.cases import manifest_smem_layout, role_of
+from fa4gen.evidence.ptxemu.cases import make_inputs, manifest_smem_layout, role_of
 from fa4gen.evidence.ptxemu.trace import EXIT, ISSUE, WAIT
+from fa4gen.spec.config import KernelConfig
 
 GEN = Path(__file__).resolve().parent.parent / "generated"
 SM100 = GEN / "fa4_sm100a_d64_bf16_noncausal_gqa1.ptx"
@@ -45,6 +46,11 @@ def test_the_default_case_is_one_cta_of_two_kv_blocks(traced):
     # both of a task's Q tiles (two softmax warpgroups) and two K/V blocks: K and V of each block loaded
     loads = [e for e in events if e.kind == "TMA load"]
     assert sum(e.detail.startswith("tmap_k") for e in loads) == 2 and sum(e.detail.startswith("tmap_v") for e in loads) == 2
+    # and the run's inputs (the seed's, make_inputs) rescale O: the kernel's reference model counts them
+    cfg = KernelConfig.from_dict(man["config"])
+    stats = {}
+    reference.fa4_forward(*make_inputs(shape, cfg.dtype, cfg.head_dim, 0), cfg, stats=stats)
+    assert stats["blocks"] == 4 and stats["warp_rescales"] > 0, stats
 
 
 def test_recorder_off_is_the_same_run(traced):

@@ -238,14 +238,12 @@ def default_trace_shape(man: dict) -> "harness.Shape":
     """The smallest dense launch that shows two K/V blocks and an O rescale in one CTA: one batch, one
     KV head (its GQA ratio of query heads), one task's Q rows (tiles_per_task tiles of the manifest's
     rows) and two K/V blocks (make_inputs' larger block-0 keys, visited last, force the rescale)."""
-    from ..spec.plan import BLOCK_N
-
     cfg = man["config"]
     rows = int(cfg["block_m"]) * int(man.get("grid", {}).get("tiles_per_task", 1))
     g = int(cfg["gqa_ratio"])
     pack = int(man.get("gqa", {}).get("pack", 1))
     sq = max(rows // pack, 1)
-    return harness.Shape(1, sq, 2 * BLOCK_N, g, 1)
+    return harness.Shape(1, sq, 2 * int(cfg["block_n"]), g, 1)
 
 
 def trace_run(ptx_text: str, man: dict, shape=None, seed: int = 0):
