@@ -312,7 +312,8 @@ class CTA:
     # ---- events -------------------------------------------------------------------------------
     def at(self, t: int, fn, what: tuple = ("an asynchronous operation", None, None)) -> None:
         """Run fn at time t: an asynchronous operation landing. what = (kind, PTX line, issuing warp[,
-        the MBar it completes]) names it if it is still in flight when the CTA exits (and for a trace)."""
+        the MBar it completes[, the tensor map it reads]]) names it if it is still in flight when the CTA
+        exits, and for a trace (trace.py)."""
         if self.trace is not None:
             self.trace.async_op(self.ctaid, self.now, int(t), what)
         self._eseq += 1

@@ -74,6 +74,3 @@ class Recorder:
         detail = " -> ".join(x for x in (src, b.name if b is not None else "") if x)
         self.events.append(Event(cta, t, end, -1 if wid is None else wid, kind, detail,
                                  b.addr if b is not None else None, line))
-
-    def of_cta(self, cta: int = 0) -> list[Event]:
-        return sorted((e for e in self.events if e.cta == cta), key=lambda e: (e.time, e.end))
