@@ -148,6 +148,8 @@ def test_memory_map_rects_are_the_manifest_regions():
     p0 = next(r for r in mm.of("TMEM") if r.name == "P0")
     s0 = next(r for r in mm.of("TMEM") if r.name == "S0")
     assert p0.kind == "alias" and s0.x0 <= p0.x0 < p0.x1 <= s0.x1
+    assert mm.lane_owners[0] == ["softmax0 w0", "softmax1 w4", "correction w8"]
+    assert mm.lane_owners[96] == ["softmax0 w3", "softmax1 w7", "correction w11"]
     lay = man["smem_layout"]
     for name, reg in lay["regions"].items():
         got = [(r.x0, r.x1) for r in mm.of("SMEM", "region") if r.name == name]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..spec.encodings import TMEM_LANES
+from ..spec.encodings import TMEM_LANES, tmem_lane_base_for_warp
 from .ptxemu import harness
 from .ptxemu.cases import manifest_smem_layout
 from .ptxemu.trace import EXIT, ISSUE, WAIT, Recorder
@@ -66,6 +66,7 @@ class MemoryMap:
     smem_bytes: int  # dynamic SMEM requested at launch (used + alignment slack)
     smem_used: int
     rects: list = field(default_factory=list)
+    lane_owners: dict = field(default_factory=dict)  # first lane of a 32-lane quarter -> "role wN" of its warps
 
     def of(self, space: str, kind: str | None = None) -> list:
         return [r for r in self.rects if r.space == space and (kind is None or r.kind == kind)]
@@ -95,7 +96,14 @@ def memory_map(man: dict) -> MemoryMap:
     total = int(man.get("dynamic_smem_bytes", used + lay["align"]))
     if total > used:
         rects.append(Rect("SMEM", "slack", used, total, kind="slack"))
-    return MemoryMap(man.get("name", "?"), man.get("arch", "?"), tmem_cols, TMEM_LANES, total, used, rects)
+    owners: dict = {}
+    if tmem_cols:  # the warpgroup roles' warps, by the lanes each may tcgen05.ld / st
+        for r in man.get("roles", []):
+            if len(r["warps"]) == 4:
+                for w in r["warps"]:
+                    owners.setdefault(tmem_lane_base_for_warp(w), []).append(f"{r['role']} w{w}")
+    return MemoryMap(man.get("name", "?"), man.get("arch", "?"), tmem_cols, TMEM_LANES, total, used, rects,
+                     dict(sorted(owners.items())))
 
 
 # ---- the timeline ---------------------------------------------------------------------------------
@@ -322,18 +330,24 @@ def render_memory_map(mm: MemoryMap, out) -> Path:
                                      edgecolor="black"))
             own = [a for a in aliases if a.alias_of == r.name]
             x1 = min([a.x0 for a in own], default=r.x1)  # its label on the columns no alias covers
-            ax_t.text((r.x0 + x1) / 2, (r.y0 + r.y1) / 2, f"{r.name} ({r.dtype})\ncolumns [{r.x0}, {r.x1})",
+            ax_t.text((r.x0 + x1) / 2, (r.y0 + r.y1) / 2, f"{r.name} ({r.dtype})\n[{r.x0}, {r.x1})",
                       ha="center", va="center", fontsize=9)
         for r in aliases:
             ax_t.add_patch(Rectangle((r.x0, r.y0), r.x1 - r.x0, r.y1 - r.y0, facecolor="white", alpha=0.75,
                                      hatch="//", edgecolor=color[r.alias_of]))
             ax_t.text((r.x0 + r.x1) / 2, (r.y0 + r.y1) / 2, f"{r.name} ({r.dtype})\naliases {r.alias_of}\n"
-                      f"columns [{r.x0}, {r.x1})", ha="center", va="center", fontsize=8,
+                      f"[{r.x0}, {r.x1})", ha="center", va="center", fontsize=8,
                       bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
         ax_t.set_xticks(sorted({r.x0 for r in mm.of("TMEM")} | {mm.tmem_cols}))
         ax_t.set_yticks(range(0, mm.tmem_lanes + 1, 32))
         ax_t.set_xlabel("TMEM column (32-bit)")
         ax_t.set_ylabel("lane (tile row)")
+        if mm.lane_owners:
+            ax_o = ax_t.twinx()
+            ax_o.set_ylim(mm.tmem_lanes, 0)
+            ax_o.set_yticks([lane + 16 for lane in mm.lane_owners])
+            ax_o.set_yticklabels(["\n".join(ws) for ws in mm.lane_owners.values()], fontsize=6.5)
+            ax_o.set_ylabel("warps that may tcgen05.ld/st these 32 lanes", fontsize=7)
         ax_t.set_title(f"Tensor Memory: {mm.tmem_cols} columns x {mm.tmem_lanes} lanes allocated; hatched: a "
                        "16-bit P region written over the S columns it aliases", fontsize=9)
     else:
