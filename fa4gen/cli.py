@@ -482,5 +482,121 @@ def bundle(model_path, archs, page_sizes, entries, dtype, out, wheel, list_only)
         click.echo(f"  wrote {whl}  (pip install it; fa4gen finds installed bundles by itself)")
 
 
+_DRAW_HELP = (
+    "Pictures of a kernel, written as SVG or PNG (by the --out suffix). Needs matplotlib, the 'draw' "
+    "extra: pip install 'fa4gen[draw]'.\n\n"
+    "memory: the kernel's Tensor Memory map (512 columns x 128 lanes: the S0/S1 and O0/O1 regions, each P "
+    "region hatched inside the S columns it aliases; sm_90a has none and says so) and its SMEM map (the byte "
+    "range of every slot of every region: Q slots, the K/V stage ring, O staging, sScale, then the "
+    "mbarriers and the TMEM address slot, enlarged).\n\n"
+    "timeline: one CTA of the kernel run in the emulator (fa4gen emulate's machine) with its trace on, on the "
+    "smallest inputs that show two K/V blocks and an O rescale: a lane per warp of every warp role (the "
+    "manifest's roles) with the instructions it issued and the barrier it waited on, by name, and lanes for "
+    "the asynchronous units (TMA loads per barrier slot, the tensor-core pipe, TMEM loads and stores).\n\n"
+    "Each takes a built kernel (a manifest or PTX file that `fa4gen build` wrote) or the build options "
+    "(--arch --head-dim --causal --gqa ... as `fa4gen build` takes them: the kernel is generated in memory).")
+
+
+def _draw_kernel(ctx, path: str | None, manifest: str | None, want_ptx: bool, cfg_args: dict) -> tuple[str | None, dict]:
+    """(PTX text or None, manifest) of the kernel to draw: the file given (a manifest .json, or a .ptx
+    with its manifest beside it or --manifest), else the kernel the build options generate."""
+    import json
+
+    from click.core import ParameterSource
+
+    given = sorted(n for n in cfg_args if ctx.get_parameter_source(n) is ParameterSource.COMMANDLINE)
+    if path:
+        if given:
+            raise click.UsageError(f"give a kernel file or build options, not both (--{given[0].replace('_', '-')})")
+        from .evidence.ptxemu import harness
+
+        p = Path(path)
+        if p.suffix == ".json" and not want_ptx:
+            if not p.exists():
+                raise click.UsageError(f"{p}: no such file")
+            return None, json.loads(p.read_text())
+        if p.suffix != ".ptx":
+            raise click.UsageError(f"{p}: a .ptx file{'' if want_ptx else ' or its manifest (.json)'} is needed")
+        try:
+            text, man = _load_ptx(p, manifest, None)
+        except harness.UsageError as e:
+            raise click.UsageError(str(e)) from None
+        return text, man
+    cfg = _make_config(**cfg_args)
+    from . import codegen
+
+    try:
+        res = codegen.build(cfg, out_dir=None, emit=("ptx",))
+    except Exception as e:  # verifier and lowering errors carry their own report
+        click.echo(f"fa4gen: build failed: {e}", err=True)
+        sys.exit(1)
+    return res.ptx, res.manifest
+
+
+def _draw_out(out: str):
+    from .evidence import draw as d
+
+    try:
+        d.check_out(out)
+        d.require_matplotlib()
+    except d.DrawError as e:
+        click.echo(f"fa4gen draw: error: {e}", err=True)
+        sys.exit(2)
+    return d
+
+
+@main.group(help=_DRAW_HELP)
+def draw():
+    pass
+
+
+@draw.command("memory", help="Draw the TMEM and SMEM maps of a kernel: KERNEL is its manifest (DIR/<name>.json of "
+                             "`fa4gen build`) or its .ptx (the manifest beside it); without KERNEL, of the kernel "
+                             "the build options describe. Every number is the manifest's (its SMEM layout: for an "
+                             "sm_90a manifest, which has no smem_layout section, its config's pipeline layout).")
+@click.argument("kernel", required=False, type=click.Path(dir_okay=False))
+@_config_options
+@click.option("--out", "out", type=click.Path(dir_okay=False), required=True, help="FILE.svg or FILE.png.")
+@click.pass_context
+def draw_memory(ctx, kernel, out, **cfg_args):
+    d = _draw_out(out)
+    _, man = _draw_kernel(ctx, kernel, None, False, cfg_args)
+    click.echo(f"wrote {d.render(d.memory_map(man), out)}")
+
+
+@draw.command("timeline", help="Emulate one CTA of a kernel with the emulator's trace on and draw what each warp "
+                               "role did over the emulator's time (warp-instructions issued in the CTA): bursts "
+                               "of issued instructions, waits named by barrier, and the TMA, tensor-core and TMEM "
+                               "operations from issue to landing. PTX_FILE as for `fa4gen emulate` (dense kernels); "
+                               "without it, the kernel the build options describe. The run is checked against "
+                               "the reference like an emulate run; a failing run draws nothing (exit 1).")
+@click.argument("ptx_file", required=False, type=click.Path(dir_okay=False))
+@click.option("--manifest", type=click.Path(dir_okay=False), default=None,
+              help="The build manifest (default: the .json beside the .ptx).")
+@_config_options
+@click.option("--shape", default=None, metavar="B,Sq,Skv,Hq,Hkv",
+              help="Problem shape (default: one task's Q rows of one KV head, two K/V blocks: one CTA).")
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
+              help="Inputs and asynchronous completion order.")
+@click.option("--out", "out", type=click.Path(dir_okay=False), required=True, help="FILE.svg or FILE.png.")
+@click.pass_context
+def draw_timeline(ctx, ptx_file, manifest, shape, seed, out, **cfg_args):
+    d = _draw_out(out)
+    from .evidence.ptxemu import harness
+
+    text, man = _draw_kernel(ctx, ptx_file, manifest, True, cfg_args)
+    try:
+        sh = harness.Shape.parse(shape) if shape else None
+        res, rec = d.trace_run(text, man, sh, seed)
+    except harness.UsageError as e:
+        click.echo(f"fa4gen draw: error: {e}", err=True)
+        sys.exit(2)
+    except d.DrawError as e:
+        click.echo(f"fa4gen draw: {e}", err=True)
+        sys.exit(1)
+    note = f"shape {res.shape}, seed {seed}, {res.warp_instructions} warp-instructions"
+    click.echo(f"wrote {d.render(d.timeline(man, rec.events, note=note), out)}")
+
+
 if __name__ == "__main__":
     main()

@@ -4,6 +4,8 @@ launcher (kvcache.py), which both read it.
 """
 from __future__ import annotations
 
+import functools
+import json
 import math
 from dataclasses import dataclass
 
@@ -11,7 +13,7 @@ import numpy as np
 
 from .. import reference
 from .coverage import Coverage, EntryCoverage
-from .machine import MAX_REGS_PER_THREAD, REGS_PER_SM
+from .machine import MAX_REGS_PER_THREAD, REGS_PER_SM, SMEM_BASE
 from .parse import manifest_entries
 
 MODEL_LSE_ATOL, MODEL_LSE_RTOL = 5e-5, 2e-5
@@ -316,6 +318,40 @@ def run_coverage(man: dict, *emus) -> Coverage:
             cov.add(EntryCoverage.of_run(emu.mod, emu.hits, emu.dirs,
                                          (lambda w: role_of(man, w)) if named else (lambda w: "all")))
     return cov
+
+
+def manifest_smem_layout(man: dict) -> dict:
+    """The kernel's SMEM layout as the manifest's `smem_layout` section spells it (regions: offset,
+    bytes_per_slot, slots; barriers: offset; tmem_addr_slot; align). A manifest without the section
+    (sm_90a's) gets the one its config's pipeline has: the same rule (ir/layout.py) and writer."""
+    if man.get("smem_layout"):
+        return man["smem_layout"]
+    return _layout_of_config(json.dumps(man["config"], sort_keys=True))
+
+
+@functools.lru_cache(maxsize=16)
+def _layout_of_config(config_json: str) -> dict:
+    from ...ir import build_pipeline
+    from ...ir.layout import layout_of
+    from ...lower.manifest import smem_layout_section
+    from ...spec.config import KernelConfig
+
+    return smem_layout_section(layout_of(build_pipeline(KernelConfig.from_dict(json.loads(config_json)))))["smem_layout"]
+
+
+def barrier_names(man: dict) -> dict:
+    """SMEM address (as the emulator places the aligned dynamic window) -> "name[slot]" of every mbarrier
+    ({} for a manifest with no smem_layout whose config builds no pipeline: the reports then name
+    mbarriers by address)."""
+    try:
+        lay = manifest_smem_layout(man)
+    except (ValueError, KeyError, TypeError):  # ConfigError, PlanError, a config that is no KernelConfig's
+        return {}
+    slots = {b["name"]: b.get("slots", 1) for b in man.get("barriers", [])}
+    align = int(lay.get("align", 1024))
+    base = (SMEM_BASE + align - 1) // align * align
+    return {base + off + 8 * s: f"{name}[{s}]" for name, off in lay["barriers"].items()
+            for s in range(int(slots.get(name, 1)))}
 
 
 def role_of(man: dict, warp: int) -> str:

@@ -118,6 +118,7 @@ class Emulator:
         self.gwrites: dict = {}  # allocation name -> writes per byte (an output is written once)
         self.gcta: dict = {}
         self.tma_loads: list | None = None  # a list: every TMA load's (tensor-map parameter, coordinates) appended
+        self.trace = None  # a trace.Recorder: every CTA's issue bursts, waits and async operations recorded
         if mod.maxntid is not None and nthreads > mod.maxntid:
             raise Fault("LAUNCH", f"{nthreads} threads per CTA exceed .maxntid {mod.maxntid}")
 

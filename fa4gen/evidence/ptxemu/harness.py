@@ -21,9 +21,9 @@ from ...runtime.runtime import launch_geometry, manifest_block_n, manifest_gqa, 
 from . import units
 from .kvcache import KvShape, KvUsageError, default_kv_shapes, run_kvcache_once  # noqa: F401 (KvShape re-exported)
 from .emulator import Emulator
-from .machine import SMEM_BASE, Fault, GlobalMemory
+from .machine import Fault, GlobalMemory
 from .cases import (RunResult, ScoreMods, Shape, UsageError, _from_dtype_bytes, _np_dtype_bytes,  # noqa: F401
-                    _pv_abs, default_mods, entry_registers, judge, make_inputs, mods_scalars, parse_suffixes, role_budgets,
+                    _pv_abs, barrier_names, default_mods, entry_registers, judge, make_inputs, mods_scalars, parse_suffixes, role_budgets,
                     role_of, run_coverage, shape_mods, softcap_score_err, split_nolse,
                     tolerance)  # (re-exported: harness.X)
 from .coverage import Coverage
@@ -293,16 +293,7 @@ class Launch:
         self.num_tasks = num_tasks
 
     def barrier_names(self) -> dict:
-        lay = self.man.get("smem_layout", {})
-        bars = lay.get("barriers", {})
-        slots = {b["name"]: b.get("slots", 1) for b in self.man.get("barriers", [])}
-        align = int(lay.get("align", 1024))
-        base = (SMEM_BASE + align - 1) // align * align
-        out = {}
-        for name, off in bars.items():
-            for s in range(int(slots.get(name, 1))):
-                out[base + off + 8 * s] = f"{name}[{s}]"
-        return out
+        return barrier_names(self.man)
 
     def output(self):
         o = _from_dtype_bytes(self.dtype, self.gmem.buffer("o"), self.o_shape)
@@ -349,7 +340,9 @@ def run_raw(ptx_text: str, *, threads: int, ctas: int = 1, args: tuple = (), sme
 
 def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2, step_limit: int = 30_000_000,
              mod=None, progress=None, inputs=None, delays=None, l2_group: int | None = None,
-             options: dict | None = None) -> RunResult:
+             options: dict | None = None, trace=None) -> RunResult:
+    """One launch of a dense or varlen kernel (a KV-cache one: kvcache.run_kvcache_once) on `shape`'s
+    seeded inputs, judged against the reference. trace: a trace.Recorder that gets the launch's events."""
     cfg = man["config"]
     mods = mod if isinstance(mod, dict) else None
     if cfg.get("kvcache") and not man.get("kvcache"):
@@ -358,6 +351,8 @@ def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2
     if man.get("kvcache") or isinstance(shape, KvShape):
         if not man.get("kvcache") or not isinstance(shape, KvShape):
             raise UsageError(f"shape {shape}: the kernel is {'' if man.get('kvcache') else 'not '}a KV-cache kernel")
+        if trace is not None:
+            raise UsageError("a trace records dense and varlen launches (a KV-cache launch runs two entries)")
         mods = mods or parse_for_manifest(ptx_text, man)
         try:
             return run_kvcache_once(mods, man, shape, seed, ctas=ctas, step_limit=step_limit, progress=progress,
@@ -384,6 +379,7 @@ def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2
                        gmem=launch.gmem, seed=seed, entry_regs=entry_regs, barrier_names=launch.barrier_names(),
                        delays=delays, options=dict({"role_regs": role_budgets(man)}, **(options or {})))
         emu.param_sizes = launch.sizes
+        emu.trace = trace
         emu.run(step_limit, progress=progress)
     except Fault as f:
         res.warp_instructions = emu.total_steps if "emu" in locals() else 0

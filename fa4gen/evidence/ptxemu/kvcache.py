@@ -27,12 +27,13 @@ from ...spec.plan import COMBINE_ABI_PARAMS, kvcache_num_tasks
 from ...runtime.runtime import launch_geometry, manifest_gqa, manifest_tile_rows, tensor_map_geometry
 from ...spec.schedule import kvcache_k_len, kvcache_page
 from . import units
-from .cases import (RunResult, ScoreMods, Shape, UsageError, _from_dtype_bytes, _np_dtype_bytes, default_mods,
+from .cases import (RunResult, ScoreMods, Shape, UsageError, _from_dtype_bytes, _np_dtype_bytes, barrier_names,
+                    default_mods,
                     entry_registers,
                     judge, make_inputs, mods_scalars, parse_suffixes, role_budgets, role_of, run_coverage, shape_mods,
                     split_nolse)
 from .emulator import Emulator
-from .machine import SMEM_BASE, Fault, GlobalMemory
+from .machine import Fault, GlobalMemory
 from .parse import manifest_entries
 
 GARBAGE = 8.0  # scale of the values in cache rows no sequence may see (real keys are ~N(0, 1))
@@ -374,7 +375,7 @@ def run_kvcache_once(mods: dict, man: dict, shape: KvShape, seed: int, *, ctas: 
                        dyn_smem=int(man["dynamic_smem_bytes"]), params=launch.fwd_params,
                        param_offsets=launch.fwd_offsets, gmem=launch.gmem, seed=seed,
                        entry_regs=entry_regs(launch.fwd, man, int(man["threads_per_cta"])),
-                       barrier_names=_barrier_names(man), delays=delays,
+                       barrier_names=barrier_names(man), delays=delays,
                        options=dict({"role_regs": role_budgets(man)}, **(options or {})))
         emu.param_sizes = launch.fwd_sizes
         emu.tma_loads = tma_loads
@@ -418,15 +419,6 @@ def run_kvcache_once(mods: dict, man: dict, shape: KvShape, seed: int, *, ctas: 
     else:
         res.kind, res.finding = ("ok", "") if ok else ("mismatch", "mismatch")
     return res
-
-
-def _barrier_names(man: dict) -> dict:
-    lay = man.get("smem_layout", {})
-    bars = lay.get("barriers", {})
-    slots = {b["name"]: b.get("slots", 1) for b in man.get("barriers", [])}
-    align = int(lay.get("align", 1024))
-    base = (SMEM_BASE + align - 1) // align * align
-    return {base + off + 8 * s: f"{name}[{s}]" for name, off in bars.items() for s in range(int(slots.get(name, 1)))}
 
 
 def _partial_coverage(emu, launch: KvLaunch, S: int) -> list:

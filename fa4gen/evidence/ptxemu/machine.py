@@ -98,6 +98,7 @@ class Block:
     ready: object  # callable -> bool
     what: str
     release: object = None  # callable run once when ready
+    on: object = None  # what it waits on, for a trace (trace.py): an MBar, or a named barrier's id
 
 
 @dataclass
@@ -251,6 +252,7 @@ class CTA:
         self.wg_tail: dict = {}
         self.reg_pool_used = 0
         self.hits, self.bdirs = emu.hits, emu.dirs  # coverage: per warp, per instruction (coverage.py)
+        self.trace = emu.trace  # a trace.Recorder, or None (the default: nothing recorded)
 
     # ---- guards -------------------------------------------------------------------------------
     def guard_id(self, key, thr, what) -> int:
@@ -309,8 +311,11 @@ class CTA:
 
     # ---- events -------------------------------------------------------------------------------
     def at(self, t: int, fn, what: tuple = ("an asynchronous operation", None, None)) -> None:
-        """Run fn at time t: an asynchronous operation landing. what = (kind, PTX line, issuing warp)
-        names it if it is still in flight when the CTA exits."""
+        """Run fn at time t: an asynchronous operation landing. what = (kind, PTX line, issuing warp[,
+        the MBar it completes[, the tensor map it reads]]) names it if it is still in flight when the CTA
+        exits, and for a trace (trace.py)."""
+        if self.trace is not None:
+            self.trace.async_op(self.ctaid, self.now, int(t), what)
         self._eseq += 1
         heapq.heappush(self.events, (int(t), self._eseq, fn, what))
 
@@ -388,6 +393,8 @@ class CTA:
             return True
         if b.ready():
             w.block = None
+            if self.trace is not None:
+                self.trace.unblock(self.ctaid, self.now, w.wid)
             if b.release is not None:
                 b.release()
             return True
@@ -400,6 +407,7 @@ class CTA:
         prog = self.prog
         nprog = len(prog)
         exit_checked = False
+        trace = self.trace
         while True:
             # runnable(w), inline for the warps that are neither blocked nor done (most of them)
             ready = [w for w in warps if (w.block is None and not w.done) or runnable(w)]
@@ -418,6 +426,8 @@ class CTA:
             w = ready[int(rng.integers(len(ready)))] if len(ready) > 1 else ready[0]
             burst = int(rng.integers(1, 64))
             hits = self.hits[w.wid]
+            if trace is not None:
+                steps0 = w.steps
             for _ in range(burst):
                 # step(w), inline for the common instruction: an unguarded synchronous one on a warp
                 # whose 32 lanes run converged with no register in flight (every lane executes it)
@@ -442,6 +452,8 @@ class CTA:
                 step(w)
                 if w.done or w.block is not None:
                     break
+            if trace is not None:
+                trace.burst(self.ctaid, self.now, w, w.steps - steps0)
             self.now += burst
             self.steps += burst
             if self.steps > step_limit:
@@ -462,7 +474,7 @@ class CTA:
         tcgen05/wgmma work, commit arrivals): on a GPU the CTA's resources (SMEM, TMEM) are released
         under them. A finding; the emulator still lets them land so that the report can go on."""
         pend = sorted(self.events)
-        names = [f"{k} (PTX line {ln}) of warp {w}" if ln is not None else k for _, _, _, (k, ln, w) in pend[:4]]
+        names = [f"{k} (PTX line {ln}) of warp {w}" if ln is not None else k for _, _, _, (k, ln, w, *_) in pend[:4]]
         more = f" and {len(pend) - 4} more" if len(pend) > 4 else ""
         self.emu.findings.append(Fault("ASYNC_AT_EXIT", f"CTA {self.ctaid}: every warp exited with {len(pend)} "
                                                         f"asynchronous operation(s) in flight: {', '.join(names)}{more}"))

@@ -803,7 +803,8 @@ def compile_mbarrier(ctx, ins, parts):
             dp(w, res, m)
             if blocked_on is not None:
                 b, v = blocked_on, blocked_on.version
-                return Block(lambda: b.version != v, f"spinning on {b.name} for parity {int(pv[0]) & 1}: {b.state()}")
+                return Block(lambda: b.version != v, f"spinning on {b.name} for parity {int(pv[0]) & 1}: {b.state()}",
+                             on=b)
             return None
         return fn
     raise unsupported(ins)
@@ -871,7 +872,7 @@ def compile_bar(ctx, ins, parts):
             nb.generation += 1
         if wait:
             return Block(lambda: nb.generation != gen,
-                         f"bar.sync {bid}, {count}: {nb.arrived}/{nb.count} threads arrived")
+                         f"bar.sync {bid}, {count}: {nb.arrived}/{nb.count} threads arrived", on=bid)
         return None
     return fn
 
