@@ -28,6 +28,7 @@ if str(ROOT) not in sys.path:
 from fa4gen.ir import build_pipeline  # noqa: E402
 from fa4gen.ir.core import Region, Space  # noqa: E402
 from fa4gen.ir.layout import layout_of  # noqa: E402
+from fa4gen.ir.sm100 import sm100_kv_stages, sm100_o_staged, smem_pipeline as smem100  # noqa: E402
 from fa4gen.ir.sm90 import sm90_o_staged, sm90_stages, smem_pipeline  # noqa: E402
 from fa4gen.spec.config import (HEAD_DIM_PAIRS, HEAD_DIM_PLANNED, KernelConfig,  # noqa: E402
                                 planning_head_dims)
@@ -128,15 +129,16 @@ def _deepest(make, stages=(4, 3, 2)) -> Row:
 def sm100_rows(d: int, dv: int) -> list[Row]:
     base = KernelConfig(arch="sm_100a", head_dim=d, head_dim_v=dv)
     tile, vtile = ROWS * d * 2, ROWS * dv * 2
-    rows = [row_of(build_pipeline(base), "IR: 2 Q tiles/CTA, 3 K/V stages, O staged")]
+    # the IR's rings and O path: ir/sm100.sm100_kv_stages and sm100_o_staged (ir/layout.o_staged)
+    staged = "O staged" if sm100_o_staged(base) else "O from registers"
+    rows = [row_of(build_pipeline(base), f"IR: 2 Q tiles/CTA, {sm100_kv_stages(base)} K/V stages, {staged}")]
     if (d, dv) not in HEAD_DIM_PLANNED:
         return rows
-    two = build_pipeline(base.replace(kv_stages=2))
-    rows.append(row_of(two, "IR with kv_stages=2"))
-    rows.append(row_of(_edit(two, drop=("O_smem",)), "2 Q tiles, 2 K/V stages, O staged in the Q slots"))
+    for k in (3, 2):  # O staged beside two Q tiles: what the staging rule weighs
+        rows.append(row_of(smem100(base, k, True), f"2 Q tiles, {k} K/V stages, O staged"))
 
     def one_tile(k: int, keys: int, kv_slot: int, label: str) -> Row:
-        pipe = _edit(build_pipeline(base.replace(kv_stages=k)), drop=("O_smem",), slots={"Q": 1},
+        pipe = _edit(smem100(base, k, False), slots={"Q": 1},
                      slot_bytes={"KV": kv_slot}, tmem=_one_tile_tmem(keys, dv))
         return row_of(pipe, f"{label}, {k} K/V stages")
     rows.append(_deepest(lambda k: one_tile(k, 128, max(tile, vtile), "1 Q tile/CTA")))

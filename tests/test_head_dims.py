@@ -264,3 +264,71 @@ def test_sm100a_d96_paged_kv_kernel_with_every_score_mod_emulates_with_every_blo
         b = default_kv_shapes(man)
         return [dataclasses.replace(b[0], seqlens=(-3,)), b[1], dataclasses.replace(b[2], seqlens=(390,)), b[3]]
     _emulate_every_block(cfg, shapes, entries=("fa4_fwd", "fa4_combine"))
+
+
+# ---- sm_100a (192, 128): 2 K/V stages of the larger tile, O from the registers (the IR) --------------
+DEEPSEEK_100 = dict(arch="sm_100a", head_dim=192, head_dim_v=128)
+
+
+@pytest.mark.parametrize("kw,staged,stages", [(dict(head_dim=64), True, 3), (dict(head_dim=96), True, 3),
+                                              (dict(head_dim=128), True, 3), (dict(head_dim=128, kvcache=True), True, 3),
+                                              (dict(head_dim=192, head_dim_v=128), False, 2),
+                                              (dict(head_dim=192, head_dim_v=128, varlen=True), False, 2),
+                                              (dict(head_dim=192, head_dim_v=128, kvcache=True), False, 2)])
+def test_sm100a_o_staging_and_ring_depth_follow_the_one_rule(kw, staged, stages):
+    """sm_90a's rule (ir/layout.o_staged): O is staged where the smallest ring (2 Q tiles, 2 K/V stages)
+    fits beside the staging slots; the default ring is the deepest that then fits."""
+    from fa4gen.ir.sm100 import build_sm100, sm100_kv_stages, sm100_o_staged
+    from fa4gen.ir.sm100 import smem_pipeline as smem100
+
+    with planning_head_dims():
+        cfg = KernelConfig(arch="sm_100a", **kw)
+        pipe = build_sm100(cfg)
+    assert sm100_o_staged(cfg) is staged and sm100_kv_stages(cfg) == stages
+    assert ("O_smem" in {r.name for r in pipe.regions}) is staged
+    assert pipe.region("KV").slots == stages
+    two = smem100(cfg, 2, True)
+    assert (layout_of(two).total <= two.smem_limit) is staged
+    deeper = smem100(cfg, stages + 1, staged)
+    assert layout_of(deeper).total > deeper.smem_limit or stages == 3
+
+
+def test_sm100a_deepseek_ir_fits_with_o_stored_from_the_registers():
+    from fa4gen.ir.core import StoreO, TmaStore, walk_ops
+    from fa4gen.ir.sm100 import build_sm100
+    from fa4gen.verify import verify
+
+    with planning_head_dims():
+        pipe = build_sm100(KernelConfig(**DEEPSEEK_100, causal=True, gqa_ratio=2))
+    assert [(r.name, r.slots, r.bytes_per_slot) for r in pipe.regions if r.space is Space.SMEM] == [
+        ("Q", 2, 128 * 192 * 2), ("KV", 2, 128 * 192 * 2), ("sScale", 2, 512)]
+    assert [(r.name, r.col, r.cols) for r in pipe.regions if r.name in ("O0", "O1")] == [("O0", 256, 128), ("O1", 384, 128)]
+    assert layout_of(pipe).total == 198840 <= pipe.smem_limit
+    assert not static_findings(pipe)
+    # each load announces its own tile: K 48 KiB, V 32 KiB, the ring's barrier no single count
+    loads = [op for op in walk_ops(pipe.role("load").program) if isinstance(op, (ExpectTx, TmaLoad))]
+    assert {(type(op).__name__, getattr(op, "tensor", None), op.bytes) for op in loads if op.barrier == "kv_full"} == {
+        ("ExpectTx", None, 128 * 192 * 2), ("ExpectTx", None, 128 * 128 * 2),
+        ("TmaLoad", "k", 128 * 192 * 2), ("TmaLoad", "v", 128 * 128 * 2)}
+    assert pipe.barrier("kv_full").tx_bytes == 0
+    # the epilogue (causal: the softmax warpgroups) stores O in four 32-column chunks; the store warp none
+    for i in (0, 1):
+        assert [(op.col_lo, op.col_hi, op.qtile) for op in walk_ops(pipe.role(f"softmax{i}").program)
+                if isinstance(op, StoreO)] == [(c, c + 32, i) for c in range(0, 128, 32)]
+    assert not any(isinstance(op, TmaStore) for op in walk_ops(pipe.role("store").program))
+    assert verify(pipe, random_schedules=2).ok
+
+
+def test_sm100a_deepseek_v_load_with_k_count_is_rejected():
+    from fa4gen.ir.sm100 import build_sm100
+    from fa4gen.verify import verify
+    from fa4gen.verify.mutations import SM100_DV_CORPUS
+
+    with planning_head_dims():
+        pipe = build_sm100(KernelConfig(**DEEPSEEK_100))
+    for mut in SM100_DV_CORPUS:
+        rep = verify(mut.apply(pipe), random_schedules=1)
+        assert any(f.code == mut.code and mut.culprit in f.subject.split(", ") for f in rep.findings), rep.text()
+        # a dv == d pipeline: K's and V's counts are one, the mutation is no change
+        same = build_sm100(KernelConfig(arch="sm_100a", head_dim=128))
+        assert mut.apply(same) == same

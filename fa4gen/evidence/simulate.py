@@ -203,6 +203,10 @@ class NumpyData(DataModel):
             t = self.tasks[t_idx]
             seq, head, valid = self.tile_rows(t, qtile)
             self.o[t.batch, t.q_start + seq[valid], head[valid], :] = tile[valid][:, :self.dv]
+        elif kind == "store_o":  # O from the registers: the columns of the rows of the task's sequence
+            seq, head, valid = self.tile_rows(task, op.qtile)
+            self.o[task.batch, task.q_start + seq[valid], head[valid], op.col_lo:op.col_hi] = \
+                regs[op.src][valid, op.col_lo:op.col_hi]
         elif kind == "store_partial":  # KV cache: the split's fp32 O columns of the rows < Sq
             seq, head, valid = self.tile_rows(task, op.qtile)
             r = (task.batch * self.sq + seq[valid]) * self.hq + head[valid]

@@ -245,6 +245,19 @@ class StorePartial:
 
 
 @dataclass(frozen=True)
+class StoreO:
+    """O from the registers (sm_100a, O not staged in SMEM: `ir/sm100.sm100_o_staged`): every thread of
+    the role writes columns [col_lo, col_hi) of its row's normalized, cast O (register buffer `src`,
+    the result of Compute "normalize") to o_ptr with st.global, rows of the task's sequence only (one
+    predicate per row, as StoreRows). Reads registers only: no SMEM or TMEM access."""
+
+    src: str
+    col_lo: int
+    col_hi: int
+    qtile: int
+
+
+@dataclass(frozen=True)
 class TmaStoreWait:
     """cp.async.bulk.wait_group.read 0: the SMEM source of every prior store may be reused."""
 
@@ -368,7 +381,7 @@ class Compute:
     writes: tuple[str, ...] = ()
 
 
-Op = Union[Wait, Arrive, ExpectTx, TmaLoad, PageLookup, TmaStore, StoreRows, StorePartial, TmaStoreWait, Mma, MmaWait, Commit, TmemLd, TmemSt, WaitLd,
+Op = Union[Wait, Arrive, ExpectTx, TmaLoad, PageLookup, TmaStore, StoreRows, StorePartial, StoreO, TmaStoreWait, Mma, MmaWait, Commit, TmemLd, TmemSt, WaitLd,
            WaitSt, SmemSt, SmemLd, FenceProxyAsync, NamedArrive, NamedSync, Advance, Compute]
 
 

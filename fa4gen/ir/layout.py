@@ -14,7 +14,7 @@ from ..spec.plan import ARCH_LIMITS
 from ..spec.tiles import PlanError
 from .core import BarrierKind, Pipeline, Space
 
-__all__ = ["SmemLayout", "layout_of", "smem_layout"]
+__all__ = ["SmemLayout", "fits", "layout_of", "o_staged", "smem_layout"]
 
 
 @dataclass(frozen=True)
@@ -66,3 +66,17 @@ def smem_layout(pipe: Pipeline, error: type[Exception] = PlanError) -> SmemLayou
         raise error(f"SMEM: {lay.used} bytes + {lay.align} alignment slack = {lay.total} exceed the "
                     f"{pipe.smem_limit}-byte limit of {pipe.arch} (fewer kv_stages?)")
     return lay
+
+
+def fits(pipe: Pipeline) -> bool:
+    """pipe's layout (the kernel's own, with the slack) fits the arch's SMEM limit."""
+    return layout_of(pipe).total <= pipe.smem_limit
+
+
+def o_staged(smallest_with_staging: Pipeline) -> bool:
+    """The one rule both targets take for O's way out: O is staged in SMEM (for a TMA store, or the
+    varlen store's row copies) where the smallest rings the kernel would take fit beside the staging
+    slots (`smallest_with_staging`: sm_90a 1 Q slot and KV_STAGES_MIN K/V stages, ir/sm90.sm90_o_staged;
+    sm_100a its two Q tiles and KV_STAGES_MIN K/V stages, ir/sm100.sm100_o_staged); otherwise each
+    thread stores its O rows from the registers."""
+    return fits(smallest_with_staging)

@@ -8,12 +8,13 @@ so the K walk and the V walk are two States over the same ring with stride 2.
 
 from __future__ import annotations
 
-from ..spec.config import KernelConfig
+from ..spec.config import KV_STAGES_MIN, KernelConfig
 from ..spec.plan import ARCH_LIMITS, SM100_STATS_BAR_ID, tile_bytes as plan_tile_bytes, v_tile_bytes
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
                    FenceProxyAsync, If, Loop, LoopKind, Mma, NamedArrive, NamedSync, Pipeline, Region,
-                   PageLookup, Role, Scope, SmemLd, SmemSt, Space, State, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd,
+                   PageLookup, Role, Scope, SmemLd, SmemSt, Space, State, StoreO, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd,
                    TmemSt, Wait, WaitLd, WaitSt)
+from .layout import fits, o_staged as o_staged_rule
 
 LIMITS = ARCH_LIMITS["sm_100a"]  # the kernel allocates all of TMEM
 LD_CHUNK = 32  # softmax reads S and writes P in 32-column tcgen05.ld/st chunks
@@ -22,13 +23,18 @@ STATS_BAR_ID = SM100_STATS_BAR_ID
 SOFTMAX_REGS, CORRECTION_REGS, WG3_REGS = 200, 64, 48  # 128 x (200 + 200 + 64 + 48) = 65,536
 
 
-def regions(cfg: KernelConfig) -> tuple[Region, ...]:
+def regions(cfg: KernelConfig, kv: int | None = None, o_staged: bool | None = None) -> tuple[Region, ...]:
+    """The kernel's regions with a kv-deep K/V ring (None: sm100_kv_stages) and O staged in SMEM or
+    not (None: sm100_o_staged)."""
+    kv = sm100_kv_stages(cfg) if kv is None else kv
+    staged = sm100_o_staged(cfg) if o_staged is None else o_staged
     dv, tile_bytes, vtile = cfg.head_dim_v, plan_tile_bytes(cfg), v_tile_bytes(cfg)
     return (
         Region("Q", Space.SMEM, cfg.dtype, 128, slots=cfg.q_stages, bytes_per_slot=tile_bytes),
         # K and V share the ring: a slot holds the larger of the two tiles
-        Region("KV", Space.SMEM, cfg.dtype, 128, slots=cfg.kv_stages, bytes_per_slot=max(tile_bytes, vtile)),
-        Region("O_smem", Space.SMEM, cfg.dtype, 128, slots=2, bytes_per_slot=vtile),
+        Region("KV", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=max(tile_bytes, vtile)),
+        # O from the registers (StoreO) where no staging fits: no staging slots
+        *((Region("O_smem", Space.SMEM, cfg.dtype, 128, slots=2, bytes_per_slot=vtile),) if staged else ()),
         Region("sScale", Space.SMEM, "f32", 128, slots=2, bytes_per_slot=128 * 4),
         Region("S0", Space.TMEM, "f32", 128, col=0, cols=128),
         Region("P0", Space.TMEM, "f16", 128, col=64, cols=64, alias_of="S0"),
@@ -39,16 +45,18 @@ def regions(cfg: KernelConfig) -> tuple[Region, ...]:
     )
 
 
-def barriers(cfg: KernelConfig) -> tuple[Barrier, ...]:
+def barriers(cfg: KernelConfig, kv: int | None = None) -> tuple[Barrier, ...]:
+    kv = sm100_kv_stages(cfg) if kv is None else kv
     tile_bytes = plan_tile_bytes(cfg)  # CTA_GROUP (1) * rows * D * 2 bytes
     per_warp = cfg.gqa_ratio == 1
     return (
         Barrier("q_full", BarrierKind.TMA, 2, 1, tx_bytes=tile_bytes),
         Barrier("q_empty", BarrierKind.TCGEN05, 2, 1),
-        # one tx count for the ring, K's: a dv != d ring (V tiles of another size in the same slots)
-        # needs a count per load, which the IR's barriers cannot say yet (docs/HEAD_DIMS.md)
-        Barrier("kv_full", BarrierKind.TMA, cfg.kv_stages, 1, tx_bytes=tile_bytes),
-        Barrier("kv_empty", BarrierKind.TCGEN05, cfg.kv_stages, 1),
+        # K and V complete the same ring's phases: one tx count where their tiles are one size, none
+        # (0) where they differ (dv != d), each load then announcing its own tile's bytes (the
+        # verifier holds every TmaLoad to its tensor's tile and to the expect_tx before it)
+        Barrier("kv_full", BarrierKind.TMA, kv, 1, tx_bytes=tile_bytes if v_tile_bytes(cfg) == tile_bytes else 0),
+        Barrier("kv_empty", BarrierKind.TCGEN05, kv, 1),
         Barrier("s_ready", BarrierKind.TCGEN05, 2, 1),
         Barrier("p_o_rescale", BarrierKind.MBAR, 2, 256),
         Barrier("p_ready_2", BarrierKind.MBAR, 2, 128),
@@ -63,9 +71,39 @@ def barriers(cfg: KernelConfig) -> tuple[Barrier, ...]:
     )
 
 
+def smem_pipeline(cfg: KernelConfig, kv: int, o_staged: bool) -> Pipeline:
+    """The kernel's regions and barriers with a kv-deep K/V ring and O staged or not, without roles:
+    what its SMEM layout (ir/layout.py) is computed from."""
+    return Pipeline(cfg, "sm_100a", 16, regions(cfg, kv, o_staged), barriers(cfg, kv), (), LIMITS.tmem_cols,
+                    LIMITS.smem_per_cta)
+
+
+def sm100_o_staged(cfg: KernelConfig) -> bool:
+    """Whether the epilogue stages O in SMEM (a TMA store by the store warp; varlen: its row copies) or
+    stores it from the registers (StoreO, each thread its row). sm_90a's rule (ir/layout.o_staged):
+    staged where the smallest ring, two Q tiles and KV_STAGES_MIN K/V stages, fits beside the two
+    staging slots: D = 64, 96, 128; not (192, 128), whose 2 stages with staging take 264,376 bytes
+    (docs/HEAD_DIMS.md). The KV cache takes the same rule (num_splits > 1 stores from the registers
+    whatever it says: StorePartial)."""
+    return o_staged_rule(smem_pipeline(cfg, KV_STAGES_MIN, True))
+
+
+def sm100_kv_stages(cfg: KernelConfig) -> int:
+    """The K/V ring depth: the config's, except that the default is capped to the deepest ring (at
+    least KV_STAGES_MIN) that fits beside the Q tiles and O's staging, as sm_90a caps it ((192, 128):
+    3 stages of 48 KiB do not fit, 2 do). An explicit depth is kept: smem_layout refuses one that does
+    not fit."""
+    default = KernelConfig.__dataclass_fields__["kv_stages"].default
+    if cfg.kv_stages != default:
+        return cfg.kv_stages
+    staged = sm100_o_staged(cfg)
+    return next((kv for kv in range(cfg.kv_stages, KV_STAGES_MIN, -1) if fits(smem_pipeline(cfg, kv, staged))),
+                KV_STAGES_MIN)
+
+
 def _load_role(cfg: KernelConfig) -> Role:
     tb = plan_tile_bytes(cfg)
-    kv = cfg.kv_stages
+    kv = sm100_kv_stages(cfg)
 
     def load_kv(state: str, tensor: str, block: BlockRef):
         nbytes = tb if tensor == "k" else v_tile_bytes(cfg)
@@ -121,7 +159,7 @@ def _mma_role(cfg: KernelConfig) -> Role:
         Commit("kv_empty", "v"), Advance("v"),
         Commit("q_empty", "qa"), Advance("qa"), Commit("q_empty", "qb"), Advance("qb"),
     )
-    kv = cfg.kv_stages
+    kv = sm100_kv_stages(cfg)
     states = (State("qa", 2, 0, start=0, stride=2), State("qb", 2, 0, start=1, stride=2),
               State("k", kv, 0, start=0, stride=2), State("v", kv, 0, start=1, stride=2),
               State("por0", 1, 0, slot_base=0), State("por1", 1, 0, slot_base=1),
@@ -130,11 +168,12 @@ def _mma_role(cfg: KernelConfig) -> Role:
 
 
 def _epilogue_ops(cfg: KernelConfig, i: int, o_state: str, e_state: str, row_sum_src: str, regs: int) -> tuple:
-    """Normalise O tile i, cast, stage it in O_smem and hand it to the store warp.
+    """Normalise O tile i, cast, stage it in O_smem and hand it to the store warp; or, where O is not
+    staged (sm100_o_staged), store it from the registers (StoreO) and hand the (empty) turn over.
 
     A role whose register budget cannot hold the whole fp32 row (WG2: 64 registers, dv up to 128)
     loads, normalises and stages one 32-column chunk at a time; the softmax warpgroups (200) load
-    the row at once."""
+    the row at once. O from the registers goes one 32-column chunk at a time in every role."""
     loads = [TmemLd(f"O{i}", c, c + LD_CHUNK, "o") for c in range(0, cfg.head_dim_v, LD_CHUNK)]
     step = (Compute("normalize", i, reads=("o", row_sum_src), writes=("o_out",)), SmemSt("O_smem", e_state, "o_out"))
     if cfg.head_dim_v > regs - 32:  # keep 32 registers for addresses, loop state and row statistics
@@ -145,6 +184,10 @@ def _epilogue_ops(cfg: KernelConfig, i: int, o_state: str, e_state: str, row_sum
     # varlen kernel's store warp copies it with ld.shared (generic proxy, ordered by the barrier).
     fence = () if cfg.varlen else (FenceProxyAsync(),)
     staged = (*body, *fence)
+    if not sm100_o_staged(cfg):
+        staged = tuple(op for c in range(0, cfg.head_dim_v, LD_CHUNK)
+                       for op in (TmemLd(f"O{i}", c, c + LD_CHUNK, "o"), WaitLd(), step[0],
+                                  StoreO("o_out", c, c + LD_CHUNK, i)))
     if cfg.kvcache:
         # KV cache with num_splits > 1: the split's normalized O stays fp32 and goes from the
         # registers to o_partial (StorePartial); O_smem is not written, the store warp stores nothing.
@@ -241,8 +284,12 @@ def _correction_role(cfg: KernelConfig) -> Role:
 
 def _store_role(cfg: KernelConfig) -> Role:
     body = []
+    staged = sm100_o_staged(cfg)
     for _ in (0, 1):
-        if cfg.varlen:
+        if not staged:
+            # O leaves from the epilogue's registers (StoreO): the warp only passes the turn back
+            store = ()
+        elif cfg.varlen:
             # Varlen: the tile's rows past the sequence's end belong to the next sequence (or lie
             # past total_q): the warp's threads copy only the sequence's rows (StoreRows).
             store = (StoreRows("O_smem", "e"),)
@@ -262,6 +309,9 @@ def build_sm100(cfg: KernelConfig) -> Pipeline:
     roles = (_softmax_role(cfg, 0), _softmax_role(cfg, 1), _correction_role(cfg), _mma_role(cfg),
              _load_role(cfg), _store_role(cfg), Role("idle", (15,), WG3_REGS, (), ()))
     notes = ("causal epilogue in WG0/WG1" if cfg.causal else "non-causal epilogue in WG2",)
+    if not sm100_o_staged(cfg):
+        notes += (f"O from the registers (StoreO): {sm100_kv_stages(cfg)} K/V stages and O staging do not fit "
+                  "together",)
     if cfg.varlen:
         notes += ("varlen: packed sequences (cu_seqlens); the store warp writes O rows of the task's sequence "
                   "with st.global (StoreRows), not a TMA store",)

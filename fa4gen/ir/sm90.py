@@ -23,7 +23,7 @@ from ..spec.tiles import PlanError
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync,
                    If, InstSlot, Loop, LoopKind, Mma, PageLookup, MmaWait, NamedArrive, NamedSync, Pipeline, Region, Role, Scope,
                    SmemSt, Space, State, StoreRows, TmaLoad, TmaStore, TmaStoreWait, Wait, instantiate)
-from .layout import layout_of
+from .layout import fits, o_staged as o_staged_rule
 
 TARGET = "sm_90a"
 
@@ -71,8 +71,7 @@ def smem_pipeline(cfg: KernelConfig, nq: int, kv: int, o_staged: bool | None = N
 
 def _fits(cfg: KernelConfig, nq: int, kv: int, o_staged: bool | None = None) -> bool:
     """The layout of the pipeline with these rings (ir/layout.py, the kernel's own) fits the SMEM limit."""
-    pipe = smem_pipeline(cfg, nq, kv, o_staged)
-    return layout_of(pipe).total <= pipe.smem_limit
+    return fits(smem_pipeline(cfg, nq, kv, o_staged))
 
 
 def sm90_o_staged(cfg: KernelConfig) -> bool:
@@ -81,7 +80,7 @@ def sm90_o_staged(cfg: KernelConfig) -> bool:
     KV-cache kernels always store from the registers (their O rows and fp32 split partials are row
     stores); the others stage O where the smallest ring, 1 Q slot and KV_STAGES_MIN K/V stages,
     fits beside the staging slots (D = 64, 96 and 128; not (192, 128) nor 256: docs/HEAD_DIMS.md)."""
-    return not cfg.kvcache and _fits(cfg, 1, KV_STAGES_MIN, o_staged=True)
+    return not cfg.kvcache and o_staged_rule(smem_pipeline(cfg, 1, KV_STAGES_MIN, o_staged=True))
 
 
 def sm90_stages(cfg: KernelConfig, kv_cap: int | None = None) -> tuple[int, int]:

@@ -683,6 +683,11 @@ class Engine:
         self._check_regs(role, (op.src,), ev)
         self.data.effect("store_partial", role, op, ctx, {})
 
+    def _op_StoreO(self, role, op, ctx, ev, slots):
+        # as StorePartial: registers to global memory, after their tcgen05.wait::ld
+        self._check_regs(role, (op.src,), ev)
+        self.data.effect("store_o", role, op, ctx, {})
+
     def _op_TmaStoreWait(self, role, op, ctx, ev, slots):
         self._join_done(role, "store")
         ev.vc.join(self.agents[role.name].vc)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..ir.core import (Arrive, Commit, ExpectTx, If, Loop, LoopKind, MmaWait, NamedArrive, NamedSync, Pipeline, Role, SmemSt,
-                       State, Wait, WaitLd, WaitSt)
+                       State, TmaLoad, Wait, WaitLd, WaitSt, walk_ops)
 
 
 def rewrite(program: tuple, fn: Callable) -> tuple:
@@ -190,11 +190,28 @@ SM90_CORPUS: tuple[Mutation, ...] = (
 )
 
 
+def _v_load_k_tx(pipe: Pipeline) -> Pipeline:
+    # the load warp's V loads announce K's tile bytes in expect_tx (one count for the whole ring)
+    k_bytes = next(op.bytes for op in walk_ops(pipe.role("load").program)
+                   if isinstance(op, TmaLoad) and op.tensor == "k")
+    return edit_program(pipe, "load", lambda op: (dataclasses.replace(op, bytes=k_bytes),)
+                        if isinstance(op, ExpectTx) and op.barrier == "kv_full" and op.slot == "v" else (op,))
+
+
+# sm_100a mutations that need a pipeline whose K and V tiles differ (dv != d: (192, 128)); on a dv == d
+# pipeline they change nothing
+SM100_DV_CORPUS: tuple[Mutation, ...] = (
+    Mutation("v_load_with_k_tx", "the V loads' expect_tx announces K's 48 KiB tile, not V's 32 KiB",
+             _v_load_k_tx, "TX_COUNT", "kv_full"),
+)
+
+
 def by_name(name: str) -> Mutation:
-    for m in CORPUS + SM90_CORPUS:
+    for m in CORPUS + SM90_CORPUS + SM100_DV_CORPUS:
         if m.name == name:
             return m
-    raise KeyError(f"no mutation {name!r}; known: {', '.join(m.name for m in CORPUS + SM90_CORPUS)}")
+    raise KeyError(f"no mutation {name!r}; known: "
+                   f"{', '.join(m.name for m in CORPUS + SM90_CORPUS + SM100_DV_CORPUS)}")
 
 
-__all__ = ["CORPUS", "SM90_CORPUS", "Mutation", "by_name", "rewrite", "Role"]
+__all__ = ["CORPUS", "SM100_DV_CORPUS", "SM90_CORPUS", "Mutation", "by_name", "rewrite", "Role"]

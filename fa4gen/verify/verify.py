@@ -21,7 +21,7 @@ from ..ir.core import (Arrive, BarrierKind, Commit, Cond, ExpectTx, If, Loop, Mm
                        Space, TmaLoad, TmemLd, TmemSt, Wait, walk_ops)
 from ..spec.encodings import TMEM_ALLOC_MIN_COLUMNS, TMEM_LANES
 from ..ir.layout import layout_of
-from ..spec.plan import ARCH_LIMITS
+from ..spec.plan import ARCH_LIMITS, q_tile_bytes, tile_bytes, v_tile_bytes
 from ..spec.tiles import PlanError
 from .engine import Engine, Finding, Scenario
 
@@ -128,8 +128,11 @@ def static_findings(pipe: Pipeline) -> list[Finding]:
     regions = {r.name: r for r in pipe.regions}
     used = set()
     named_part: dict[str, dict[str, int]] = {}
+    # each tensor's own tile (a K/V ring slot holds the larger of K's and V's: dv != d)
+    tile_of = {"q": q_tile_bytes(pipe.config), "k": tile_bytes(pipe.config), "v": v_tile_bytes(pipe.config)}
     for role in pipe.roles:
         states = {s.name for s in role.states}
+        announced: dict[tuple, int] = {}  # (barrier, slot operand) -> the last expect_tx's bytes
         for op in walk_ops(role.program):
             bname = getattr(op, "barrier", None)
             if bname is not None:
@@ -156,13 +159,22 @@ def static_findings(pipe: Pipeline) -> list[Finding]:
                     add("IR_REF", role.name, f"{type(op).__name__} names undeclared region {v!r}")
             if isinstance(op, TmaLoad):
                 r = regions.get(op.dst)
-                if r is not None and op.bytes != r.bytes_per_slot:
+                if r is not None and op.bytes > r.bytes_per_slot:
                     add("TX_COUNT", op.barrier, f"{role.name}: TMA load of {op.bytes} bytes into a "
                                                 f"{r.bytes_per_slot}-byte {op.dst} slot")
+                own = tile_of.get(op.tensor)
+                if own is not None and op.bytes != own:
+                    add("TX_COUNT", op.barrier, f"{role.name}: TMA load of {op.tensor} carries {op.bytes} bytes, "
+                                                f"its tile is {own}")
+                said = announced.pop((op.barrier, op.bar_slot), None)
+                if said is not None and said != op.bytes:
+                    add("TX_COUNT", op.barrier, f"{role.name}: expect_tx of {said} bytes announces a TMA load of "
+                                                f"{op.tensor} of {op.bytes} bytes")
                 b = bars.get(op.barrier)
                 if b is not None and b.tx_bytes and op.bytes != b.tx_bytes:
                     add("TX_COUNT", op.barrier, f"{role.name}: TMA load of {op.bytes} bytes, barrier expects {b.tx_bytes}")
             if isinstance(op, ExpectTx):
+                announced[(op.barrier, op.slot)] = op.bytes
                 b = bars.get(op.barrier)
                 if b is not None and b.tx_bytes and op.bytes != b.tx_bytes:
                     add("TX_COUNT", op.barrier, f"{role.name}: expect_tx of {op.bytes} bytes, barrier expects {b.tx_bytes}")
