@@ -151,7 +151,7 @@ def test_head_dim_takes_d_or_d_comma_dv(arg, dims, tmp_path, monkeypatch):
                                    block_m=q_tile_rows("sm_90a", dims[0], 1))
 
 
-@pytest.mark.parametrize("arch,arg,field", [("sm_100a", "192,128", "head_dim"), ("sm_90a", "192,64", "head_dim_v"),
+@pytest.mark.parametrize("arch,arg,field", [("sm_100a", "192,64", "head_dim_v"), ("sm_90a", "192,64", "head_dim_v"),
                                             *((a, "128,64", "head_dim_v") for a in ("sm_100a", "sm_90a")),
                                             ("sm_100a", "256", "head_dim"), ("sm_90a", "256,128", "head_dim_v")])
 def test_head_dim_pairs_not_generated_are_refused_naming_the_generated_ones(arch, arg, field, monkeypatch):
@@ -159,7 +159,7 @@ def test_head_dim_pairs_not_generated_are_refused_naming_the_generated_ones(arch
     err = _one_line_error(CliRunner().invoke(main, ["build", "--arch", arch, "--head-dim", arg]))
     d, _, dv = arg.partition(",")
     assert err.startswith(f"fa4gen: error: invalid {field}=")
-    pairs = {"sm_100a": "(64, 64), (96, 96), (128, 128)", "sm_90a": "(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)"}[arch]
+    pairs = {"sm_100a": "(64, 64), (96, 96), (128, 128), (192, 128)", "sm_90a": "(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)"}[arch]
     assert f"({d}, {dv or d}) is not generated for {arch}" in err and err.endswith(f"it generates {pairs}")
 
 

@@ -1,4 +1,4 @@
-"""sm_90a (192, 128), D = 96 and D = 256 (docs/HEAD_DIMS.md): the IR's layout choice (O from the
+"""sm_90a and sm_100a (192, 128), D = 96 and D = 256 (docs/HEAD_DIMS.md): the IR's layout choice (O from the
 registers where no ring fits beside O staging), the K and V rings' own tile bytes held by the verifier,
 o_ptr in the dense ABI of such a kernel only, D = 96's 32-column 64B-swizzled panels in the manifest's
 tensor maps, D = 256's 64-key K/V blocks (rings, boxes, wgmma shapes), and small emulations reaching
@@ -74,7 +74,7 @@ def test_o_ptr_joins_the_dense_abi_of_a_kernel_storing_o_from_registers_only():
         assert names.count("o_ptr") == 1
 
 
-@pytest.mark.parametrize("d,dv", [(192, 128), (256, 256)])
+@pytest.mark.parametrize("d,dv", [(256, 256)])
 def test_sm100a_still_refuses_the_pair(d, dv):
     from fa4gen.ir import build_pipeline
     from fa4gen.lower.sm100 import Sm100LoweringError, lower_sm100
@@ -332,3 +332,29 @@ def test_sm100a_deepseek_v_load_with_k_count_is_rejected():
         # a dv == d pipeline: K's and V's counts are one, the mutation is no change
         same = build_sm100(KernelConfig(arch="sm_100a", head_dim=128))
         assert mut.apply(same) == same
+
+
+def test_sm100a_deepseek_varlen_causal_kernel_emulates_with_every_block_reached():
+    """Varlen, causal, GQA 2: the softmax warpgroups' StoreO of 256-byte O rows of the sequence only
+    (no staging, no store), K's three and V's two 128B panels in a 48 KiB ring slot, QK^T over 192
+    columns and PV with N = 128; ragged batches with empty sequences and a decode-like one."""
+    cfg = KernelConfig(**DEEPSEEK_100, causal=True, varlen=True, gqa_ratio=2)
+    _emulate_every_block(cfg, [VarShape.parse("130:200,0:17,40:0,1:128;2,1"),
+                               VarShape((3, 0), (70, 5), 2, 1, seqused_k=(40, 3), with_lse=False)])
+
+
+def test_sm100a_deepseek_paged_kv_kernel_emulates_with_every_block_reached():
+    """A paged KV cache (16-key pages), non-causal: WG2's StoreO (one split) and its fp32 partials of
+    128 columns (several), K and V boxes of their own tiles, and fa4_combine; the first three default
+    decode batches cut as for D = 96 (the fourth reaches no other block). With the varlen one above,
+    about 9 s of CPU."""
+    import dataclasses
+
+    from fa4gen.evidence.ptxemu.kvcache import default_kv_shapes
+
+    cfg = KernelConfig(**DEEPSEEK_100, kvcache=True, page_size=16, gqa_ratio=4)
+
+    def shapes(man):
+        b = default_kv_shapes(man)
+        return [dataclasses.replace(b[0], seqlens=(-3,)), b[1], dataclasses.replace(b[2], seqlens=(390,))]
+    _emulate_every_block(cfg, shapes, entries=("fa4_fwd", "fa4_combine"))

@@ -31,7 +31,7 @@ from ..spec.config import KernelConfig
 from .ptxemu.parse import _split_top as _operands
 from ..spec.encodings import EncodingError, Major, TcgenInstrDesc
 from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, ExpectTx, FenceProxyAsync, Mma,
-                       MmaWait, NamedArrive, NamedSync, Scope, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt,
+                       MmaWait, NamedArrive, NamedSync, Scope, StoreO, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt,
                        Wait, WaitLd, WaitSt, walk_ops)
 
 
@@ -567,6 +567,12 @@ def _read_section(role: str, lines, pipe, lay: _Layout, spell, threads: int, set
             q = pred.lstrip("@")
             ev = ("store_partial", "rows < %sq" if q in sq_guard and not q.startswith("!")
                   else f"st.global predicate {pred or 'none'}")
+        elif opc.startswith("st.global.v4.b32") and ops[0].lstrip("[").startswith("%kop"):
+            # StoreO (O not staged): the thread's row of cast O from its registers, through the
+            # address register StorePartial's fp32 rows take
+            q = pred.lstrip("@")
+            ev = ("store_o", "rows < %sq" if q in sq_guard and not q.startswith("!")
+                  else f"st.global predicate {pred or 'none'}")
         elif opc.startswith("st.global.v4"):  # ... and write its rows to global memory
             src, ld_pred = rows_src[0] if rows_src else (None, None)
             q = pred.lstrip("@")
@@ -786,11 +792,12 @@ def _collapse(events):
             else:
                 out.append((ln, (kind, ev[1:], 1)))
             continue
-        if ev[0] == "store_partial":  # one st.global.v4.f32 per 4 columns: n instructions, one op
-            if out and out[-1][1][0] == "store_partial_n" and out[-1][1][1] == ev[1]:
-                out[-1] = (out[-1][0], ("store_partial_n", ev[1], out[-1][1][2] + 1))
+        if ev[0] in ("store_partial", "store_o"):  # one st.global.v4 per 4 (8) columns: n instructions, one op
+            kind = ev[0] + "_n"
+            if out and out[-1][1][0] == kind and out[-1][1][1] == ev[1]:
+                out[-1] = (out[-1][0], (kind, ev[1], out[-1][1][2] + 1))
             else:
-                out.append((ln, ("store_partial_n", ev[1], 1)))
+                out.append((ln, (kind, ev[1], 1)))
             continue
         if ev[0] == "bulk_commit":
             if out and out[-1][1][0] == "tma_store_n":
@@ -886,6 +893,8 @@ def _event_sm100(op, pipe, role, slot):
         return ("store_rows", op.src, slot(op.src_slot), "rows < %sq")
     if isinstance(op, StorePartial):
         return ("store_partial_n", "rows < %sq", (op.col_hi - op.col_lo) // 4)
+    if isinstance(op, StoreO):
+        return ("store_o_n", "rows < %sq", (op.col_hi - op.col_lo) // 8)
     if isinstance(op, Mma):
         d = pipe.region(op.d)
         if op.accumulate == "false" or (op.accumulate == "not_first" and op.block is BlockRef.FIRST):
@@ -901,7 +910,7 @@ def _event_sm100(op, pipe, role, slot):
         else:
             p = pipe.region(op.a)
             a = ("tmem",) + tuple(p.col + kk // 2 for kk in range(op.k_lo, op.k_hi, 16))
-            n, major = cfg.head_dim, Major.MN.name
+            n, major = cfg.head_dim_v, Major.MN.name  # PV: N = DV
         mtype = {"bf16": "BF16", "fp16": "F16"}[cfg.dtype]
         return ("mma_n", d.col, a, b_states, n, major, acc, True, (op.k_hi - op.k_lo) // 16, 128, Major.K.name,
                 mtype)

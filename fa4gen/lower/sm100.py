@@ -31,7 +31,7 @@ from ..spec.encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, ch
 from ..spec.exp2 import EXP2_POLY, FRAG_COLS, ROUND_MAGIC, emulated_mask
 from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, ExpectTx, FenceProxyAsync,
                        Mma, NamedArrive, NamedSync, Pipeline, Role, PageLookup, Scope, SmemLd, SmemSt, Space,
-                       StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt, Wait,
+                       StoreO, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt, Wait,
                        WaitLd, WaitSt, walk_ops)
 from .manifest import ENTRY, GridFacts, entry_params, manifest, smem_layout_section
 from .walk import LoweringError, SmemLayout, WalkCtx, Walker, dispatch, f32, pairwise, refuse_planned, smem_layout
@@ -98,6 +98,7 @@ OP_PTX: dict[type, tuple[str, ...]] = {
     # by the role's threads, read back by fa4gen.evidence.check as its own event)
     StoreRows: (),
     StorePartial: (),  # KV cache: st.global of the registers (no protocol instruction)
+    StoreO: (),  # O from the registers: st.global of the packed row (no protocol instruction)
     PageLookup: (),  # paged KV cache: ld.global of page-table entries into registers
     SmemSt: (),
     SmemLd: (),
@@ -465,6 +466,25 @@ class _RoleEmitter(Walker):
                   row_bytes=cfg.head_dim_v * 4,
                   stores=[{"off": 4 * c, "regs": [self.buf(op.src, c + j) for j in range(4)]}
                           for c in range(op.col_lo, op.col_hi, 4)])
+
+    def op_StoreO(self, op: StoreO) -> None:
+        """O not staged (ir/sm100.sm100_o_staged): every thread stores its row's normalized, cast O
+        columns [col_lo, col_hi) (packed by the normalize before it) to o_ptr ((B, Sq, Hq, DV), varlen
+        (total_q, Hq, DV)), 16 bytes per st.global.v4.b32, rows of position < Sq only."""
+        cfg = self.cfg
+        cols, self.packed = self.packed, []
+        if cols != list(range(op.col_lo, op.col_hi)) or len(cols) % 8:
+            raise Sm100LoweringError(f"{self.p}: StoreO of {op.src}[{op.col_lo}:{op.col_hi}] without a preceding "
+                                     "normalize of exactly those columns (whole 8-column groups)")
+        p = cfg.gqa_pack
+        self.r("pred", "p_row")
+        self.what(f"store O tile {op.qtile} cols {op.col_lo}-{op.col_hi - 1} ({cfg.dtype}, normalized) to o_ptr row "
+                  f"({'qoff + pos' if cfg.varlen else 'b * Sq + pos'}) * Hq + head, rows pos < Sq only")
+        self.emit("store_o", pos0=2 * cfg.seq_q_per_tile, pos_tile=op.qtile * cfg.seq_q_per_tile, p=p,
+                  log2_p=p.bit_length() - 1, g=cfg.gqa_ratio, t2=self.r("b32", "kt2"), t3=self.r("b32", "kt3"),
+                  addr=self.r("b64", "kop"), varlen=cfg.varlen, row_bytes=cfg.head_dim_v * cfg.elem_bytes,
+                  stores=[{"off": 2 * c, "regs": [self.r("b32", f"ob{(c + 2 * q) // 2}") for q in range(4)]}
+                          for c in range(op.col_lo, op.col_hi, 8)])
 
     def op_Mma(self, op: Mma) -> None:
         cfg, pipe = self.cfg, self.pipe

@@ -51,15 +51,15 @@ ARCHS = ("sm_100a", "sm_90a")
 # (head_dim, head_dim_v) pairs each target generates: q and k have head_dim columns, v and o head_dim_v.
 # The one table KernelConfig, the API (runtime/validate.py), the CLI and prebuilt-kernel checks read.
 HEAD_DIM_PAIRS: dict[str, tuple[tuple[int, int], ...]] = {
-    "sm_100a": ((64, 64), (96, 96), (128, 128)),
+    "sm_100a": ((64, 64), (96, 96), (128, 128), (192, 128)),
     "sm_90a": ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256)),
 }
 HEAD_DIMS = tuple(sorted({d for pairs in HEAD_DIM_PAIRS.values() for d, _ in pairs}))  # every head_dim of some pair
-# Pairs the design of docs/HEAD_DIMS.md plans (D = 256, DeepSeek's (192, 128)) on a target that does not
-# generate them (sm_90a generates both, sm_100a plans them; D = 96, once planned, both generate): inside
+# Pairs the design of docs/HEAD_DIMS.md plans (D = 256) on a target that does not generate them (sm_90a
+# generates it, sm_100a plans it; D = 96 and DeepSeek's (192, 128), once planned, both generate): inside
 # `planning_head_dims()` a KernelConfig takes them on every target so the IR's budget checks can be asked about
 # them (scripts/head_dim_budgets.py), and the lowerings refuse those their target does not generate.
-HEAD_DIM_PLANNED: tuple[tuple[int, int], ...] = ((192, 128), (256, 256))
+HEAD_DIM_PLANNED: tuple[tuple[int, int], ...] = ((256, 256),)
 DTYPES = ("fp16", "bf16")
 PAGE_SIZES = (16, 32, 64, 128, 256)  # keys per KV-cache page (kvcache kernels; 0 = contiguous cache)
 MMA_K = 16  # reduction positions per MMA step for 16-bit inputs (tcgen05 kind::f16, wgmma k16)
