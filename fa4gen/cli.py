@@ -206,12 +206,14 @@ def verify(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, block
     from .codegen import pipeline_summary
     from .ir import build_pipeline
     from .verify import verify as run_verify
-    from .verify.mutations import CORPUS, SM90_CORPUS
+    from .verify.mutations import CORPUS, SM90_CORPUS, SM100_DV_CORPUS
 
-    corpus = {"sm_100a": CORPUS, "sm_90a": SM90_CORPUS}
+    corpus = {"sm_100a": CORPUS + SM100_DV_CORPUS, "sm_90a": SM90_CORPUS}
+    dv_only = {m.name for m in SM100_DV_CORPUS}  # they edit what only a dv != d pipeline has
     if list_mutations:
         for m in corpus[arch]:
-            click.echo(f"{m.name:28s} {m.code:14s} {m.culprit:12s} {m.what}")
+            note = " (needs K and V tiles of two sizes: --head-dim 192,128)" if m.name in dv_only else ""
+            click.echo(f"{m.name:28s} {m.code:14s} {m.culprit:12s} {m.what}{note}")
         return
     cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, varlen, kvcache, page_size,
                        block_m, window, softcap, sinks)
@@ -228,7 +230,13 @@ def verify(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, block
             sys.exit(2)
     pipe = build_pipeline(cfg)
     if mutation:
-        pipe = mine[0].apply(pipe)
+        broken = mine[0].apply(pipe)
+        if broken == pipe:
+            click.echo(f"fa4gen: error: mutation {mutation!r} changes nothing in {cfg.name}'s pipeline"
+                       + (" (it needs K and V tiles of two sizes: --head-dim 192,128)" if mutation in dv_only else ""),
+                       err=True)
+            sys.exit(2)
+        pipe = broken
     rep = run_verify(pipe)
     _print_summary(pipeline_summary(pipe, rep))
     sys.exit(0 if rep.ok else 1)
