@@ -99,6 +99,20 @@ def test_fake_impl_validates_like_eager():
             torch_ops.attention_with_kvcache(q, k, v, lens, pt)
 
 
+def test_batch_invariant_is_an_op_argument_validated_once():
+    """batch_invariant reaches the op (its fake implementation resolves it in check_kvcache_problem, as
+    eager does) and a decode step's graph carries it."""
+    with fake_mode():
+        q, k, v, lens, pt = fake_decode(page_size=64)
+        assert OP(q, k, v, lens, pt, True, None, 0, False, -1, -1, 0.0, None, True)[0].shape == q.shape
+        with pytest.raises(InputTypeError, match="batch_invariant must be True or False, got int"):
+            torch_ops.attention_with_kvcache(q, k, v, lens, pt, batch_invariant=1)
+        ex = torch._dynamo.explain(lambda *a: fa4gen.attention_with_kvcache(*a, batch_invariant=True))(q, k, v, lens, pt)
+    assert (ex.graph_count, ex.graph_break_count) == (1, 0), ex.break_reasons
+    call = [ln for ln in ex.graphs[0].code.splitlines() if "attention_with_kvcache_fwd.default" in ln]
+    assert len(call) == 1 and "0, False, -1, -1, 0.0, None, True)" in call[0], call
+
+
 # ---- CPU: tracing ---------------------------------------------------------------------------------
 def _decode_step(q, k, v, lens, pt, sink):
     o, lse = fa4gen.attention_with_kvcache(q, k, v, lens, pt, window_size=(127, 0), learnable_sink=sink,

@@ -162,12 +162,14 @@ def attention_with_kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                                cache_seqlens: torch.Tensor, page_table: Optional[torch.Tensor], causal: bool,
                                softmax_scale: Optional[float], num_splits: int, return_lse: bool,
                                window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
-                               learnable_sink: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                               learnable_sink: Optional[torch.Tensor] = None,
+                               batch_invariant: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, lse) of `fa4gen.attention_with_kvcache(...)`; lse has shape (0,) when return_lse is False."""
     out = launch.attention_with_kvcache_eager(torch, q, k_cache, v_cache, cache_seqlens, page_table, causal,
                                               softmax_scale, num_splits, return_lse,
                                               window_size=(window_left, window_right), softcap=softcap,
-                                              learnable_sink=learnable_sink, check_grad=False)
+                                              learnable_sink=learnable_sink, check_grad=False,
+                                              batch_invariant=batch_invariant)
     if return_lse:
         return out
     return out, _no_lse(q)
@@ -176,12 +178,13 @@ def attention_with_kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 @attention_with_kvcache_fwd.register_fake
 def _attention_with_kvcache_fwd_fake(q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
                                      num_splits, return_lse, window_left=-1, window_right=-1, softcap=0.0,
-                                     learnable_sink=None):
+                                     learnable_sink=None, batch_invariant=False):
     metas = launch.kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table, meta=_fake_meta)
     problem = validate.check_kvcache_problem(*metas, causal=causal, softmax_scale=softmax_scale,
                                              num_splits=num_splits, return_lse=return_lse,
                                              window_size=(window_left, window_right), softcap=softcap,
-                                             learnable_sink=_sink_fake_meta(learnable_sink))
+                                             learnable_sink=_sink_fake_meta(learnable_sink),
+                                             batch_invariant=batch_invariant)
     o = q.new_empty(problem.out_shape)
     lse = q.new_empty(problem.lse_shape, dtype=torch.float32) if return_lse else _no_lse(q)
     return o, lse
@@ -191,8 +194,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table=None, 
                            softmax_scale: float | None = None, num_splits: int = 0, return_lse: bool = False,
                            window_size=(-1, -1), softcap: float = 0, learnable_sink=None,
                            batch_invariant: bool = False):
-    """`fa4gen.attention_with_kvcache` through the op (what it runs under torch.compile); batch_invariant
-    resolves num_splits = 0 to the fixed count here, so the op's schema carries the count alone."""
+    """`fa4gen.attention_with_kvcache` through the op (what it runs under torch.compile)."""
     scale, left, right, cap = _op_args(causal, return_lse, softmax_scale, window_size, softcap, learnable_sink)
     if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
         raise validate.InputTypeError(f"num_splits must be an int (0 = chosen from the shape), got "
@@ -201,14 +203,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, page_table=None, 
         if not (isinstance(t, torch.Tensor) or (t is None and name == "page_table")):
             raise validate.InputTypeError(f"{name} must be a torch.Tensor{' or None' if name == 'page_table' else ''}"
                                           f", got {type(t).__name__}")
-    if type(batch_invariant) is not bool:
+    if type(batch_invariant) is not bool:  # the schema's bool would reject it with a torch error
         raise validate.InputTypeError(f"batch_invariant must be True or False, got {type(batch_invariant).__name__}")
-    if batch_invariant and num_splits == 0:
-        from ..spec.schedule import BATCH_INVARIANT_SPLITS
-
-        num_splits = BATCH_INVARIANT_SPLITS
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k_cache, v_cache)):
         raise validate.InputValueError(launch.FORWARD_ONLY.replace("fa4gen.attention", "fa4gen.attention_with_kvcache"))
     o, lse = attention_with_kvcache_fwd(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale,
-                                        int(num_splits), return_lse, left, right, cap, learnable_sink)
+                                        int(num_splits), return_lse, left, right, cap, learnable_sink, batch_invariant)
     return (o, lse) if return_lse else o

@@ -758,12 +758,12 @@ def check_kvcache_problem(q: TensorMeta, k: TensorMeta, v: TensorMeta, cache_seq
         errors.append(InputTypeError(f"num_splits must be an int (0 = choose), got {type(num_splits).__name__}"))
     elif not 0 <= int(num_splits) <= KVCACHE_MAX_SPLITS:
         errors.append(InputValueError(f"num_splits must be in [0, {KVCACHE_MAX_SPLITS}] (0 = choose), got {num_splits}"))
-    elif type(batch_invariant) is not bool:
-        errors.append(InputTypeError(f"batch_invariant must be True or False, got {type(batch_invariant).__name__}"))
-    elif batch_invariant and int(num_splits) == 0:  # a fixed split count: spec/schedule.py BATCH_INVARIANT_SPLITS
+    elif batch_invariant is True and int(num_splits) == 0:  # a fixed count: spec/schedule.py BATCH_INVARIANT_SPLITS
         from ..spec.schedule import BATCH_INVARIANT_SPLITS
 
         num_splits = BATCH_INVARIANT_SPLITS
+    if type(batch_invariant) is not bool:
+        errors.append(InputTypeError(f"batch_invariant must be True or False, got {type(batch_invariant).__name__}"))
     scale = attempt(check_softmax_scale, softmax_scale, d if d in HEAD_DIMS else HEAD_DIMS[-1])
     mods = attempt(check_score_mods, window_size, softcap, learnable_sink, causal=causal, heads_q=hq if ok else None,
                    device=device, softmax_scale=scale or 1.0,
