@@ -112,20 +112,17 @@ def get_kernel(cfg: KernelConfig, device=None, cache: CubinCache | None = None):
     def factory():
         t0 = time.perf_counter()
         hit = bundle.find(cfg)
-        if hit is not None:
-            cubin, manifest = hit.cubin_path.read_bytes(), json.loads(hit.manifest_path.read_text())
-            t1 = time.perf_counter()
-            with torch.cuda.device(device):
-                kernel = Kernel.load(cubin, manifest)
+        r = None if hit is not None else (cache if cache is not None else CubinCache()).get_or_build(cfg, build)
+        cubin, manifest = ((hit.cubin_path.read_bytes(), json.loads(hit.manifest_path.read_text())) if r is None
+                           else (r.cubin, r.manifest))
+        t1 = time.perf_counter()
+        with torch.cuda.device(device):
+            kernel = Kernel.load(cubin, manifest)
+        t2 = time.perf_counter()
+        if r is None:
             li = LoadInfo(name=cfg.name, content_hash=hit.content_hash, source="bundle", cache_s=t1 - t0,
-                          load_s=time.perf_counter() - t1, cache_path=str(hit.cubin_path))
+                          load_s=t2 - t1, cache_path=str(hit.cubin_path))
         else:
-            store = cache if cache is not None else CubinCache()
-            r = store.get_or_build(cfg, build)
-            t1 = time.perf_counter()
-            with torch.cuda.device(device):
-                kernel = Kernel.load(r.cubin, r.manifest)
-            t2 = time.perf_counter()
             li = LoadInfo(name=cfg.name, content_hash=cfg.content_hash, source="disk" if r.hit else "built",
                           build_s=r.build_s, cache_s=(t1 - t0) - r.build_s, load_s=t2 - t1, cache_path=str(r.path),
                           rebuilt_reason=r.reason if r.found is EntryState.CORRUPT else "")
