@@ -4,6 +4,7 @@
     ncu --kernel-name fa4_fwd --launch-skip 1 --launch-count 1 --section SpeedOfLight \\
         --section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats \\
         python3 -m bench.profile_sm90 4,4096,32,32,64 [--causal] [--dtype bf16] [--emu-pairs N] [--cubin F]
+        python3 -m bench.profile_sm90 --varlen heavy --head-dim 64 [--causal] [--cubin F]
 
 Builds (or takes from the cache) the kernel, runs it twice (the first launch warms up and is
 skipped by --launch-skip 1), synchronises. Prints the config name."""
@@ -17,23 +18,38 @@ sys.path.insert(0, str(ROOT))
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("shape", help="B,S,Hq,Hkv,D")
+    ap.add_argument("shape", nargs="?", help="B,S,Hq,Hkv,D (dense)")
+    ap.add_argument("--varlen", choices=("uniform", "heavy"), help="a bench/varlen.py length mix (16 heads) instead "
+                                                                   "of a dense shape, through the varlen kernel")
+    ap.add_argument("--head-dim", type=int, default=128, help="with --varlen: D")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--emu-pairs", type=int, default=None)
     ap.add_argument("--cubin", help="launch this prebuilt cubin (fa4gen.load: <stem>.cubin + <stem>.json, e.g. an "
                                     "earlier generator's) in place of this generator's kernel")
     a = ap.parse_args()
+    if (a.shape is None) == (a.varlen is None):
+        ap.error("give a dense shape B,S,Hq,Hkv,D or --varlen MIX")
+    import itertools
+
     import torch
 
     from fa4gen.runtime import api
     from fa4gen.spec.config import KernelConfig
 
-    b, s, hq, hkv, d = (int(x) for x in a.shape.split(","))
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for h in (hq, hkv, hkv))
+    if a.varlen:
+        from bench.varlen import HEADS, mix_lengths
+
+        lens, d = mix_lengths(a.varlen), a.head_dim
+        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
+        q, k, v = (torch.randn(sum(lens), HEADS, d, device="cuda", dtype=dt) for _ in range(3))
+        hq = hkv = HEADS
+    else:
+        b, s, hq, hkv, d = (int(x) for x in a.shape.split(","))
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for h in (hq, hkv, hkv))
     cfg = KernelConfig(arch="sm_90a", head_dim=d, dtype=a.dtype, causal=a.causal, gqa_ratio=hq // hkv,
-                       emu_pairs=a.emu_pairs)
+                       emu_pairs=a.emu_pairs, varlen=bool(a.varlen))
     if a.cubin:
         kern = api.load(a.cubin).kernel
         cfg = KernelConfig.from_dict(kern.manifest["config"])
@@ -41,7 +57,10 @@ def main() -> int:
         kern, _ = api.get_kernel(cfg, q.device)
     o = torch.empty_like(q)
     for _ in range(2):
-        kern(q, k, v, o, softmax_scale=d ** -0.5)
+        if a.varlen:
+            kern.varlen(q, k, v, o, cu, cu, max(lens), max(lens), softmax_scale=d ** -0.5)
+        else:
+            kern(q, k, v, o, softmax_scale=d ** -0.5)
     torch.cuda.synchronize()
     print(cfg.name)
     return 0

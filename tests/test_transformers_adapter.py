@@ -206,12 +206,21 @@ def test_what_fa4gen_cannot_do_is_an_error(rec, what, message):
 
 
 # ---- CPU with transformers: whole models ------------------------------------------------------------------
-def _tiny(kind):
+# The attention geometry of real models (query heads, KV heads, head_dim): Llama-3-8B, Qwen2.5-7B (GQA 7),
+# Mistral-7B, gpt-oss (D 64, sinks). The GPU test builds them with 2 layers, a small vocabulary and MLP;
+# the windows are 12 keys (not 4096 / 128) so that a 64-token test crosses them.
+REAL_ATTENTION = {"llama": (32, 8, 128), "qwen2": (28, 4, 128), "mistral": (32, 8, 128), "gpt_oss": (64, 8, 64)}
+
+
+def _tiny(kind, real: bool = False):
     tr = pytest.importorskip("transformers")
-    common = dict(vocab_size=97, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=256, head_dim=64)
+    hq, hkv, d = REAL_ATTENTION[kind] if real else (4, 2, 64)
+    common = dict(vocab_size=97, hidden_size=128 if not real else hq * d, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=hq, num_key_value_heads=hkv, max_position_embeddings=256, head_dim=d)
     if kind == "llama":
         cfg = tr.LlamaConfig(**common)
+    elif kind == "qwen2":
+        cfg = tr.Qwen2Config(**common)
     elif kind == "mistral":
         cfg = tr.MistralConfig(**common, sliding_window=12)
     else:
@@ -251,15 +260,15 @@ def test_models_with_fa4gen_match_eager(rec, kind):
 
 # ---- GPU: the real kernels ---------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["llama", "mistral", "gpt_oss"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral", "gpt_oss"])
 def test_models_on_the_gpu_within_the_bf16_sdpa_error(kind):
     """fa4gen's logits error against the float32 model <= 1.25x the bf16 model's own error (padded
     prefill and teacher-forced decode), and generate() runs. The model's own bf16 path is sdpa, or eager
     where transformers has no sdpa path for the model (gpt-oss: its sinks; transformers raises)."""
     tr = pytest.importorskip("transformers")
     fa4hf.register()
-    model = _tiny(kind).cuda()
-    ref32 = _tiny(kind).float().cuda()
+    model = _tiny(kind, real=True).cuda()
+    ref32 = _tiny(kind, real=True).float().cuda()
     ids = torch.randint(3, 97, (3, 64), generator=torch.Generator().manual_seed(2)).cuda()
     mask = torch.ones(3, 64, dtype=torch.long, device="cuda")
     mask[1, :10] = 0
