@@ -131,17 +131,21 @@ def sm100_rows(d: int, dv: int) -> list[Row]:
     tile, vtile = ROWS * d * 2, ROWS * dv * 2
     # the IR's rings and O path: ir/sm100.sm100_kv_stages and sm100_o_staged (ir/layout.o_staged)
     staged = "O staged" if sm100_o_staged(base) else "O from registers"
-    rows = [row_of(build_pipeline(base), f"IR: 2 Q tiles/CTA, {sm100_kv_stages(base)} K/V stages, {staged}")]
-    if (d, dv) not in HEAD_DIM_PLANNED:
+    tiles = {2: "2 Q tiles/CTA", 1: "1 Q tile/CTA, one S"}[base.tiles_per_task]
+    rows = [row_of(build_pipeline(base), f"IR: {tiles}, {sm100_kv_stages(base)} K/V stages, {staged}")]
+    if base.tiles_per_task == 2 and (d, dv) not in HEAD_DIM_PLANNED:
         return rows
-    for k in (3, 2):  # O staged beside two Q tiles: what the staging rule weighs
-        rows.append(row_of(smem100(base, k, True), f"2 Q tiles, {k} K/V stages, O staged"))
+    # the designs weighed where two tiles do not fit TMEM (spec.tiles.q_tiles_per_task): today's map
+    # with two tiles, and two tiles with O staged (what the staging rule weighs)
+    rows.append(row_of(smem100(base, 2, False, tiles=2), "2 Q tiles/CTA, 2 K/V stages, O from registers"))
+    for k in (3, 2):
+        rows.append(row_of(smem100(base, k, True, tiles=2), f"2 Q tiles, {k} K/V stages, O staged"))
 
     def one_tile(k: int, keys: int, kv_slot: int, label: str) -> Row:
-        pipe = _edit(smem100(base, k, False), slots={"Q": 1},
+        pipe = _edit(smem100(base, k, False, tiles=1), slots={"Q": 1},
                      slot_bytes={"KV": kv_slot}, tmem=_one_tile_tmem(keys, dv))
         return row_of(pipe, f"{label}, {k} K/V stages")
-    rows.append(_deepest(lambda k: one_tile(k, 128, max(tile, vtile), "1 Q tile/CTA")))
+    rows.append(_deepest(lambda k: one_tile(k, 128, max(tile, vtile), "1 Q tile/CTA, S double-buffered")))
     rows.append(_deepest(lambda k: one_tile(k, 64, max(tile, vtile) // 2, "1 Q tile/CTA, 64-key K/V blocks")))
     # cta_group::2: the pair's MMA is M = 256 (each CTA's 128-row Q tile); each CTA holds half of the B
     # operand: 64 of K's 128 keys (QK^T, N = keys) and dv/2 of V's columns (PV, N = dv)
@@ -231,11 +235,13 @@ def sm90_rows(d: int, dv: int) -> list[Row]:
 
 
 def throughput(arch: str, d: int, dv: int, design: str, block_n: int = 128, tiles_per_load: int = 1,
-               b_share: float = 1.0, b_reads: int = 1, emu: float | None = None) -> dict:
+               b_share: float = 1.0, b_reads: int = 1, emu: float | None = None, serial: bool = False) -> dict:
     """Clocks per 128-row Q tile and block_n-key K/V block on one SM: the tensor core (QK^T and PV),
     MUFU (the exponentials it takes), the FP32 pipes' emulated exponentials, SMEM operand reads (Q,
     and K and V b_reads times, b_share of them: a cta_group::2 CTA holds half), and the K/V bytes per
-    clock the CTA loads when the tensor core sets the pace (one load serves tiles_per_load tiles)."""
+    clock the CTA loads when the tensor core sets the pace (one load serves tiles_per_load tiles).
+    serial: one S buffer, so the softmax of a block and the tensor core's work alternate (the pace is
+    their sum, not the larger)."""
     m = MODEL[arch]
     if emu is None:
         emu = float(emulated_columns(KernelConfig(arch=arch), False).mean())
@@ -247,8 +253,10 @@ def throughput(arch: str, d: int, dv: int, design: str, block_n: int = 128, tile
     kv_bytes = block_n * (d + dv) * 2 * b_share / tiles_per_load
     top = max(mma, mufu, smem)
     bound = " = ".join(name for t, name in ((mma, "tensor"), (mufu, "MUFU"), (smem, "SMEM")) if t >= 0.95 * top)
+    if serial:
+        top, bound = mma + mufu, f"tensor + MUFU in series ({mma / (mma + mufu):.0%} of tensor peak)"
     return {"arch": arch, "pair": (d, dv), "design": design, "mma": mma, "mufu": mufu, "emu_fma": fma, "smem": smem,
-            "kv_bytes_per_clk": kv_bytes / max(mma, mufu, smem), "bound": bound, "emu": emu}
+            "kv_bytes_per_clk": kv_bytes / top, "bound": bound, "emu": emu}
 
 
 def model_rows() -> list[dict]:
@@ -259,7 +267,8 @@ def model_rows() -> list[dict]:
         if d != 256:
             out.append(throughput("sm_100a", d, dv, "2 Q tiles/CTA", tiles_per_load=2))
             continue
-        out.append(throughput("sm_100a", d, dv, "1 Q tile/CTA", tiles_per_load=1))
+        out.append(throughput("sm_100a", d, dv, "1 Q tile/CTA, one S (generated)", tiles_per_load=1, serial=True))
+        out.append(throughput("sm_100a", d, dv, "1 Q tile/CTA, S double-buffered", tiles_per_load=1))
         out.append(throughput("sm_100a", d, dv, "1 Q tile/CTA, 64-key blocks", block_n=64, tiles_per_load=1))
         out.append(throughput("sm_100a", d, dv, "cta_group::2 pair", tiles_per_load=1, b_share=0.5))
     for d, dv in all_pairs("sm_90a"):

@@ -99,10 +99,10 @@ def test_variants_cover_every_entry_layer_kind_page_size_and_tile():
 
 
 def test_variants_refuse_what_a_target_does_not_generate():
-    gemma = models.ModelAttention.from_hf_config(GEMMA2)
-    assert (256, 256) not in HEAD_DIM_PAIRS["sm_100a"]
-    with pytest.raises(models.ModelConfigError, match=r"head dims \(256, 256\) are not generated for sm_100a"):
-        models.variants(gemma, archs=("sm_100a",))
+    wide = models.ModelAttention.from_hf_config({**GEMMA2, "head_dim": 512})  # Gemma-4-like global layers
+    assert (512, 512) not in HEAD_DIM_PAIRS["sm_100a"]
+    with pytest.raises(models.ModelConfigError, match=r"head dims \(512, 512\) are not generated for sm_100a"):
+        models.variants(wide, archs=("sm_100a",))
     llama = models.ModelAttention.from_hf_config(LLAMA)
     for kw, message in ((dict(archs=("sm_80",)), "choose from sm_100a, sm_90a"),
                         (dict(entry_points=("prefill",)), "choose from dense, varlen, kvcache"),

@@ -15,7 +15,7 @@ BAD_VALUES = [
     ("arch", "sm_80"),
     ("arch", "sm_100"),
     ("head_dim", 80),
-    ("head_dim", 256),
+    ("head_dim", 512),
     ("head_dim", True),
     ("head_dim_v", 64),  # with the default head_dim 128: (128, 64) is no pair fa4gen generates
     ("head_dim_v", 192),
@@ -224,42 +224,56 @@ def test_head_dim_v_defaults_to_head_dim_and_changes_nothing_for_dv_equal_d():
 @pytest.mark.parametrize("arch", ["sm_100a", "sm_90a"])
 @pytest.mark.parametrize("kwargs,field", [({"head_dim": 192, "head_dim_v": 128}, {}),
                                           ({"head_dim": 192}, "head_dim_v"),
-                                          ({"head_dim": 256}, {"sm_100a": "head_dim"}), ({"head_dim": 96}, {}),
+                                          ({"head_dim": 256}, {}), ({"head_dim": 96}, {}),
                                           ({"head_dim": 128, "head_dim_v": 64}, "head_dim_v"),
                                           ({"head_dim": 64, "head_dim_v": 128}, "head_dim_v")])
 def test_unsupported_head_dim_pairs_name_the_supported_ones(arch, kwargs, field):
     """The field blamed is head_dim when no generated pair has it ((192, 128) makes 192 a head_dim on
-    both targets; sm_90a generates 256, both generate 96 and (192, 128)); the message names the arch's pairs, the target
+    both targets; both generate 96, 256 and (192, 128)); the message names the arch's pairs, the target
     that generates the pair if another does, and says where a pair is planned."""
     pair = (kwargs["head_dim"], kwargs.get("head_dim_v", kwargs["head_dim"]))
     if isinstance(field, dict) and arch not in field:
-        assert KernelConfig(arch=arch, **kwargs).head_dims == pair  # sm_90a generates (256, 256); both (96, 96), (192, 128)
+        assert KernelConfig(arch=arch, **kwargs).head_dims == pair  # both generate (96, 96), (192, 128), (256, 256)
         return
     with pytest.raises(ConfigError) as info:
         KernelConfig(arch=arch, **kwargs)
     assert info.value.field == (field[arch] if isinstance(field, dict) else field)
     msg = str(info.value)
-    pairs = {"sm_100a": "(64, 64), (96, 96), (128, 128), (192, 128)", "sm_90a": "(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)"}[arch]
+    pairs = "(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)"
     assert config_module.head_dim_pairs_text(arch) == pairs and pairs in msg
     assert f"= {pair}" in msg and arch in msg
     assert ("sm_90a generates it" in msg) == (pair in config_module.HEAD_DIM_PAIRS["sm_90a"])
     assert ("planned" in msg) == (pair in config_module.HEAD_DIM_PLANNED)
 
 
+@pytest.fixture
+def sm100_plans_d256(monkeypatch):
+    """The planning mechanism as it stood before sm_100a generated (256, 256): the pair planned on
+    sm_100a (sm_90a generating it), so the mechanism keeps a test while no pair is planned."""
+    monkeypatch.setitem(config_module.HEAD_DIM_PAIRS, "sm_100a",
+                        tuple(p for p in config_module.HEAD_DIM_PAIRS["sm_100a"] if p != (256, 256)))
+    monkeypatch.setattr(config_module, "HEAD_DIM_PLANNED", ((256, 256),))
+
+
 def test_head_dim_v_is_in_the_dict_name_and_hash_only_where_it_differs():
-    with config_module.planning_head_dims():
-        deepseek = KernelConfig(head_dim=192, head_dim_v=128)
-        d256 = KernelConfig(head_dim=256)
+    deepseek = KernelConfig(head_dim=192, head_dim_v=128)
+    d256 = KernelConfig(head_dim=256)
     assert deepseek.head_dims == (192, 128) and deepseek.to_dict()["head_dim_v"] == 128
     assert deepseek.name == "fa4_sm100a_d192v128_bf16_noncausal_gqa1"  # no hash: the pair's default kernel
     assert d256.name == "fa4_sm100a_d256_bf16_noncausal_gqa1" and "head_dim_v" not in d256.to_dict()
-    assert KernelConfig.from_dict(deepseek.to_dict()) == deepseek  # generated: taken outside planning_head_dims
+    assert KernelConfig.from_dict(deepseek.to_dict()) == deepseek
+    assert KernelConfig.from_dict(d256.to_dict()) == d256
+
+
+def test_a_planned_pair_is_taken_inside_planning_only(sm100_plans_d256):
+    with config_module.planning_head_dims():
+        d256 = KernelConfig(head_dim=256)
     with pytest.raises(ConfigError, match=r"\(256, 256\) is not generated for sm_100a \(sm_90a generates it; planned"):
         KernelConfig.from_dict(d256.to_dict())  # outside planning_head_dims: refused
 
 
-def test_a_planned_head_dim_pair_builds_ir_but_no_lowering_emits_it():
-    """sm_100a plans (256, 256) (sm_90a generates it): its IR builds, its lowering refuses it."""
+def test_a_planned_head_dim_pair_builds_ir_but_no_lowering_emits_it(sm100_plans_d256):
+    """A planned pair (here sm_100a's (256, 256) as it was planned): its IR builds, its lowering refuses it."""
     from fa4gen.ir import build_pipeline
     from fa4gen.lower.sm100 import Sm100LoweringError, lower_sm100
 

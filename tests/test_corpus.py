@@ -68,3 +68,28 @@ def test_sm90_mutation_rejected_with_culprit(mut):
     rep = verify(mut.apply(base))
     hits = [f for f in rep.findings if f.code == mut.code and mut.culprit in f.subject.split(", ")]
     assert hits, f"{mut.name}: expected {mut.code} on {mut.culprit}, got:\n{rep.text()}"
+
+
+# One Q tile per task (sm_100a D = 256): the corpus applies to its pipeline too, each mutation rejected
+# naming its culprit, but those that need a second tile (they edit O1), which change nothing and say so,
+# and two whose edit means another bug there: with no PV of a tile 1 to move the V release before, the
+# release is dropped (the ring deadlocks); with one statistics slot, dropping WG2's only sync lets the
+# softmax lap the sScale hand-back
+ONE_TILE = build_pipeline(KernelConfig(head_dim=256, causal=True, gqa_ratio=2))
+TWO_TILES_ONLY = {"tmem_over_512"}
+ONE_TILE_FINDS = {"kv_read_after_empty": ("DEADLOCK", "kv_empty"),
+                  "dropped_named_sync": ("PHASE_ROUND", "softmax_corr_empty")}
+
+
+@pytest.mark.parametrize("mut", CORPUS, ids=lambda m: m.name)
+def test_mutation_of_the_one_tile_pipeline_rejected_with_culprit(mut):
+    broken = mut.apply(ONE_TILE)
+    if mut.name in TWO_TILES_ONLY:
+        assert broken == ONE_TILE
+        return
+    assert broken != ONE_TILE
+    rep = verify(broken)
+    assert not rep.ok, f"{mut.name} went unnoticed on the one-tile pipeline"
+    code, culprit = ONE_TILE_FINDS.get(mut.name, (mut.code, mut.culprit))
+    hits = [f for f in rep.findings if f.code == code and culprit in f.subject.split(", ")]
+    assert hits, f"{mut.name}: expected {code} on {culprit}, got:\n{rep.text()}"

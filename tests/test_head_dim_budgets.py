@@ -53,9 +53,11 @@ def test_rows_of_todays_pairs_are_the_kernels_that_build(arch, rows, budgets):
         pair_rows = [r for r in rows[arch] if (r.d, r.dv) == (d, dv)]
         ir = [r for r in pair_rows if r.design.startswith("IR")]
         assert len(ir) == 1 and ir[0].fits and pair_rows[0] is ir[0], pair_rows
-        # no options for built pairs, but the K/V block sizes weighed for one whose blocks are not 128 keys
-        keys = KernelConfig(arch=arch, head_dim=d, head_dim_v=dv).block_n
-        assert len(pair_rows) == 1 or (keys != 128 and all("-key K/V blocks" in r.design for r in pair_rows[1:])), pair_rows
+        # no options for built pairs, but the K/V block sizes weighed for one whose blocks are not 128
+        # keys, and the designs weighed for one sm_100a builds with one Q tile per task
+        cfg = KernelConfig(arch=arch, head_dim=d, head_dim_v=dv)
+        assert (len(pair_rows) == 1 or (cfg.block_n != 128 and all("-key K/V blocks" in r.design for r in pair_rows[1:]))
+                or (arch == "sm_100a" and cfg.tiles_per_task == 1)), pair_rows
         for m in _golden(arch, d):
             if arch == "sm_90a" and f"{m['config']['block_m']}-row" not in ir[0].design:
                 continue  # the table's sm_90a row is the tile fa4gen.attention chooses
@@ -70,13 +72,18 @@ def test_rows_of_todays_pairs_are_the_kernels_that_build(arch, rows, budgets):
     assert seen >= 2  # both head dims of sm_100a; sm_90a's D = 128 and the 192-row D = 64
 
 
-def test_planned_pairs_each_have_a_design_that_fits_and_d256_breaks_todays_tmem_map(rows):
+def test_planned_pairs_each_have_a_design_that_fits_and_d256_breaks_the_two_tile_tmem_map(rows):
     for arch in rows:
         for pair in HEAD_DIM_PLANNED:
             assert any(r.fits for r in rows[arch] if (r.d, r.dv) == pair), (arch, pair)
-    ir256 = next(r for r in rows["sm_100a"] if (r.d, r.dv) == (256, 256) and r.design.startswith("IR:"))
-    codes = " ".join(ir256.problems)
+    d256 = [r for r in rows["sm_100a"] if (r.d, r.dv) == (256, 256)]
+    # the kernel sm_100a builds: one Q tile per task, S0 and O0 in TMEM, O from the registers
+    assert d256[0].design == "IR: 1 Q tile/CTA, one S, 2 K/V stages, O from registers" and d256[0].fits
+    assert d256[0].tmem == "S0[0,128) O0[256,512)"
+    two = next(r for r in d256 if r.design.startswith("2 Q tiles/CTA"))
+    codes = " ".join(two.problems)
     assert "[TMEM_BUDGET] O1" in codes and "[TMEM_OVERLAP] O0/O1" in codes
+    assert [r.fits for r in d256 if r.design.startswith(("1 Q tile/CTA, S double", "cta_group::2"))] == [True, True]
 
 
 def test_sm90_register_floor_and_todays_headroom(budgets):

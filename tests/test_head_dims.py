@@ -74,15 +74,54 @@ def test_o_ptr_joins_the_dense_abi_of_a_kernel_storing_o_from_registers_only():
         assert names.count("o_ptr") == 1
 
 
-@pytest.mark.parametrize("d,dv", [(256, 256)])
-def test_sm100a_still_refuses_the_pair(d, dv):
-    from fa4gen.ir import build_pipeline
-    from fa4gen.lower.sm100 import Sm100LoweringError, lower_sm100
+def test_sm100a_d256_is_one_q_tile_per_task_with_s0_and_o0_in_tmem():
+    """Two tiles' S and O need 2 * 128 + 2 * 256 columns of TMEM's 512 (spec.tiles.q_tiles_per_task):
+    one Q tile per task, every per-tile barrier one slot, WG1 without a role, and the rest of the seed's
+    roles as they are; 2 K/V stages of 64 KiB and O from the registers (198,256 bytes). Verified."""
+    from fa4gen.ir.sm100 import build_sm100
+    from fa4gen.verify import verify
 
-    with planning_head_dims():
-        pipe = build_pipeline(KernelConfig(arch="sm_100a", head_dim=d, head_dim_v=dv))
-    with pytest.raises(Sm100LoweringError, match=rf"\({d}, {dv}\) is not generated for sm_100a"):
-        lower_sm100(pipe)
+    assert [KernelConfig(arch="sm_100a", head_dim=d).tiles_per_task for d in (64, 96, 128, 256)] == [2, 2, 2, 1]
+    assert KernelConfig(arch="sm_100a", head_dim=192, head_dim_v=128).tiles_per_task == 2
+    assert KernelConfig(arch="sm_90a", head_dim=128).tiles_per_task == 1
+    pipe = build_sm100(KernelConfig(arch="sm_100a", head_dim=256, causal=True))
+    tmem = {r.name: (r.col, r.cols) for r in pipe.regions if r.space is Space.TMEM}
+    assert tmem == {"S0": (0, 128), "P0": (64, 64), "O0": (256, 256)}
+    assert [(r.name, r.slots, r.bytes_per_slot) for r in pipe.regions if r.space is Space.SMEM] == [
+        ("Q", 1, 65536), ("KV", 2, 65536), ("sScale", 1, 512)]
+    per_tile = ("q_full", "q_empty", "s_ready", "p_o_rescale", "p_ready_2", "o_ready", "softmax_corr_empty",
+                "corr_epi_full", "corr_epi_empty")
+    assert {b.name: b.slots for b in pipe.barriers if b.name in per_tile} == dict.fromkeys(per_tile, 1)
+    assert [r.name for r in pipe.roles] == ["softmax0", "idle_wg1", "correction", "mma", "load", "store", "idle"]
+    assert pipe.role("idle_wg1").warps == (4, 5, 6, 7) and not pipe.role("idle_wg1").program
+    assert layout_of(pipe).total == 198256 <= pipe.smem_limit
+    assert verify(pipe).ok
+
+
+def test_sm100a_d256_causal_gqa_kernel_emulates_with_every_block_reached():
+    """fp16, causal, GQA 2, one Q tile per task: the MMA warp's P V of block j - 1 before S of block j in
+    the same TMEM columns, the correction's 16 O chunks of 16 columns and the causal epilogue's 8 StoreO
+    chunks of 32; a tile crossing the diagonal over three K/V blocks, Sq > Skv without LSE, a decode-like
+    tile. About 2 s of CPU."""
+    cfg = KernelConfig(arch="sm_100a", head_dim=256, causal=True, gqa_ratio=2, dtype="fp16")
+    _emulate_every_block(cfg, [Shape.parse(s) for s in ("1,70,260,2,1", "1,140,50,2,1,nolse", "1,1,128,2,1")])
+
+
+def test_sm100a_d256_paged_kv_kernel_with_every_score_mod_emulates_with_every_block_reached():
+    """A paged KV cache (16-key pages) with window, softcap and sinks, GQA 4, one Q tile per task: WG2's
+    fp32 partials of 256 columns in 16-column chunks, its StoreO of one split, and fa4_combine; the
+    default decode batches cut as for D = 96."""
+    import dataclasses
+
+    from fa4gen.evidence.ptxemu.kvcache import default_kv_shapes
+
+    cfg = KernelConfig(arch="sm_100a", head_dim=256, kvcache=True, page_size=16, window=True, softcap=True,
+                       sinks=True, gqa_ratio=4)
+
+    def shapes(man):
+        b = default_kv_shapes(man)
+        return [dataclasses.replace(b[0], seqlens=(-3,)), b[1], dataclasses.replace(b[2], seqlens=(390,)), b[3]]
+    _emulate_every_block(cfg, shapes, entries=("fa4_fwd", "fa4_combine"))
 
 
 def test_d96_rings_and_staging_are_the_design_budget():

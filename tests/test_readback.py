@@ -32,6 +32,8 @@ from fa4gen.render.kernels import build_sm100
 MATRIX = [KernelConfig(head_dim=d, causal=c, gqa_ratio=g) for d in (64, 128) for c in (False, True) for g in (1, 4)]
 MATRIX += [KernelConfig(dtype="fp16", causal=True, gqa_ratio=4), KernelConfig(gqa_ratio=128, causal=True),
            KernelConfig(kv_stages=2, head_dim=64, k_split=32)]
+# one Q tile per task (D = 256): a depth-1 Q State, whose slot is the constant 0 in every address
+MATRIX += [KernelConfig(head_dim=256), KernelConfig(head_dim=256, causal=True, gqa_ratio=4)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -111,8 +113,9 @@ def _mutated_env(monkeypatch, old: str, new: str, extra=None):
     monkeypatch.setattr(render_mod, "environment", lambda: env)
 
 
+@pytest.mark.parametrize("d", [128, 256])
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
-def test_mutated_template_fails_the_read_back(monkeypatch, name):
+def test_mutated_template_fails_the_read_back(monkeypatch, name, d):
     old, new = MUTATIONS[name]
     extra = None
     if name == "wait::st after its arrive":
@@ -120,7 +123,7 @@ def test_mutated_template_fails_the_read_back(monkeypatch, name):
         extra = [("{% else %}\n{{ mb.arrive(it.addr, it.note) }}\n{% endif %}",
                   "{% else %}\n{{ mb.arrive(it.addr, it.note) }}\n{% if it.fence_before %}\n{{ tc.wait_st() }}\n{% endif %}"
                   "\n{% endif %}")]
-    cfg = KernelConfig(causal=True, gqa_ratio=4)
+    cfg = KernelConfig(head_dim=d, causal=True, gqa_ratio=4)
     good = emitted(cfg)[1]  # before the mutated templates (emitted is cached: a first call after would cache the mutant)
     _mutated_env(monkeypatch, old, new, extra)
     pipe = build_pipeline(cfg)

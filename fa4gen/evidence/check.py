@@ -903,9 +903,12 @@ def _event_sm100(op, pipe, role, slot):
             acc = "1"
         else:
             acc = "%p_acc"
-        b_states = tuple(sorted({op.b_slot} if isinstance(op.b_slot, str) else set()))
+        def ring(s):  # the State an SMEM operand's address reads (none: a constant slot, depth-1 States too)
+            return (s,) if not isinstance(slot(s), int) else ()
+
+        b_states = ring(op.b_slot)
         if op.kind == "qk":
-            a = ("smem",) + tuple(sorted({op.a_slot} if isinstance(op.a_slot, str) else set()))
+            a = ("smem",) + ring(op.a_slot)
             n, major = d.cols, Major.K.name
         else:
             p = pipe.region(op.a)

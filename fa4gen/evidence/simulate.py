@@ -67,9 +67,9 @@ class Task:
 
 
 def tiles_per_task(cfg: KernelConfig) -> int:
-    """sm_100a: two 128-row Q tiles in flight per task; sm_90a: one, split over its consumer
-    warpgroups (two; three on 192-row tiles)."""
-    return 2 if cfg.arch == "sm_100a" else 1
+    """KernelConfig.tiles_per_task: sm_100a two 128-row Q tiles in flight per task (one at DV = 256);
+    sm_90a one, split over its consumer warpgroups (two; three on 192-row tiles)."""
+    return cfg.tiles_per_task
 
 
 def unit_info(cfg: KernelConfig, m: int, sq: int, skv: int, window=None, split: int = 0, num_splits: int = 1):

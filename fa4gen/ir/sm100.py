@@ -4,6 +4,10 @@ One CTA task = (batch, kv_head, m_block) with two 128-row Q tiles in flight (Q s
 Warps: WG0 / WG1 softmax for Q tile 0 / 1, WG2 correction, WG3 warp 0 MMA, warp 1 TMA load,
 warp 2 TMA store, warp 3 idle. K and V blocks share one SMEM ring (K[n-1], V[n-1], K[n-2], ...),
 so the K walk and the V walk are two States over the same ring with stride 2.
+
+Where two tiles' S and O do not fit TMEM (DV = 256: KernelConfig.tiles_per_task == 1) a task holds
+one Q tile: WG0 its softmax, WG1 idle, S0 at TMEM columns [0, 128) and O0 at [256, 512), the same
+roles and barriers with one slot per tile (docs/HEAD_DIMS.md "sm_100a", D = 256).
 """
 
 from __future__ import annotations
@@ -21,60 +25,66 @@ LD_CHUNK = 32  # softmax reads S and writes P in 32-column tcgen05.ld/st chunks
 RESCALE_CHUNK = 16  # correction rescales O 16 columns at a time (seed: RESCALE_TILE)
 STATS_BAR_ID = SM100_STATS_BAR_ID
 SOFTMAX_REGS, CORRECTION_REGS, WG3_REGS = 200, 64, 48  # 128 x (200 + 200 + 64 + 48) = 65,536
+IDLE_WG_REGS = 24  # a warpgroup without a role (WG1 with one Q tile per task): setmaxnreg's minimum
 
 
-def regions(cfg: KernelConfig, kv: int | None = None, o_staged: bool | None = None) -> tuple[Region, ...]:
+def regions(cfg: KernelConfig, kv: int | None = None, o_staged: bool | None = None,
+            tiles: int | None = None) -> tuple[Region, ...]:
     """The kernel's regions with a kv-deep K/V ring (None: sm100_kv_stages) and O staged in SMEM or
-    not (None: sm100_o_staged)."""
+    not (None: sm100_o_staged): per Q tile i (tiles, None: cfg.tiles_per_task) a Q slot, S_i at TMEM
+    column 128 i with P_i in its upper half, and O_i at 256 + 128 i."""
     kv = sm100_kv_stages(cfg) if kv is None else kv
     staged = sm100_o_staged(cfg) if o_staged is None else o_staged
+    nt = cfg.tiles_per_task if tiles is None else tiles
     dv, tile_bytes, vtile = cfg.head_dim_v, plan_tile_bytes(cfg), v_tile_bytes(cfg)
+    tmem = []
+    for i in range(nt):
+        tmem += [Region(f"S{i}", Space.TMEM, "f32", 128, col=128 * i, cols=128),
+                 Region(f"P{i}", Space.TMEM, "f16", 128, col=128 * i + 64, cols=64, alias_of=f"S{i}")]
+    tmem += [Region(f"O{i}", Space.TMEM, "f32", 128, col=256 + 128 * i, cols=dv) for i in range(nt)]
     return (
-        Region("Q", Space.SMEM, cfg.dtype, 128, slots=cfg.q_stages, bytes_per_slot=tile_bytes),
+        Region("Q", Space.SMEM, cfg.dtype, 128, slots=nt, bytes_per_slot=tile_bytes),
         # K and V share the ring: a slot holds the larger of the two tiles
         Region("KV", Space.SMEM, cfg.dtype, 128, slots=kv, bytes_per_slot=max(tile_bytes, vtile)),
         # O from the registers (StoreO) where no staging fits: no staging slots
-        *((Region("O_smem", Space.SMEM, cfg.dtype, 128, slots=2, bytes_per_slot=vtile),) if staged else ()),
-        Region("sScale", Space.SMEM, "f32", 128, slots=2, bytes_per_slot=128 * 4),
-        Region("S0", Space.TMEM, "f32", 128, col=0, cols=128),
-        Region("P0", Space.TMEM, "f16", 128, col=64, cols=64, alias_of="S0"),
-        Region("S1", Space.TMEM, "f32", 128, col=128, cols=128),
-        Region("P1", Space.TMEM, "f16", 128, col=192, cols=64, alias_of="S1"),
-        Region("O0", Space.TMEM, "f32", 128, col=256, cols=dv),
-        Region("O1", Space.TMEM, "f32", 128, col=384, cols=dv),
+        *((Region("O_smem", Space.SMEM, cfg.dtype, 128, slots=nt, bytes_per_slot=vtile),) if staged else ()),
+        Region("sScale", Space.SMEM, "f32", 128, slots=nt, bytes_per_slot=128 * 4),
+        *tmem,
     )
 
 
-def barriers(cfg: KernelConfig, kv: int | None = None) -> tuple[Barrier, ...]:
+def barriers(cfg: KernelConfig, kv: int | None = None, tiles: int | None = None) -> tuple[Barrier, ...]:
     kv = sm100_kv_stages(cfg) if kv is None else kv
     tile_bytes = plan_tile_bytes(cfg)  # CTA_GROUP (1) * rows * D * 2 bytes
     per_warp = cfg.gqa_ratio == 1
+    nt = cfg.tiles_per_task if tiles is None else tiles  # one slot per Q tile in every per-tile barrier
     return (
-        Barrier("q_full", BarrierKind.TMA, 2, 1, tx_bytes=tile_bytes),
-        Barrier("q_empty", BarrierKind.TCGEN05, 2, 1),
+        Barrier("q_full", BarrierKind.TMA, nt, 1, tx_bytes=tile_bytes),
+        Barrier("q_empty", BarrierKind.TCGEN05, nt, 1),
         # K and V complete the same ring's phases: one tx count where their tiles are one size, none
         # (0) where they differ (dv != d), each load then announcing its own tile's bytes (the
         # verifier holds every TmaLoad to its tensor's tile and to the expect_tx before it)
         Barrier("kv_full", BarrierKind.TMA, kv, 1, tx_bytes=tile_bytes if v_tile_bytes(cfg) == tile_bytes else 0),
         Barrier("kv_empty", BarrierKind.TCGEN05, kv, 1),
-        Barrier("s_ready", BarrierKind.TCGEN05, 2, 1),
-        Barrier("p_o_rescale", BarrierKind.MBAR, 2, 256),
-        Barrier("p_ready_2", BarrierKind.MBAR, 2, 128),
-        Barrier("o_ready", BarrierKind.TCGEN05, 2, 1),
+        Barrier("s_ready", BarrierKind.TCGEN05, nt, 1),
+        Barrier("p_o_rescale", BarrierKind.MBAR, nt, 256),
+        Barrier("p_ready_2", BarrierKind.MBAR, nt, 128),
+        Barrier("o_ready", BarrierKind.TCGEN05, nt, 1),
         # GQA_RATIO == 1: four 64-thread barriers per Q stage pair warp k of the softmax WG with
         # warp k of WG2 (slot = stage * 4 + warp); otherwise one 256-thread barrier per stage.
-        Barrier("stats", BarrierKind.NAMED, 8 if per_warp else 2, 64 if per_warp else 256,
+        Barrier("stats", BarrierKind.NAMED, 4 * nt if per_warp else nt, 64 if per_warp else 256,
                 named_id=STATS_BAR_ID, per_warp=per_warp),
-        Barrier("softmax_corr_empty", BarrierKind.MBAR, 2, 128),
-        Barrier("corr_epi_full", BarrierKind.MBAR, 2, 128),
-        Barrier("corr_epi_empty", BarrierKind.MBAR, 2, 32),
+        Barrier("softmax_corr_empty", BarrierKind.MBAR, nt, 128),
+        Barrier("corr_epi_full", BarrierKind.MBAR, nt, 128),
+        Barrier("corr_epi_empty", BarrierKind.MBAR, nt, 32),
     )
 
 
-def smem_pipeline(cfg: KernelConfig, kv: int, o_staged: bool) -> Pipeline:
-    """The kernel's regions and barriers with a kv-deep K/V ring and O staged or not, without roles:
-    what its SMEM layout (ir/layout.py) is computed from."""
-    return Pipeline(cfg, "sm_100a", 16, regions(cfg, kv, o_staged), barriers(cfg, kv), (), LIMITS.tmem_cols,
+def smem_pipeline(cfg: KernelConfig, kv: int, o_staged: bool, tiles: int | None = None) -> Pipeline:
+    """The kernel's regions and barriers with a kv-deep K/V ring and O staged or not (and `tiles` Q
+    tiles per task, None: cfg.tiles_per_task), without roles: what its SMEM layout (ir/layout.py) is
+    computed from."""
+    return Pipeline(cfg, "sm_100a", 16, regions(cfg, kv, o_staged, tiles), barriers(cfg, kv, tiles), (), LIMITS.tmem_cols,
                     LIMITS.smem_per_cta)
 
 
@@ -101,6 +111,13 @@ def sm100_kv_stages(cfg: KernelConfig) -> int:
                 KV_STAGES_MIN)
 
 
+def _q_states(cfg: KernelConfig, phase: int) -> tuple[State, ...]:
+    """The Q slot walks: tile i's (qa, qb) over slot i of the Q ring, one per tile."""
+    if cfg.tiles_per_task == 1:
+        return (State("qa", 1, phase),)
+    return (State("qa", 2, phase, start=0, stride=2), State("qb", 2, phase, start=1, stride=2))
+
+
 def _load_role(cfg: KernelConfig) -> Role:
     tb = plan_tile_bytes(cfg)
     kv = sm100_kv_stages(cfg)
@@ -117,14 +134,14 @@ def _load_role(cfg: KernelConfig) -> Role:
     # paged KV cache: a block's page-table entries are read once for its K and V loads, before the
     # waits (the reads overlap them)
     pages = (lambda ref: (PageLookup(ref),)) if cfg.page_size else (lambda ref: ())
+    second_q = load_q("qb", 1) if cfg.tiles_per_task == 2 else ()
     body = (
         *pages(BlockRef.FIRST), *load_q("qa", 0), *load_kv("k", "k", BlockRef.FIRST),
-        *load_q("qb", 1), *load_kv("v", "v", BlockRef.FIRST),
+        *second_q, *load_kv("v", "v", BlockRef.FIRST),
         Loop(LoopKind.KV_REST, (*pages(BlockRef.CUR), *load_kv("k", "k", BlockRef.CUR),
                                 *load_kv("v", "v", BlockRef.CUR))),
     )
-    states = (State("qa", 2, 1, start=0, stride=2), State("qb", 2, 1, start=1, stride=2),
-              State("k", kv, 1, start=0, stride=2), State("v", kv, 1, start=1, stride=2))
+    states = (*_q_states(cfg, 1), State("k", kv, 1, start=0, stride=2), State("v", kv, 1, start=1, stride=2))
     return Role("load", (13,), WG3_REGS, states, (Loop(LoopKind.TASKS, body),))
 
 
@@ -144,26 +161,42 @@ def _mma_role(cfg: KernelConfig) -> Role:
                 Mma("pv", f"P{i}", 0, "KV", "v", f"O{i}", ks, 128, "true", block),
                 Advance(f"por{i}"), Advance(f"pr{i}"))
 
-    body = (
-        Wait("q_full", "qa"), Wait("kv_full", "k"), *qk(0, BlockRef.FIRST),
-        Wait("q_full", "qb"), *qk(1, BlockRef.FIRST),
-        Commit("kv_empty", "k"), Advance("k"),
-        Loop(LoopKind.KV_REST, (
-            Wait("kv_full", "v"), *pv(0, BlockRef.PREV),
-            Wait("kv_full", "k"), *qk(0, BlockRef.CUR),
-            *pv(1, BlockRef.PREV), Commit("kv_empty", "v"), Advance("v"),
-            *qk(1, BlockRef.CUR), Commit("kv_empty", "k"), Advance("k"),
-        )),
-        Wait("kv_full", "v"), *pv(0, BlockRef.LAST), Commit("o_ready", 0),
-        *pv(1, BlockRef.LAST), Commit("o_ready", 1),
-        Commit("kv_empty", "v"), Advance("v"),
-        Commit("q_empty", "qa"), Advance("qa"), Commit("q_empty", "qb"), Advance("qb"),
-    )
+    if cfg.tiles_per_task == 2:
+        body = (
+            Wait("q_full", "qa"), Wait("kv_full", "k"), *qk(0, BlockRef.FIRST),
+            Wait("q_full", "qb"), *qk(1, BlockRef.FIRST),
+            Commit("kv_empty", "k"), Advance("k"),
+            Loop(LoopKind.KV_REST, (
+                Wait("kv_full", "v"), *pv(0, BlockRef.PREV),
+                Wait("kv_full", "k"), *qk(0, BlockRef.CUR),
+                *pv(1, BlockRef.PREV), Commit("kv_empty", "v"), Advance("v"),
+                *qk(1, BlockRef.CUR), Commit("kv_empty", "k"), Advance("k"),
+            )),
+            Wait("kv_full", "v"), *pv(0, BlockRef.LAST), Commit("o_ready", 0),
+            *pv(1, BlockRef.LAST), Commit("o_ready", 1),
+            Commit("kv_empty", "v"), Advance("v"),
+            Commit("q_empty", "qa"), Advance("qa"), Commit("q_empty", "qb"), Advance("qb"),
+        )
+    else:
+        # One Q tile: P V of block j - 1, then S = Q K^T of block j into the same columns (S0 holds
+        # P0: the tensor core runs one thread's MMAs in issue order, so the product reads P before
+        # the next S overwrites it); the softmax of block j waits for that S.
+        body = (
+            Wait("q_full", "qa"), Wait("kv_full", "k"), *qk(0, BlockRef.FIRST),
+            Commit("kv_empty", "k"), Advance("k"),
+            Loop(LoopKind.KV_REST, (
+                Wait("kv_full", "v"), *pv(0, BlockRef.PREV), Commit("kv_empty", "v"), Advance("v"),
+                Wait("kv_full", "k"), *qk(0, BlockRef.CUR), Commit("kv_empty", "k"), Advance("k"),
+            )),
+            Wait("kv_full", "v"), *pv(0, BlockRef.LAST), Commit("o_ready", 0),
+            Commit("kv_empty", "v"), Advance("v"),
+            Commit("q_empty", "qa"), Advance("qa"),
+        )
     kv = sm100_kv_stages(cfg)
-    states = (State("qa", 2, 0, start=0, stride=2), State("qb", 2, 0, start=1, stride=2),
+    tiles = range(cfg.tiles_per_task)
+    states = (*_q_states(cfg, 0),
               State("k", kv, 0, start=0, stride=2), State("v", kv, 0, start=1, stride=2),
-              State("por0", 1, 0, slot_base=0), State("por1", 1, 0, slot_base=1),
-              State("pr0", 1, 0, slot_base=0), State("pr1", 1, 0, slot_base=1))
+              *(State(f"por{i}", 1, 0, slot_base=i) for i in tiles), *(State(f"pr{i}", 1, 0, slot_base=i) for i in tiles))
     return Role("mma", (12,), WG3_REGS, states, (Loop(LoopKind.TASKS, body),))
 
 
@@ -256,21 +289,23 @@ def _correction_role(cfg: KernelConfig) -> Role:
                        TmemSt(f"O{i}", c, c + RESCALE_CHUNK, "o")]
         return (*chunks, WaitSt())
 
+    # the sScale slots go back crosswise: after tile i's, tile i + 1's softmax may write (one tile:
+    # its own, for the next block)
+    tiles = range(nt := cfg.tiles_per_task)
     per_block = []
-    for i in (0, 1):
+    for i in tiles:
         per_block += [NamedSync("stats", i), SmemLd("sScale", i, "acc_scale"),
                       If(Cond.NOT_FIRST_BLOCK, (If(Cond.ANY_RESCALE, rescale(i)), Arrive("p_o_rescale", i, Scope.ALL))),
-                      Arrive("softmax_corr_empty", 1 - i, Scope.ALL)]
-    # Before a task's first PV MMA there is no old O: release both O slots at once.
-    body = [Arrive("p_o_rescale", 0, Scope.ALL), Arrive("p_o_rescale", 1, Scope.ALL),
-            Loop(LoopKind.KV, tuple(per_block))]
-    states = [State("or0", 1, 0, slot_base=0), State("or1", 1, 0, slot_base=1)]
+                      Arrive("softmax_corr_empty", (i + 1) % nt, Scope.ALL)]
+    # Before a task's first PV MMA there is no old O: release every O slot at once.
+    body = [*(Arrive("p_o_rescale", i, Scope.ALL) for i in tiles), Loop(LoopKind.KV, tuple(per_block))]
+    states = [State(f"or{i}", 1, 0, slot_base=i) for i in tiles]
     if not cfg.causal:
-        for i in (0, 1):
+        for i in tiles:
             body += [NamedSync("stats", i), SmemLd("sScale", i, "row_sum"),
-                     Arrive("softmax_corr_empty", 1 - i, Scope.ALL),
+                     Arrive("softmax_corr_empty", (i + 1) % nt, Scope.ALL),
                      *_epilogue_ops(cfg, i, f"or{i}", "e", "row_sum", CORRECTION_REGS)]
-        states.append(State("e", 2, 1))
+        states.append(State("e", nt, 1))
     else:
         # p_o_rescale counts arrivals, not who sends them, and the four correction warps are not
         # synchronised with each other: without this wait a fast warp's next-task early arrival
@@ -278,14 +313,14 @@ def _correction_role(cfg: KernelConfig) -> Role:
         # the last PV MMA would read O mid-rescale (found by fa4gen emulate with several tasks per
         # CTA; the engine runs a role's warps as one process, so the verifier cannot see warp skew).
         # Waiting for the task's o_ready (its last PV MMA done) closes every p_o_rescale phase first.
-        body += [Wait("o_ready", "or0"), Wait("o_ready", "or1"), Advance("or0"), Advance("or1")]
+        body += [*(Wait("o_ready", f"or{i}") for i in tiles), *(Advance(f"or{i}") for i in tiles)]
     return Role("correction", (8, 9, 10, 11), CORRECTION_REGS, tuple(states), (Loop(LoopKind.TASKS, tuple(body)),))
 
 
 def _store_role(cfg: KernelConfig) -> Role:
     body = []
     staged = sm100_o_staged(cfg)
-    for _ in (0, 1):
+    for _ in range(cfg.tiles_per_task):
         if not staged:
             # O leaves from the epilogue's registers (StoreO): the warp only passes the turn back
             store = ()
@@ -300,15 +335,22 @@ def _store_role(cfg: KernelConfig) -> Role:
         else:
             store = (TmaStore("O_smem", "e"), TmaStoreWait())
         body += [Wait("corr_epi_full", "e"), *store, Arrive("corr_epi_empty", "e", Scope.ALL), Advance("e")]
-    return Role("store", (14,), WG3_REGS, (State("e", 2, 0),), (Loop(LoopKind.TASKS, tuple(body)),))
+    return Role("store", (14,), WG3_REGS, (State("e", cfg.tiles_per_task, 0),), (Loop(LoopKind.TASKS, tuple(body)),))
 
 
 def build_sm100(cfg: KernelConfig) -> Pipeline:
     if cfg.arch != "sm_100a":
         raise ValueError(f"build_sm100 needs arch sm_100a, got {cfg.arch}")
-    roles = (_softmax_role(cfg, 0), _softmax_role(cfg, 1), _correction_role(cfg), _mma_role(cfg),
+    nt = cfg.tiles_per_task
+    # one Q tile: WG1 has no tile, and gives its registers back (setmaxnreg.dec to the minimum)
+    wg1 = (_softmax_role(cfg, 1),) if nt == 2 else (Role("idle_wg1", (4, 5, 6, 7), IDLE_WG_REGS, (), ()),)
+    roles = (_softmax_role(cfg, 0), *wg1, _correction_role(cfg), _mma_role(cfg),
              _load_role(cfg), _store_role(cfg), Role("idle", (15,), WG3_REGS, (), ()))
-    notes = ("causal epilogue in WG0/WG1" if cfg.causal else "non-causal epilogue in WG2",)
+    notes = (("causal epilogue in WG0/WG1" if nt == 2 else "causal epilogue in WG0") if cfg.causal
+             else "non-causal epilogue in WG2",)
+    if nt == 1:
+        notes += (f"one Q tile per task (S0 and O0 of {cfg.head_dim_v} columns fill TMEM where two tiles' would "
+                  "not): WG1 idle",)
     if not sm100_o_staged(cfg):
         notes += (f"O from the registers (StoreO): {sm100_kv_stages(cfg)} K/V stages and O staging do not fit "
                   "together",)

@@ -216,7 +216,7 @@ class _RoleEmitter(Walker):
         if cfg.kvcache:
             for n in ("nsplit", "split", "nlo"):
                 self.r("b32", n)
-        unit = 2 * cfg.seq_q_per_tile  # varlen m unit: the task's pair of Q tiles (plan "Varlen task order")
+        unit = cfg.tiles_per_task * cfg.seq_q_per_tile  # varlen m unit: the task's Q tiles (plan "Varlen task order")
         # the task's K/V blocks (plan.BlockInfo over the pair of Q tiles): %n >= 1 (KV cache:
         # the split's, from %nlo; a window: from its first block %nlo)
         split = ("%split", "%nsplit", "%nlo", "%tmp1") if cfg.kvcache else None
@@ -228,7 +228,12 @@ class _RoleEmitter(Walker):
         else:
             blocks = block_info_ptx(causal=cfg.causal, rows=unit, m="%mpair", sq="%sq", skv="%skv", tmp="%tmp0",
                                     n="%n", split=split, block_n=cfg.block_n)
-        self.emit("task_begin", head=head, done=done, causal=cfg.causal, sqt=cfg.seq_q_per_tile,
+        # %npairs, the task's m units per (batch, head group): ceil(num_m_blocks / tiles_per_task)
+        nt = cfg.tiles_per_task
+        units = ([("add.u32", "%npairs", "%nmb", str(nt - 1)), ("shr.u32", "%npairs", "%npairs", str(nt.bit_length() - 1))]
+                 if nt > 1 else [("mov.u32", "%npairs", "%nmb")])
+        self.emit("task_begin", head=head, done=done, causal=cfg.causal, sqt=cfg.seq_q_per_tile, units=units, tiles=nt,
+                  unit_name="m block pair" if nt == 2 else "m block", unit_words="a pair of Q tiles" if nt == 2 else "one Q tile",
                   varlen=cfg.varlen, unit_rows=unit, unit_shift=unit.bit_length() - 1, uid=self.p,
                   blocks=blocks, **({"kvcache": True} if cfg.kvcache else {}))
         self.task_prologue()
@@ -271,7 +276,7 @@ class _RoleEmitter(Walker):
                 limits = key_limits_ptx(causal=cfg.causal, q="%seq", sq="%sq", skv="%skv", end="%climit")
                 nunm = block_info_ptx(causal=cfg.causal, rows=cfg.seq_q_per_tile, m="%tmp1", sq="%sq", skv="%skv",
                                       tmp="%tmp1", n_unmasked="%nunm", block_n=cfg.block_n)
-            self.emit("softmax_task_setup", tile=role.qtile, limits=limits, sqt=cfg.seq_q_per_tile, nunm=nunm,
+            self.emit("softmax_task_setup", tile=role.qtile, tiles=cfg.tiles_per_task, limits=limits, sqt=cfg.seq_q_per_tile, nunm=nunm,
                       capin=self.r("f32", "capin") if cfg.softcap else None,
                       log2_p=cfg.gqa_pack.bit_length() - 1, p=cfg.gqa_pack, neg_inf=NEG_INF, zero=ZERO,
                       varlen=cfg.varlen, lrow=self.r("b32", "lrow") if cfg.varlen and lse else None)
@@ -284,7 +289,7 @@ class _RoleEmitter(Walker):
         pn = vo_panels(cfg) if op.tensor == "v" else qk_panels(cfg)
         half_bytes = pn.bytes(cfg.block_m if op.tensor == "q" else ROWS)
         if op.tensor == "q":
-            pre = pre + [("mad.lo.u32", "%c3", "%mpair", str(2 * cfg.seq_q_per_tile),
+            pre = pre + [("mad.lo.u32", "%c3", "%mpair", str(cfg.tiles_per_task * cfg.seq_q_per_tile),
                           str(op.qtile * cfg.seq_q_per_tile)), ("mov.u32", "%c1", "0")]
             coords = ["%c0", "%c1", "%hkv", "%c3", "%b"]
             if cfg.varlen:  # the packed tensor as a batch of one: row = the sequence's first row + position
@@ -380,15 +385,15 @@ class _RoleEmitter(Walker):
         st = self.role.state(op.src_slot) if isinstance(op.src_slot, str) else None
         # The store of a task's k-th O tile reads O_smem slot k: check it, since the coordinates of
         # the k-th store are those of Q tile k.
-        qtile = self.store_ordinal % 2
+        qtile = self.store_ordinal % cfg.tiles_per_task
         self.store_ordinal += 1
-        if st is None or st.depth != 2 or st.stride != 1:
-            raise Sm100LoweringError(f"{self.p}: TmaStore needs a depth-2, stride-1 state over O_smem "
-                                     "(slot k holds Q tile k)")
+        if st is None or st.depth != cfg.tiles_per_task or st.stride != 1:
+            raise Sm100LoweringError(f"{self.p}: TmaStore needs a depth-{cfg.tiles_per_task} (tiles per task), "
+                                     "stride-1 state over O_smem (slot k holds Q tile k)")
         pre, base, off = self.smem_addr(op.src, op.src_slot, "%rsrc")
         vo = vo_panels(cfg)
         half_bytes, w = vo.bytes(cfg.block_m), vo.panel_cols
-        pre = pre + [("mad.lo.u32", "%c3", "%mpair", str(2 * cfg.seq_q_per_tile),
+        pre = pre + [("mad.lo.u32", "%c3", "%mpair", str(cfg.tiles_per_task * cfg.seq_q_per_tile),
                       str(qtile * cfg.seq_q_per_tile)), ("mov.u32", "%c1", "0")]
         src = f"{op.src}[{self.slot_note(op.src_slot)}]"
         boxes = [{"src": f"{base}+{off + h * half_bytes}", "c0": h * w,
@@ -405,11 +410,11 @@ class _RoleEmitter(Walker):
         if not cfg.varlen:
             raise Sm100LoweringError(f"{self.p}: StoreRows writes through o_ptr, a varlen parameter")
         st = self.role.state(op.src_slot) if isinstance(op.src_slot, str) else None
-        qtile = self.store_ordinal % 2
+        qtile = self.store_ordinal % cfg.tiles_per_task
         self.store_ordinal += 1
-        if st is None or st.depth != 2 or st.stride != 1:
-            raise Sm100LoweringError(f"{self.p}: StoreRows needs a depth-2, stride-1 state over O_smem "
-                                     "(slot k holds Q tile k)")
+        if st is None or st.depth != cfg.tiles_per_task or st.stride != 1:
+            raise Sm100LoweringError(f"{self.p}: StoreRows needs a depth-{cfg.tiles_per_task} (tiles per task), "
+                                     "stride-1 state over O_smem (slot k holds Q tile k)")
         if op.src != "O_smem":
             raise Sm100LoweringError(f"{self.p}: StoreRows copies the O staging buffer, not {op.src}")
         nthreads = self.role.threads
@@ -437,7 +442,7 @@ class _RoleEmitter(Walker):
         self.emit("store_rows", pre=pre, base="%rsrc", off=off, cpr=cpr, cpr_mask=cpr - 1, chunks=chunks,
                   cpr_shift=cpr.bit_length() - 1, step=nthreads // cpr, panel=vo.bytes(cfg.block_m),
                   pn=_panel_swizzle(vo), row_bytes=row_bytes,
-                  pos0=2 * cfg.seq_q_per_tile, pos_tile=qtile * cfg.seq_q_per_tile, p=p,
+                  pos0=cfg.tiles_per_task * cfg.seq_q_per_tile, pos_tile=qtile * cfg.seq_q_per_tile, p=p,
                   log2_p=p.bit_length() - 1, g=cfg.gqa_ratio,
                   row_shift=row_bytes.bit_length() - 1 if row_bytes & (row_bytes - 1) == 0 else None,
                   loop=self.label("rows"), qtile=qtile)
@@ -460,7 +465,7 @@ class _RoleEmitter(Walker):
         self.r("pred", "p_row")
         self.what(f"store O tile {op.qtile} cols {op.col_lo}-{op.col_hi - 1} (fp32, normalized) to o_partial row "
                   "split * R + (b * Sq + pos) * Hq + head, rows pos < Sq only")
-        self.emit("store_partial", pos0=2 * cfg.seq_q_per_tile, pos_tile=op.qtile * cfg.seq_q_per_tile, p=p,
+        self.emit("store_partial", pos0=cfg.tiles_per_task * cfg.seq_q_per_tile, pos_tile=op.qtile * cfg.seq_q_per_tile, p=p,
                   log2_p=p.bit_length() - 1, g=cfg.gqa_ratio, t2=self.r("b32", "kt2"), t3=self.r("b32", "kt3"),
                   addr=self.r("b64", "kop"),
                   row_bytes=cfg.head_dim_v * 4,
@@ -480,7 +485,7 @@ class _RoleEmitter(Walker):
         self.r("pred", "p_row")
         self.what(f"store O tile {op.qtile} cols {op.col_lo}-{op.col_hi - 1} ({cfg.dtype}, normalized) to o_ptr row "
                   f"({'qoff + pos' if cfg.varlen else 'b * Sq + pos'}) * Hq + head, rows pos < Sq only")
-        self.emit("store_o", pos0=2 * cfg.seq_q_per_tile, pos_tile=op.qtile * cfg.seq_q_per_tile, p=p,
+        self.emit("store_o", pos0=cfg.tiles_per_task * cfg.seq_q_per_tile, pos_tile=op.qtile * cfg.seq_q_per_tile, p=p,
                   log2_p=p.bit_length() - 1, g=cfg.gqa_ratio, t2=self.r("b32", "kt2"), t3=self.r("b32", "kt3"),
                   addr=self.r("b64", "kop"), varlen=cfg.varlen, row_bytes=cfg.head_dim_v * cfg.elem_bytes,
                   stores=[{"off": 2 * c, "regs": [self.r("b32", f"ob{(c + 2 * q) // 2}") for q in range(4)]}
@@ -630,8 +635,8 @@ class _RoleEmitter(Walker):
         if name in ("s", "p"):
             self.ctx.family("f32", "%s", ROWS)
             return f"%s{col}"
-        if name == "o":
-            self.ctx.family("f32", "%o", ROWS)
+        if name == "o":  # named by O's column (a chunked role's chunk keeps its columns' names)
+            self.ctx.family("f32", "%o", max(ROWS, self.cfg.head_dim_v))
             return f"%o{col}"
         raise Sm100LoweringError(f"{self.p}: no register tile for buffer {name!r}")
 
@@ -793,7 +798,7 @@ class _RoleEmitter(Walker):
         """(lo, hi, pair register, factor pair) for o columns (c, c + 1): packed f32x2 operands."""
         if len(cols) % 2 or any(cols[i + 1] != cols[i] + 1 for i in range(0, len(cols), 2)):
             raise Sm100LoweringError(f"{self.p}: o columns {cols[:4]}... do not form (even, odd) pairs")
-        self.ctx.family("b64", "%op", ROWS // 2)
+        self.ctx.family("b64", "%op", max(ROWS, self.cfg.head_dim_v) // 2)
         return [(self.buf("o", c), self.buf("o", c + 1), f"%op{c // 2}", factor2) for c in cols[::2]]
 
     def compute_normalize(self, op: Compute) -> None:
@@ -953,11 +958,11 @@ def lower_sm100(pipe: Pipeline) -> dict:
 
 def manifest_sm100(pipe: Pipeline) -> dict:
     """The ABI manifest (fa4gen.lower.manifest) with the sm_100a facts: the SMEM layout derived from
-    the pipeline, whole 128-row O boxes, two Q tiles per task (one CTA per task when causal, except
+    the pipeline, whole 128-row O boxes, cfg.tiles_per_task Q tiles per task (one CTA per task when causal, except
     KV-cache kernels), and the layout's own section."""
     cfg = pipe.config
     layout = smem_layout(pipe, Sm100LoweringError)
-    grid = GridFacts(policy="one_per_task" if cfg.causal and not cfg.kvcache else "persistent", tiles_per_task=2,
+    grid = GridFacts(policy="one_per_task" if cfg.causal and not cfg.kvcache else "persistent", tiles_per_task=cfg.tiles_per_task,
                      deal=", task += gridDim.x", lpt_deal="", varlen_lpt=False, mode_keys=True, launch=True)
     return manifest(pipe, smem_bytes=layout.total, o_rows=cfg.block_m, grid=grid, sections=smem_layout_section(layout))
 

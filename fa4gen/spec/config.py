@@ -20,7 +20,7 @@ import operator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .tiles import ROWS, gqa_pack, kv_block_keys, q_tile_rows_refusal
+from .tiles import ROWS, gqa_pack, kv_block_keys, q_tile_rows_refusal, q_tiles_per_task
 
 GENERATOR_VERSION = "0.1.0"
 
@@ -51,15 +51,15 @@ ARCHS = ("sm_100a", "sm_90a")
 # (head_dim, head_dim_v) pairs each target generates: q and k have head_dim columns, v and o head_dim_v.
 # The one table KernelConfig, the API (runtime/validate.py), the CLI and prebuilt-kernel checks read.
 HEAD_DIM_PAIRS: dict[str, tuple[tuple[int, int], ...]] = {
-    "sm_100a": ((64, 64), (96, 96), (128, 128), (192, 128)),
+    "sm_100a": ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256)),
     "sm_90a": ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256)),
 }
 HEAD_DIMS = tuple(sorted({d for pairs in HEAD_DIM_PAIRS.values() for d, _ in pairs}))  # every head_dim of some pair
-# Pairs the design of docs/HEAD_DIMS.md plans (D = 256) on a target that does not generate them (sm_90a
-# generates it, sm_100a plans it; D = 96 and DeepSeek's (192, 128), once planned, both generate): inside
-# `planning_head_dims()` a KernelConfig takes them on every target so the IR's budget checks can be asked about
-# them (scripts/head_dim_budgets.py), and the lowerings refuse those their target does not generate.
-HEAD_DIM_PLANNED: tuple[tuple[int, int], ...] = ((256, 256),)
+# Pairs the design of docs/HEAD_DIMS.md plans on a target that does not generate them (none today: D = 96,
+# DeepSeek's (192, 128) and D = 256, once planned, both targets generate): inside `planning_head_dims()` a
+# KernelConfig takes them on every target so the IR's budget checks can be asked about them
+# (scripts/head_dim_budgets.py), and the lowerings refuse those their target does not generate.
+HEAD_DIM_PLANNED: tuple[tuple[int, int], ...] = ()
 DTYPES = ("fp16", "bf16")
 PAGE_SIZES = (16, 32, 64, 128, 256)  # keys per KV-cache page (kvcache kernels; 0 = contiguous cache)
 MMA_K = 16  # reduction positions per MMA step for 16-bit inputs (tcgen05 kind::f16, wgmma k16)
@@ -246,6 +246,12 @@ class KernelConfig:
     def head_groups(self) -> int:
         """Tiles side by side in the head dimension per kv head: gqa_ratio / gqa_pack."""
         return self.gqa_ratio // self.gqa_pack
+
+    @property
+    def tiles_per_task(self) -> int:
+        """Q tiles a task keeps in flight, its m unit (the rule is fa4gen.spec.tiles.q_tiles_per_task):
+        sm_100a two (one at DV = 256), sm_90a one."""
+        return q_tiles_per_task(self.arch, self.head_dim_v)
 
     @property
     def seq_q_per_tile(self) -> int:

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
+from ..spec.plan import ARCH_LIMITS
 from ..ir.core import (Arrive, Commit, ExpectTx, If, Loop, LoopKind, MmaWait, NamedArrive, NamedSync, Pipeline, Role, SmemSt,
                        State, TmaLoad, Wait, WaitLd, WaitSt, walk_ops)
 
@@ -74,6 +75,15 @@ class Mutation:
     breaks_data: bool = False  # the simulator must diverge or report a hazard
 
 
+def _overflowing_regs(pipe: Pipeline, role: str) -> int:
+    """The least setmaxnreg (a multiple of 8, at most 256) for `role` that takes the CTA's registers
+    (sum of setmaxnreg x threads) past the SM's register file, the others' budgets as they are."""
+    others = sum(32 * len(r.warps) * r.regs for r in pipe.roles if r.name != role)
+    threads = 32 * len(pipe.role(role).warps)
+    need = (ARCH_LIMITS[pipe.arch].regs_per_sm - others) // threads + 1
+    return min(256, -(-need // 8) * 8)
+
+
 def _sscale_early(pipe: Pipeline) -> Pipeline:
     # softmax0 writes sScale before waiting for WG2 to hand the slot back
     def fn(op):
@@ -125,8 +135,9 @@ CORPUS: tuple[Mutation, ...] = (
              _sscale_early, "HAZARD_WAR", "sScale", breaks_data=True),
     Mutation("kv_ring_depth_off_by_one", "the load warp's K/V ring is one stage shorter than the MMA warp's",
              _kv_depth, "DEADLOCK", "kv_full"),
-    Mutation("register_budget", "WG2 asks setmaxnreg 72: 128 x (200 + 200 + 72 + 48) > 65,536",
-             lambda p: with_role(p, "correction", regs=72), "REG_BUDGET", "cta"),
+    Mutation("register_budget", "WG2 asks the least setmaxnreg past the CTA's 65,536 registers (two softmax "
+             "warpgroups: 72, 128 x (200 + 200 + 72 + 48) > 65,536; one Q tile: 248)",
+             lambda p: with_role(p, "correction", regs=_overflowing_regs(p, "correction")), "REG_BUDGET", "cta"),
     Mutation("tmem_over_512", "O1 starts at column 480: its D columns run past the 512-column allocation",
              lambda p: with_region(p, "O1", col=480), "TMEM_BUDGET", "O1"),
     Mutation("named_barrier_count", "statistics named barrier declared with 192 threads",
@@ -136,9 +147,9 @@ CORPUS: tuple[Mutation, ...] = (
     Mutation("dropped_wait_ld", "softmax0 uses S registers without tcgen05.wait::ld",
              lambda p: edit_program(p, "softmax0", drop_first(lambda op: isinstance(op, WaitLd))),
              "HAZARD_REG", "softmax0", breaks_data=True),
-    Mutation("dropped_commit_s_ready", "MMA never commits s_ready[1]",
+    Mutation("dropped_commit_s_ready", "MMA never commits its last Q tile's s_ready (s_ready[1] with two tiles)",
              lambda p: edit_program(p, "mma", lambda op: () if isinstance(op, Commit) and op.barrier == "s_ready"
-                                    and op.slot == 1 else (op,)),
+                                    and op.slot == p.region("Q").slots - 1 else (op,)),
              "DEADLOCK", "s_ready"),
     Mutation("expect_tx_bytes", "the load warp announces half the Q bytes in expect_tx",
              lambda p: edit_program(p, "load", lambda op: (dataclasses.replace(op, bytes=op.bytes // 2),)
