@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Static SASS profile of the sm_100a kernels, per warp role: what ptxas made of the generated PTX.
 
-    python3 -m bench.sass_profile [--out FILE.json] [--names a,b] [--keep DIR] [--quiet]
+    python3 -m bench.sass_profile [--out FILE.json] [--names a,b] [--head-dim D[,DV]] [--keep DIR] [--quiet]
 
 For every variant of the default sm_100a matrix (fa4gen.codegen.DEFAULT_MATRIX) the PTX is built
 through the chain, assembled with ptxas (-O3, resource report: registers, spills) and disassembled
@@ -35,6 +35,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from fa4gen import codegen  # noqa: E402
+from fa4gen.spec.config import ConfigError  # noqa: E402
 from fa4gen.assemble.assemble import assemble, disassemble, find_disassembler, find_ptxas, ptxas_version  # noqa: E402
 
 # opcode family -> the column it is counted in (first match wins); the full histogram goes to the JSON
@@ -177,6 +178,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--out", type=Path, help="JSON output (default bench/results/<date>_sass_profile_sm100a.json)")
     ap.add_argument("--names", help="comma-separated variant names (default: the whole default matrix)")
+    ap.add_argument("--head-dim", help="D or D,DV: the default matrix's D = 128 variants at this head size instead "
+                                       "(e.g. 256, 96, 192,128); --names then names those")
     ap.add_argument("--keep", type=Path, help="keep the PTX, logs and cubins here")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
@@ -188,6 +191,13 @@ def main(argv=None) -> int:
         print("sass_profile: no nvdisasm found (PATH, CUDA toolkit or the nvidia-cuda-nvdisasm wheel)", file=sys.stderr)
         return 2
     cfgs = list(codegen.DEFAULT_MATRIX)
+    if a.head_dim:
+        d, _, dv = a.head_dim.partition(",")
+        try:
+            cfgs = [c.replace(head_dim=int(d), head_dim_v=int(dv or d)) for c in cfgs if c.head_dim == 128]
+        except (ValueError, ConfigError) as e:
+            print(f"sass_profile: --head-dim {a.head_dim}: {e}", file=sys.stderr)
+            return 2
     if a.names:
         want = set(a.names.split(","))
         unknown = want - {c.name for c in cfgs}
