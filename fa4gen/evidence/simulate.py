@@ -66,16 +66,10 @@ class Task:
     block_lo: int = 0
 
 
-def tiles_per_task(cfg: KernelConfig) -> int:
-    """KernelConfig.tiles_per_task: sm_100a two 128-row Q tiles in flight per task (one at DV = 256);
-    sm_90a one, split over its consumer warpgroups (two; three on 192-row tiles)."""
-    return cfg.tiles_per_task
-
-
 def unit_info(cfg: KernelConfig, m: int, sq: int, skv: int, window=None, split: int = 0, num_splits: int = 1):
     """plan.BlockInfo of task unit m (tiles_per_task Q tiles; sm_100a a pair): the blocks its task
     runs. window: flash-attn's (left, right) or None, as reference.tile_block_info takes it."""
-    return tile_block_info(cfg, m, sq, skv, window, tiles=tiles_per_task(cfg), split=split, num_splits=num_splits)
+    return tile_block_info(cfg, m, sq, skv, window, tiles=cfg.tiles_per_task, split=split, num_splits=num_splits)
 
 
 def schedule_tasks(cfg: KernelConfig, batch: int, hkv: int, sq: int, skv: int,
@@ -83,8 +77,7 @@ def schedule_tasks(cfg: KernelConfig, batch: int, hkv: int, sq: int, skv: int,
     """Tasks in kernel order (fa4gen.spec.schedule.task_coords): linear for non-causal; causal LPT,
     heaviest m_blocks first, in sections of `l2_group` (batch, kv_head) pairs (default: one section,
     the simulator has no L2); each runs its unit's blocks (a window's from its first)."""
-    tpt = tiles_per_task(cfg)
-    m_blocks = -(-sq // (tpt * cfg.seq_q_per_tile))
+    m_blocks = -(-sq // cfg.seq_q_per_task)
     ng = cfg.head_groups
     num_bh = batch * hkv * ng  # (batch, head group) pairs: hg = kv_head * ng + j
     g = num_bh if l2_group is None else l2_group
@@ -129,7 +122,7 @@ class NumpyData(DataModel):
     def tile_rows(self, task: Task, qtile: int):
         """(sequence position, query head, position < the task's Sq) of the tile's 128 rows; the
         tile's row in the (packed) tensor is task.q_start + position."""
-        seq = (tiles_per_task(self.cfg) * task.m_block + qtile) * self.cfg.seq_q_per_tile + self.row_seq_off
+        seq = (self.cfg.tiles_per_task * task.m_block + qtile) * self.cfg.seq_q_per_tile + self.row_seq_off
         head = task.kv_head * self.cfg.gqa_ratio + task.head_group * self.cfg.gqa_pack + self.row_head_off
         return seq, head, seq < self.task_sq(task)
 
@@ -227,7 +220,7 @@ class NumpyData(DataModel):
         if self.softcap_in is not None:  # mul.f32 then tanh.approx.f32 of every raw score, before the mask
             s = tanh_approx_f32(s * self.softcap_in)
         sq, skv = self.task_sq(task), self.task_skv(task)
-        masked = tile_block_info(cfg, tiles_per_task(cfg) * task.m_block + qtile, sq, skv,
+        masked = tile_block_info(cfg, cfg.tiles_per_task * task.m_block + qtile, sq, skv,
                                  self.window).needs_mask(nb)
         if masked:
             col = nb * bn + np.arange(bn)[None, :]
@@ -429,10 +422,10 @@ def simulate_varlen(pipe_or_cfg, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=
     q64, k64, v64 = (_as_compute(t, cfg.dtype, n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
     scale = _default_scale(d, softmax_scale)
     mods = _mods(cfg, hq, window, softcap, sinks)
-    tpt, ng = tiles_per_task(cfg), cfg.head_groups
+    ng = cfg.head_groups
     tasks = []
     for b, hg, m, q0, ql, k0, kl in varlen_tasks(cu_seqlens_q, cu_seqlens_k, total_q, total_k, hkv * ng,
-                                                 tpt * cfg.seq_q_per_tile, cfg.causal, seqused_k, l2_rows):
+                                                 cfg.seq_q_per_task, cfg.causal, seqused_k, l2_rows):
         info = unit_info(cfg, m, ql, kl, mods[0])  # the pair's (or tile's) blocks
         tasks.append(Task(0, hg // ng, m, info.n, hg % ng, q0, ql, k0, kl, block_lo=info.lo))
     data = (NumpyData if pipe.arch == "sm_100a" else NumpyDataSm90)(pipe, q64, k64, v64, scale, tasks, mods)
@@ -503,8 +496,8 @@ def simulate_kvcache(pipe_or_cfg, q, k_cache, v_cache, cache_seqlens, page_table
     scale = _default_scale(d, softmax_scale)
     mods = _mods(cfg, hq, window, softcap, sinks)
     S = max(int(num_splits), 1)
-    tpt, ng = tiles_per_task(cfg), cfg.head_groups
-    units = -(-sq // (tpt * cfg.seq_q_per_tile))
+    ng = cfg.head_groups
+    units = -(-sq // cfg.seq_q_per_task)
     tasks = []
     for t in range(B * hkv * ng * units * S):
         split, m, b, hg = kvcache_task(t, S, units, hkv * ng)

@@ -30,7 +30,6 @@ class GridFacts:
     """How a target's kernel walks its task list: the data behind the manifest's `grid` section."""
 
     policy: str  # "persistent" (min(num_tasks, SMs) CTAs loop over tasks) or "one_per_task"
-    tiles_per_task: int  # Q tiles a task keeps in flight (1 or 2); its m unit is that many m_blocks
     deal: str  # how a CTA steps to its next task, as the linear, varlen and KV-cache orders end
     lpt_deal: str  # the same for the dense causal order (LPT in L2 sections)
     varlen_lpt: bool  # causal varlen: the sectioned LPT (plan.VARLEN_ORDER[True]); else linear, heaviest first
@@ -46,7 +45,7 @@ _UNITS = {1: ("one {rows}-row Q tile", "m_block", "m_block", "m_block"),
 def grid_section(cfg: KernelConfig, g: GridFacts) -> dict:
     """The manifest's `grid`: policy, task unit, tiles per task and the task order in words (plus,
     where the target spells them, the host's task count, grid size and the kernel's clamp)."""
-    n = g.tiles_per_task
+    n = cfg.tiles_per_task  # Q tiles a task keeps in flight (1 or 2); its m unit is that many m_blocks
     held, key, unit, lpt_units = _UNITS[n]
     hg, hgu = (f" * {cfg.head_groups}", "head group, ") if cfg.head_groups > 1 else ("", "")
     if g.mode_keys and cfg.kvcache:
@@ -62,7 +61,7 @@ def grid_section(cfg: KernelConfig, g: GridFacts) -> dict:
     elif cfg.varlen:
         lpt = cfg.causal and g.varlen_lpt
         order = VARLEN_ORDER[lpt] + (" and heaviest first" if cfg.causal and not lpt else "") + g.deal
-        num_tasks = f"fa4gen.spec.plan.varlen_task_bound(batch, total_q, num_heads_kv{hg}, {n * cfg.seq_q_per_tile})"
+        num_tasks = f"fa4gen.spec.plan.varlen_task_bound(batch, total_q, num_heads_kv{hg}, {cfg.seq_q_per_task})"
         note = "the kernel stops at the last sequence's tasks: num_tasks is only a bound"
     else:
         order = (f"LPT in sections of l2_group (batch, kv_head) pairs: {lpt_units} heaviest first, "

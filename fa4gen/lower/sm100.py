@@ -216,7 +216,7 @@ class _RoleEmitter(Walker):
         if cfg.kvcache:
             for n in ("nsplit", "split", "nlo"):
                 self.r("b32", n)
-        unit = cfg.tiles_per_task * cfg.seq_q_per_tile  # varlen m unit: the task's Q tiles (plan "Varlen task order")
+        unit = cfg.seq_q_per_task  # varlen m unit: the task's Q tiles (plan "Varlen task order")
         # the task's K/V blocks (plan.BlockInfo over the pair of Q tiles): %n >= 1 (KV cache:
         # the split's, from %nlo; a window: from its first block %nlo)
         split = ("%split", "%nsplit", "%nlo", "%tmp1") if cfg.kvcache else None
@@ -289,7 +289,7 @@ class _RoleEmitter(Walker):
         pn = vo_panels(cfg) if op.tensor == "v" else qk_panels(cfg)
         half_bytes = pn.bytes(cfg.block_m if op.tensor == "q" else ROWS)
         if op.tensor == "q":
-            pre = pre + [("mad.lo.u32", "%c3", "%mpair", str(cfg.tiles_per_task * cfg.seq_q_per_tile),
+            pre = pre + [("mad.lo.u32", "%c3", "%mpair", str(cfg.seq_q_per_task),
                           str(op.qtile * cfg.seq_q_per_tile)), ("mov.u32", "%c1", "0")]
             coords = ["%c0", "%c1", "%hkv", "%c3", "%b"]
             if cfg.varlen:  # the packed tensor as a batch of one: row = the sequence's first row + position
@@ -393,7 +393,7 @@ class _RoleEmitter(Walker):
         pre, base, off = self.smem_addr(op.src, op.src_slot, "%rsrc")
         vo = vo_panels(cfg)
         half_bytes, w = vo.bytes(cfg.block_m), vo.panel_cols
-        pre = pre + [("mad.lo.u32", "%c3", "%mpair", str(cfg.tiles_per_task * cfg.seq_q_per_tile),
+        pre = pre + [("mad.lo.u32", "%c3", "%mpair", str(cfg.seq_q_per_task),
                       str(qtile * cfg.seq_q_per_tile)), ("mov.u32", "%c1", "0")]
         src = f"{op.src}[{self.slot_note(op.src_slot)}]"
         boxes = [{"src": f"{base}+{off + h * half_bytes}", "c0": h * w,
@@ -442,7 +442,7 @@ class _RoleEmitter(Walker):
         self.emit("store_rows", pre=pre, base="%rsrc", off=off, cpr=cpr, cpr_mask=cpr - 1, chunks=chunks,
                   cpr_shift=cpr.bit_length() - 1, step=nthreads // cpr, panel=vo.bytes(cfg.block_m),
                   pn=_panel_swizzle(vo), row_bytes=row_bytes,
-                  pos0=cfg.tiles_per_task * cfg.seq_q_per_tile, pos_tile=qtile * cfg.seq_q_per_tile, p=p,
+                  pos0=cfg.seq_q_per_task, pos_tile=qtile * cfg.seq_q_per_tile, p=p,
                   log2_p=p.bit_length() - 1, g=cfg.gqa_ratio,
                   row_shift=row_bytes.bit_length() - 1 if row_bytes & (row_bytes - 1) == 0 else None,
                   loop=self.label("rows"), qtile=qtile)
@@ -465,7 +465,7 @@ class _RoleEmitter(Walker):
         self.r("pred", "p_row")
         self.what(f"store O tile {op.qtile} cols {op.col_lo}-{op.col_hi - 1} (fp32, normalized) to o_partial row "
                   "split * R + (b * Sq + pos) * Hq + head, rows pos < Sq only")
-        self.emit("store_partial", pos0=cfg.tiles_per_task * cfg.seq_q_per_tile, pos_tile=op.qtile * cfg.seq_q_per_tile, p=p,
+        self.emit("store_partial", pos0=cfg.seq_q_per_task, pos_tile=op.qtile * cfg.seq_q_per_tile, p=p,
                   log2_p=p.bit_length() - 1, g=cfg.gqa_ratio, t2=self.r("b32", "kt2"), t3=self.r("b32", "kt3"),
                   addr=self.r("b64", "kop"),
                   row_bytes=cfg.head_dim_v * 4,
@@ -485,7 +485,7 @@ class _RoleEmitter(Walker):
         self.r("pred", "p_row")
         self.what(f"store O tile {op.qtile} cols {op.col_lo}-{op.col_hi - 1} ({cfg.dtype}, normalized) to o_ptr row "
                   f"({'qoff + pos' if cfg.varlen else 'b * Sq + pos'}) * Hq + head, rows pos < Sq only")
-        self.emit("store_o", pos0=cfg.tiles_per_task * cfg.seq_q_per_tile, pos_tile=op.qtile * cfg.seq_q_per_tile, p=p,
+        self.emit("store_o", pos0=cfg.seq_q_per_task, pos_tile=op.qtile * cfg.seq_q_per_tile, p=p,
                   log2_p=p.bit_length() - 1, g=cfg.gqa_ratio, t2=self.r("b32", "kt2"), t3=self.r("b32", "kt3"),
                   addr=self.r("b64", "kop"), varlen=cfg.varlen, row_bytes=cfg.head_dim_v * cfg.elem_bytes,
                   stores=[{"off": 2 * c, "regs": [self.r("b32", f"ob{(c + 2 * q) // 2}") for q in range(4)]}
@@ -962,7 +962,7 @@ def manifest_sm100(pipe: Pipeline) -> dict:
     KV-cache kernels), and the layout's own section."""
     cfg = pipe.config
     layout = smem_layout(pipe, Sm100LoweringError)
-    grid = GridFacts(policy="one_per_task" if cfg.causal and not cfg.kvcache else "persistent", tiles_per_task=cfg.tiles_per_task,
+    grid = GridFacts(policy="one_per_task" if cfg.causal and not cfg.kvcache else "persistent",
                      deal=", task += gridDim.x", lpt_deal="", varlen_lpt=False, mode_keys=True, launch=True)
     return manifest(pipe, smem_bytes=layout.total, o_rows=cfg.block_m, grid=grid, sections=smem_layout_section(layout))
 

@@ -646,7 +646,7 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
     opt = options or Sm90Options()
     pipe = build_sm90_pipeline(cfg)
     producer_regs, consumer_regs = opt.regs(cfg)
-    grid = GridFacts(policy="persistent" if opt.persistent else "one_per_task", tiles_per_task=1, deal="",
+    grid = GridFacts(policy="persistent" if opt.persistent else "one_per_task", deal="",
                      lpt_deal="; snake deal", varlen_lpt=True, mode_keys=False, launch=False)
     return manifest(pipe, smem_bytes=smem_layout(pipe, Sm90LoweringError).total, o_rows=WG_ROWS, grid=grid,
                     variant="" if opt == Sm90Options() else _options_tag(opt),

@@ -20,6 +20,7 @@ import operator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .encodings import TMEM_COLUMNS
 from .tiles import ROWS, gqa_pack, kv_block_keys, q_tile_rows_refusal, q_tiles_per_task
 
 GENERATOR_VERSION = "0.1.0"
@@ -251,12 +252,17 @@ class KernelConfig:
     def tiles_per_task(self) -> int:
         """Q tiles a task keeps in flight, its m unit (the rule is fa4gen.spec.tiles.q_tiles_per_task):
         sm_100a two (one at DV = 256), sm_90a one."""
-        return q_tiles_per_task(self.arch, self.head_dim_v)
+        return q_tiles_per_task(self.arch, self.head_dim_v, TMEM_COLUMNS)
 
     @property
     def seq_q_per_tile(self) -> int:
         """Sequence positions per block_m-row Q tile: the rest of the rows are the packed heads."""
         return self.block_m // self.gqa_pack
+
+    @property
+    def seq_q_per_task(self) -> int:
+        """Sequence positions per task (its m unit): tiles_per_task Q tiles of seq_q_per_tile each."""
+        return self.tiles_per_task * self.seq_q_per_tile
 
     @property
     def p_chunks_first(self) -> int:

@@ -90,15 +90,15 @@ def kv_block_keys(arch: str, head_dim: int) -> int:
 # TMEM: 2 * 128 + 2 * DV <= 512, so DV <= 128. At DV = 256 the two O tiles alone take all of TMEM: one
 # tile per task, S at [0, 128) and O at [256, 512) (docs/HEAD_DIMS.md "sm_100a", D = 256). sm_90a
 # splits its one tile over its consumer warpgroups.
-TMEM_COLS = 512
 
 
-def q_tiles_per_task(arch: str, head_dim_v: int) -> int:
+def q_tiles_per_task(arch: str, head_dim_v: int, tmem_cols: int) -> int:
     """Q tiles in flight per task (KernelConfig.tiles_per_task): sm_100a 2 where two S and two O tiles
-    fit TMEM's columns, else 1; sm_90a 1."""
+    fit TMEM's tmem_cols columns (the ISA's, spec.encodings.TMEM_COLUMNS: this module imports nothing),
+    else 1; sm_90a 1."""
     if arch != "sm_100a":
         return 1
-    return 2 if 2 * ROWS + 2 * int(head_dim_v) <= TMEM_COLS else 1
+    return 2 if 2 * ROWS + 2 * int(head_dim_v) <= tmem_cols else 1
 
 
 def head_groups(gqa_ratio: int) -> int:
