@@ -107,22 +107,6 @@ def test_sm100a_d256_causal_gqa_kernel_emulates_with_every_block_reached():
     _emulate_every_block(cfg, [Shape.parse(s) for s in ("1,70,260,2,1", "1,140,50,2,1,nolse", "1,1,128,2,1")])
 
 
-def test_sm100a_d256_paged_kv_kernel_with_every_score_mod_emulates_with_every_block_reached():
-    """A paged KV cache (16-key pages) with window, softcap and sinks, GQA 4, one Q tile per task: WG2's
-    fp32 partials of 256 columns in 16-column chunks, its StoreO of one split, and fa4_combine; the
-    default decode batches cut as for D = 96."""
-    import dataclasses
-
-    from fa4gen.evidence.ptxemu.kvcache import default_kv_shapes
-
-    cfg = KernelConfig(arch="sm_100a", head_dim=256, kvcache=True, page_size=16, window=True, softcap=True,
-                       sinks=True, gqa_ratio=4)
-
-    def shapes(man):
-        b = default_kv_shapes(man)
-        return [dataclasses.replace(b[0], seqlens=(-3,)), b[1], dataclasses.replace(b[2], seqlens=(390,)), b[3]]
-    _emulate_every_block(cfg, shapes, entries=("fa4_fwd", "fa4_combine"))
-
 
 def test_d96_rings_and_staging_are_the_design_budget():
     """The 128-row tile, 2 Q slots, 3 K/V stages and O staged: 222,344 bytes (docs/HEAD_DIMS.md)."""
@@ -287,16 +271,19 @@ def test_sm100a_d96_varlen_causal_kernel_emulates_with_every_block_reached():
                                VarShape((3, 0), (70, 5), 2, 1, seqused_k=(40, 3), with_lse=False)])
 
 
-def test_sm100a_d96_paged_kv_kernel_with_every_score_mod_emulates_with_every_block_reached():
+@pytest.mark.parametrize("d", [96, 256])
+def test_sm100a_paged_kv_kernel_with_every_score_mod_emulates_with_every_block_reached(d):
     """A paged KV cache (16-key pages: 8 boxes per panel and block) with window, softcap and sinks, GQA 4:
-    fa4_fwd's split partials over 96 fp32 columns and fa4_combine. The default decode batches, each cut
+    fa4_fwd's split partials over d fp32 columns and fa4_combine. The default decode batches, each cut
     to the sequences that reach a block the others do not (a sequence without keys in the 3-split batch,
-    the 390-key one whose second Q tile holds rows); about 5 s of CPU."""
+    the 390-key one whose second Q tile holds rows); about 5 s of CPU each. D = 96: 32-column 64B
+    panels; D = 256: one Q tile per task, WG2's partials of 256 columns in 16-column chunks and its
+    StoreO of one split."""
     import dataclasses
 
     from fa4gen.evidence.ptxemu.kvcache import default_kv_shapes
 
-    cfg = KernelConfig(arch="sm_100a", head_dim=96, kvcache=True, page_size=16, window=True, softcap=True,
+    cfg = KernelConfig(arch="sm_100a", head_dim=d, kvcache=True, page_size=16, window=True, softcap=True,
                        sinks=True, gqa_ratio=4)
 
     def shapes(man):
