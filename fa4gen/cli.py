@@ -206,13 +206,15 @@ def verify(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, block
     from .codegen import pipeline_summary
     from .ir import build_pipeline
     from .verify import verify as run_verify
-    from .verify.mutations import CORPUS, SM90_CORPUS, SM100_DV_CORPUS
+    from .verify.mutations import CORPUS, SM90_CORPUS, SM90_DYNAMIC_CORPUS, SM100_DV_CORPUS
 
-    corpus = {"sm_100a": CORPUS + SM100_DV_CORPUS, "sm_90a": SM90_CORPUS}
-    dv_only = {m.name for m in SM100_DV_CORPUS}  # they edit what only a dv != d pipeline has
+    corpus = {"sm_100a": CORPUS + SM100_DV_CORPUS, "sm_90a": SM90_CORPUS + SM90_DYNAMIC_CORPUS}
+    # mutations that edit what only some pipelines have: the option that builds one
+    needs = {**{m.name: "K and V tiles of two sizes: --head-dim 192,128" for m in SM100_DV_CORPUS},
+             **{m.name: "the dynamic deal: --varlen" for m in SM90_DYNAMIC_CORPUS}}
     if list_mutations:
         for m in corpus[arch]:
-            note = " (needs K and V tiles of two sizes: --head-dim 192,128)" if m.name in dv_only else ""
+            note = f" (needs {needs[m.name]})" if m.name in needs else ""
             click.echo(f"{m.name:28s} {m.code:14s} {m.culprit:12s} {m.what}{note}")
         return
     cfg = _make_config(arch, head_dim, dtype, causal, gqa, kv_stages, rescale_threshold, varlen, kvcache, page_size,
@@ -233,8 +235,7 @@ def verify(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, block
         broken = mine[0].apply(pipe)
         if broken == pipe:
             click.echo(f"fa4gen: error: mutation {mutation!r} changes nothing in {cfg.name}'s pipeline"
-                       + (" (it needs K and V tiles of two sizes: --head-dim 192,128)" if mutation in dv_only else ""),
-                       err=True)
+                       + (f" (it needs {needs[mutation]})" if mutation in needs else ""), err=True)
             sys.exit(2)
         pipe = broken
     rep = run_verify(pipe)

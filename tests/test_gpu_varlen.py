@@ -237,3 +237,40 @@ def test_varlen_under_torch_compile_fullgraph():
     torch.library.opcheck(torch.ops.fa4gen.attention_varlen_fwd,
                           (q, k, v, cu, cu, 1000, 1000, True, None, True, None),
                           test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.gpu
+def test_dynamic_deal_repeats_and_replays_the_same_bits():
+    """The varlen kernel deals its tasks from a counter each launch zeroes (plan.dynamic_tasks): back
+    to back launches, launches on a second stream and a CUDA-graph replay (the zeroing captured with
+    the kernel) all give the bits of the first launch, and every sequence still matches the reference
+    (a counter left over from an earlier launch would skip tasks: rows of NaN in the poisoned output)."""
+    lens = ragged_lengths(96, seed=5, long_max=3000)
+    q, k, v = _inputs(lens, lens, 8, 2, 64, "bf16", "dynamic deal")
+    cu = _cu(lens, "cuda")
+    mx = max(lens)
+
+    def run():
+        return api.attention_varlen(q, k, v, cu, cu, mx, mx, causal=True, return_lse=True)
+
+    o0, l0 = run()
+    for _ in range(5):
+        o1, l1 = run()
+        assert torch.equal(o1, o0) and torch.equal(l1, l0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        outs = [run() for _ in range(3)]
+    torch.cuda.current_stream().wait_stream(side)
+    assert all(torch.equal(o, o0) and torch.equal(lse, l0) for o, lse in outs)
+    run()  # warm-up outside the capture (the kernel is loaded, its validation cached)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        og, lg = run()
+    for _ in range(3):
+        og.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(og, o0) and torch.equal(lg, l0)
+    o, lse = run_varlen_poisoned(q, k, v, cu, cu, True, 64 ** -0.5, "bf16")
+    check_per_sequence(o, lse, q, k, v, lens, lens, lens, True, 64 ** -0.5, "bf16", "dynamic deal")

@@ -365,6 +365,32 @@ class Advance:
 
 
 @dataclass(frozen=True)
+class FetchTask:
+    """The dynamic deal (plan.dynamic_tasks): the role's one issuing thread takes the next task index
+    from the launch's task counter (`atom.global.add.u32 task, [task_counter], 1`), so CTAs take
+    tasks in order as they free up. Register-only here; the index reaches the other roles through
+    PublishTask / ReadTask. Indices at or past the last task end the task loop of every role."""
+
+
+@dataclass(frozen=True)
+class PublishTask:
+    """st.shared of the task index the role fetched into slot `slot` of SMEM region `region` (one
+    32-bit word per slot), by the role's one issuing thread; the barrier arrive after it publishes it."""
+
+    region: str
+    slot: Slot
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    """ld.shared of the task index in slot `slot` of SMEM region `region` by every thread of the role
+    (after the wait that orders it behind its PublishTask)."""
+
+    region: str
+    slot: Slot
+
+
+@dataclass(frozen=True)
 class Compute:
     """Register-only math. `fn` names the template macro (PTX) and the NumPy function (simulator).
 
@@ -382,13 +408,19 @@ class Compute:
 
 
 Op = Union[Wait, Arrive, ExpectTx, TmaLoad, PageLookup, TmaStore, StoreRows, StorePartial, StoreO, TmaStoreWait, Mma, MmaWait, Commit, TmemLd, TmemSt, WaitLd,
-           WaitSt, SmemSt, SmemLd, FenceProxyAsync, NamedArrive, NamedSync, Advance, Compute]
+           WaitSt, SmemSt, SmemLd, FenceProxyAsync, NamedArrive, NamedSync, Advance, FetchTask, PublishTask, ReadTask,
+           Compute]
 
 
 @dataclass(frozen=True)
 class Loop:
+    """A loop. `head` (TASKS loops only): ops every role runs before each task's exit test, the test
+    that ends the loop included (so once more than the tasks it runs): the dynamic deal's hand-off of
+    the next task index (FetchTask / PublishTask / ReadTask and their ring's waits and arrives)."""
+
     kind: LoopKind
     body: tuple
+    head: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -494,7 +526,7 @@ def _instantiate_stmts(stmts: tuple, i: int, n: int) -> tuple:
     out = []
     for st in stmts:
         if isinstance(st, Loop):
-            out.append(Loop(st.kind, _instantiate_stmts(st.body, i, n)))
+            out.append(Loop(st.kind, _instantiate_stmts(st.body, i, n), _instantiate_stmts(st.head, i, n)))
         elif isinstance(st, If) and st.cond in (Cond.FIRST_INSTANCE, Cond.LAST_INSTANCE):
             taken = (i == 0) if st.cond is Cond.FIRST_INSTANCE else (i == n - 1)
             out.extend(_instantiate_stmts(st.then if taken else st.orelse, i, n))
@@ -520,6 +552,7 @@ def walk_ops(program: tuple):
     """Every op of a program, in textual order (both branches of an If)."""
     for st in program:
         if isinstance(st, Loop):
+            yield from walk_ops(st.head)
             yield from walk_ops(st.body)
         elif isinstance(st, If):
             yield from walk_ops(st.then)

@@ -209,8 +209,10 @@ class _RoleEmitter(Walker):
                 kind, v = self.slot(op.slot)
                 self.emit("named_id", dst=bid, base=b.named_id + 4 * v)
 
-    def task_begin(self, head: str, done: str) -> None:
+    def task_begin(self, head: str, done: str, head_ops: tuple = ()) -> None:
         cfg = self.cfg
+        if head_ops:  # plan.dynamic_tasks deals sm_100a's tasks statically
+            raise Sm100LoweringError(f"{self.p}: a TASKS loop head (the dynamic deal) is not lowered on sm_100a")
         if cfg.varlen:
             self.varlen_regs()
         if cfg.kvcache:

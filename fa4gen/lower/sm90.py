@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from ..spec.plan import PTX_VERSION_FOR_ARCH
 from ..spec.config import GENERATOR_VERSION, KernelConfig
 from ..spec.exp2 import EXP2_POLY, hopper_emulated
-from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync, If, InstSlot,
-                       Mma, MmaWait, NamedArrive, NamedSync, PageLookup, Pipeline, Role, Scope, SmemSt, StoreRows,
+from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync, FetchTask, If,
+                       InstSlot, Mma, PublishTask, ReadTask, MmaWait, NamedArrive, NamedSync, PageLookup, Pipeline, Role, Scope, SmemSt, StoreRows,
                        TmaLoad, TmaStore, TmaStoreWait, Wait, instantiate, walk_ops)
 from ..ir.sm90 import build_sm90_pipeline
 from ..spec.encodings import DescArch, SmemMatrixDesc
 from ..spec.plan import (ARCH_LIMITS, block_info_ptx, block_n, MASK_AS_WORDS, MASK_WORD_BITS, SM90_REGS,
-                         WINDOW_UNBOUNDED, combine_context, key_limits_ptx, kv_box_rows,
+                         WINDOW_UNBOUNDED, combine_context, dynamic_tasks, sm90_regs, key_limits_ptx, kv_box_rows,
                          later_blocks_need_mask, mask_words, qk_panels, sm90_consumers, vo_panels)
 from .manifest import ENTRY, GridFacts, entry_params, manifest
 from .walk import LoweringError, WalkCtx, Walker, dispatch, f32, pairwise, refuse_planned, smem_layout
@@ -68,6 +68,11 @@ OP_PTX: dict[type, tuple[str, ...]] = {
     PageLookup: (),
     SmemSt: (),
     Advance: (),
+    # the dynamic deal's task hand-off (plan.dynamic_tasks): its ring's waits and arrives are the
+    # protocol; the index itself (atom.global.add, st/ld.shared of one word) is `fa4gen emulate`'s
+    FetchTask: (),
+    PublishTask: (),
+    ReadTask: (),
     Compute: (),
 }
 # How this target's instructions read back (fa4gen.evidence.check): the wgmma classes after the shared ones
@@ -108,7 +113,7 @@ class Sm90Options:
     def regs(self, cfg: KernelConfig) -> tuple[int, int]:
         """(producer, consumer) setmaxnreg budgets for cfg, checked against its launch pool."""
         nc = sm90_consumers(cfg.block_m)
-        dp, dc = SM90_REGS[nc]
+        dp, dc = sm90_regs(cfg)
         p = dp if self.producer_regs is None else self.producer_regs
         c = dc if self.consumer_regs is None else self.consumer_regs
         _check_budget(nc, p, c)
@@ -195,8 +200,15 @@ class Sm90Walker(Walker):
                   desc_v=hex(SmemMatrixDesc.mn_major(DescArch.SM90A, 0, vo.swizzle,
                                                      panel_stride=vo.bytes(block_n(cfg))).encode()))
 
-    def task_begin(self, head: str, done: str) -> None:
+    def task_begin(self, head: str, done: str, head_ops: tuple = ()) -> None:
         cfg = self.cfg
+        if bool(head_ops) != dynamic_tasks(cfg):
+            raise self.Error(f"{self.p}: the TASKS loop has {'a' if head_ops else 'no'} head, the config "
+                             f"{'deals' if dynamic_tasks(cfg) else 'does not deal'} its tasks dynamically")
+        # the static deal computes the first task before the loop (round 0) and the next at its end;
+        # the dynamic one hands the index over in the head, after the label
+        self.emit("task_init", head=head, dynamic=bool(head_ops))
+        self.task_head(head_ops)
         consumer = any(isinstance(op, Mma) for op in walk_ops(self.role.program))
         # the task's K/V blocks (plan.BlockInfo over the Q tile): %nunm, %n >= 1 (KV cache: the split's,
         # from %nlo); printed by the scheduler macros after the task decode
@@ -646,7 +658,9 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
     opt = options or Sm90Options()
     pipe = build_sm90_pipeline(cfg)
     producer_regs, consumer_regs = opt.regs(cfg)
-    grid = GridFacts(policy="persistent" if opt.persistent else "one_per_task", deal="",
+    # the dynamic deal (plan.dynamic_tasks): each CTA takes the next task index from the task counter
+    grid = GridFacts(policy="persistent" if opt.persistent else "one_per_task",
+                     deal="; dynamic deal: each CTA takes the next task from task_counter" if dynamic_tasks(cfg) else "",
                      lpt_deal="; snake deal", varlen_lpt=True, mode_keys=False, launch=False)
     return manifest(pipe, smem_bytes=smem_layout(pipe, Sm90LoweringError).total, o_rows=WG_ROWS, grid=grid,
                     variant="" if opt == Sm90Options() else _options_tag(opt),

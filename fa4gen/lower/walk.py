@@ -23,7 +23,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from ..ir.core import (Advance, Arrive, BlockRef, Cond, ExpectTx, FenceProxyAsync, If, Loop,
+from ..ir.core import (Advance, Arrive, BlockRef, Cond, ExpectTx, FenceProxyAsync, FetchTask, If, Loop, PublishTask, ReadTask,
                        LoopKind, NamedArrive, NamedSync, Pipeline, Role, Scope, TmaStoreWait, Wait,
                        walk_ops)
 from ..ir.layout import SmemLayout, smem_layout as ir_smem_layout
@@ -417,13 +417,13 @@ class Walker:
             if self.loop_kind is not None:
                 raise self.Error(f"{self.p}: a TASKS loop must be outermost")
             head, done = self.label("task"), self.label("tasks_done")
-            before, adv = dict(self.cache), self._advanced(lp.body)
+            before, adv = dict(self.cache), self._advanced(lp.body) | self._advanced(lp.head)
             self._drop(adv)
-            self.task_begin(head, done)
+            self.task_begin(head, done, lp.head)
             self.loop_kind = lp.kind
             self.stmts(lp.body)
             self.loop_kind = None
-            self.emit("task_end", head=head, done=done)
+            self.emit("task_end", head=head, done=done, dynamic=bool(lp.head))
             self.cache = {k: v for k, v in before.items() if k[1] not in adv}
             return
         if self.loop_kind is not LoopKind.TASKS:
@@ -439,9 +439,15 @@ class Walker:
         self.emit("kv_end", head=head, done=done, first=first, count_down=self.COUNT_DOWN)
         self.cache = {k: v for k, v in before.items() if k[1] not in adv}
 
-    def task_begin(self, head: str, done: str) -> None:
-        """Target hook: the task loop's head (decode the task, its block range) and per-task setup."""
+    def task_begin(self, head: str, done: str, head_ops: tuple = ()) -> None:
+        """Target hook: the task loop's head (decode the task, its block range) and per-task setup.
+        head_ops (the Loop's `head`, the dynamic deal's hand-off of the task index): emitted by
+        `task_head` after the loop's label and before the test that ends it."""
         raise NotImplementedError
+
+    def task_head(self, head_ops: tuple) -> None:
+        """The TASKS loop's head ops, each iteration and at the exit (they leave the index in %task)."""
+        self.stmts(head_ops)
 
     def if_(self, st: If) -> None:
         other, end = self.label("else"), self.label("endif")
@@ -563,6 +569,22 @@ class Walker:
         _, after = self.fences(op)
         bid, count, _ = self.named(op)
         self.emit("named_sync", id=bid, count=count, fence_after=after)
+
+    def op_FetchTask(self, op: FetchTask) -> None:
+        # the counter's address is read from the parameter at each fetch, not kept in two registers
+        # of the producer's 24 for the whole kernel (kept, the sm_90a varlen producer spills)
+        self.emit("fetch_task", dst="%task", counter=self.r("b64", "tctr"), param="task_counter",
+                  note="the dynamic deal: the next task index from the launch's task counter")
+
+    def op_PublishTask(self, op: PublishTask) -> None:
+        pre, base, off = self.smem_addr(op.region, op.slot, "%qb")
+        self.emit("publish_task", pre=pre, addr=f"{base}+{off}", src="%task",
+                  note=f"the task index to {op.region}[{self.slot_note(op.slot)}]")
+
+    def op_ReadTask(self, op: ReadTask) -> None:
+        pre, base, off = self.smem_addr(op.region, op.slot, "%qb")
+        self.emit("read_task", pre=pre, addr=f"{base}+{off}", dst="%task",
+                  note=f"the task index from {op.region}[{self.slot_note(op.slot)}]")
 
     def op_Advance(self, op: Advance) -> None:
         self._drop({op.state})

@@ -492,6 +492,13 @@ class Kernel:
             "o_ptr": o.data_ptr(), "total_q": Tq, "total_k": Tk,
             **self._score_scalars(softmax_scale, mods, sink),
         }
+        if "task_counter" in self.manifest["params"]:
+            # the dynamic deal's counter (plan.DYNAMIC_ABI_PARAMS): a zeroed word of this launch alone,
+            # from torch's allocator on the launch's stream (stream-ordered: no later work reuses it early)
+            import torch
+
+            counter = torch.zeros(1, dtype=torch.int32, device=q.device)
+            scalars["task_counter"] = counter.data_ptr()
         self._launch(maps, scalars, num_tasks, q.device)
 
     def kvcache_num_splits(self, batch: int, num_heads_kv: int, seqlen_q: int, kv_len: int) -> int:

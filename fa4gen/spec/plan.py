@@ -116,6 +116,20 @@ WINDOW_ABI_PARAMS: tuple[tuple[str, str], ...] = (
     ("window_right", ".param .s32 window_right"),
 )
 SOFTCAP_ABI_PARAMS: tuple[tuple[str, str], ...] = (("softcap_in", ".param .f32 softcap_in"),)
+# Appended (after varlen's, before the score modifiers') for kernels whose tasks are dealt dynamically
+# (dynamic_tasks): a u32 in global memory that is 0 at launch; the CTAs' producers take task indices
+# from it with atom.global.add (docs/ABI.md "The dynamic deal"). The runtime passes a fresh zeroed
+# word per launch, so launches never share one.
+DYNAMIC_ABI_PARAMS: tuple[tuple[str, str], ...] = (("task_counter", ".param .u64 task_counter"),)
+
+
+def dynamic_tasks(cfg: KernelConfig) -> bool:
+    """Whether the kernel's CTAs take tasks from a counter as they free up (the dynamic deal: each
+    CTA's producer fetches the next index and hands it to the other roles through SMEM) instead of the
+    static persistent deal (round * CTAs + a CTA's slot). Varlen kernels on sm_90a: their tasks' costs
+    differ by sequence, so a static deal leaves the most loaded CTA 1.03-1.12x the ideal in the
+    block-count model (scripts/varlen_balance_model.py), the dynamic one 1.00-1.01x."""
+    return cfg.varlen and cfg.arch == "sm_90a"
 SINKS_ABI_PARAMS: tuple[tuple[str, str], ...] = (("sink_ptr", ".param .u64 sink_ptr"),)
 
 
@@ -128,7 +142,7 @@ def score_mods_record(cfg: KernelConfig) -> dict | None:
     params = ((WINDOW_ABI_PARAMS if cfg.window else ()) + (SOFTCAP_ABI_PARAMS if cfg.softcap else ())
               + (SINKS_ABI_PARAMS if cfg.sinks else ()))
     return {"window": cfg.window, "softcap": cfg.softcap, "sinks": cfg.sinks, "params": [n for n, _ in params]}
-ABI_PARAM_NAMES: tuple[str, ...] = tuple(n for n, _ in ABI_PARAMS + VARLEN_ABI_PARAMS + KVCACHE_ABI_PARAMS
+ABI_PARAM_NAMES: tuple[str, ...] = tuple(n for n, _ in ABI_PARAMS + VARLEN_ABI_PARAMS + KVCACHE_ABI_PARAMS + DYNAMIC_ABI_PARAMS
                                          + WINDOW_ABI_PARAMS + SOFTCAP_ABI_PARAMS + SINKS_ABI_PARAMS)
 
 # The combine kernel of a KV-cache module (a second entry beside fa4_fwd; templates/common/combine.ptx.j2):
@@ -160,6 +174,7 @@ def abi_params(cfg: KernelConfig, o_from_registers: bool = False) -> tuple[tuple
     when set)."""
     dense_o = DENSE_O_ABI_PARAMS if o_from_registers and not (cfg.varlen or cfg.kvcache) else ()
     return (ABI_PARAMS + dense_o + (VARLEN_ABI_PARAMS if cfg.varlen else ()) + (KVCACHE_ABI_PARAMS if cfg.kvcache else ())
+            + (DYNAMIC_ABI_PARAMS if dynamic_tasks(cfg) else ())
             + (WINDOW_ABI_PARAMS if cfg.window else ()) + (SOFTCAP_ABI_PARAMS if cfg.softcap else ())
             + (SINKS_ABI_PARAMS if cfg.sinks else ()))
 
@@ -168,7 +183,8 @@ def abi_params(cfg: KernelConfig, o_from_registers: bool = False) -> tuple[tuple
 # out an entry's .param space; cuLaunchKernel gets a pointer to each. struct codes: 128-byte tensor
 # maps as bytes, pointers u64, counts u32, window sides s32, scales f32.
 _PARAM_CODES = {".u64": ("Q", 8, 8), ".u32": ("I", 4, 4), ".s32": ("i", 4, 4), ".f32": ("f", 4, 4)}
-ALL_ABI_DECLS: dict[str, str] = dict(ABI_PARAMS + DENSE_O_ABI_PARAMS + VARLEN_ABI_PARAMS + KVCACHE_ABI_PARAMS + WINDOW_ABI_PARAMS
+ALL_ABI_DECLS: dict[str, str] = dict(ABI_PARAMS + DENSE_O_ABI_PARAMS + VARLEN_ABI_PARAMS + KVCACHE_ABI_PARAMS + DYNAMIC_ABI_PARAMS
+                                     + WINDOW_ABI_PARAMS
                                      + SOFTCAP_ABI_PARAMS + SINKS_ABI_PARAMS)
 COMBINE_ABI_DECLS: dict[str, str] = dict(COMBINE_ABI_PARAMS + COMBINE_SINKS_ABI_PARAMS)
 
@@ -421,6 +437,23 @@ SM90_PRODUCER_REGS, SM90_CONSUMER_REGS = 24, 240
 # by consumer count: the CTA's launch pool is (C + 1) x 128 threads x the entry cap
 # (ARCH_LIMITS regs_per_sm / threads, a multiple of 8): 24 + 2 x 240 <= 3 x 168, 24 + 3 x 160 <= 4 x 128
 SM90_REGS = {2: (24, 240), 3: (24, 160)}
+# The dynamic deal's producer (dynamic_tasks) holds the task ring's state and fetches the index
+# besides the varlen decode: at 24 registers ptxas spills it (4-20 bytes, D 64-256 varlen); 32 do not.
+SM90_DYNAMIC_PRODUCER_REGS = 32
+
+
+def sm90_regs(cfg: KernelConfig) -> tuple[int, int]:
+    """(producer, consumer) setmaxnreg budgets of cfg's sm_90a kernel: SM90_REGS by its consumer
+    count; a dynamic deal's producer gets SM90_DYNAMIC_PRODUCER_REGS and the consumers what is left
+    of the launch pool ((C + 1) x 128 threads x the entry cap), at most their static budget:
+    32 + 2 x 232 <= 3 x 168, 32 + 3 x 160 <= 4 x 128."""
+    nc = sm90_consumers(cfg.block_m)
+    producer, consumer = SM90_REGS[nc]
+    if not dynamic_tasks(cfg):
+        return producer, consumer
+    threads = 128 * (1 + nc)
+    pool = (ARCH_LIMITS["sm_90a"].regs_per_sm // threads) // 8 * 8 * (1 + nc)
+    return SM90_DYNAMIC_PRODUCER_REGS, min(consumer, (pool - SM90_DYNAMIC_PRODUCER_REGS) // nc // 8 * 8)
 
 
 # ---- K/V block ranges: the one definition (both targets' PTX, the reference, schedule, simulator) ----

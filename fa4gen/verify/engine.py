@@ -230,7 +230,10 @@ class Engine:
             if isinstance(st, Loop):
                 if st.kind is LoopKind.TASKS:
                     for task, n in enumerate(self.sc.blocks_per_task):
+                        yield from self._stmts(role, st.head, dict(ctx, task=task, n=n))
                         yield from self._stmts(role, st.body, dict(ctx, task=task, n=n))
+                    # the head runs once more: the hand-off of the index that ends the loop
+                    yield from self._stmts(role, st.head, dict(ctx, task=len(self.sc.blocks_per_task)))
                 else:
                     start = 0 if st.kind is LoopKind.KV else 1
                     for t in range(start, ctx["n"]):
@@ -654,6 +657,17 @@ class Engine:
 
     def _op_FenceProxyAsync(self, role, op, ctx, ev, slots):
         pass
+
+    def _op_FetchTask(self, role, op, ctx, ev, slots):
+        pass  # a global atomic into a register: no SMEM, TMEM or barrier
+
+    def _op_PublishTask(self, role, op, ctx, ev, slots):
+        slot = self.slot(role, op.slot)
+        self.access(ev, self._keys(op.region, slot), True, op.region)
+
+    def _op_ReadTask(self, role, op, ctx, ev, slots):
+        slot = self.slot(role, op.slot)
+        self.access(ev, self._keys(op.region, slot), False, op.region)
 
     def _op_TmaStore(self, role, op, ctx, ev, slots):
         slot = self.slot(role, op.src_slot)

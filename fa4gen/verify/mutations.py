@@ -20,7 +20,7 @@ def rewrite(program: tuple, fn: Callable) -> tuple:
     out = []
     for st in program:
         if isinstance(st, Loop):
-            out.append(dataclasses.replace(st, body=rewrite(st.body, fn)))
+            out.append(dataclasses.replace(st, body=rewrite(st.body, fn), head=rewrite(st.head, fn)))
         elif isinstance(st, If):
             out.append(dataclasses.replace(st, then=rewrite(st.then, fn), orelse=rewrite(st.orelse, fn)))
         else:
@@ -217,12 +217,30 @@ SM100_DV_CORPUS: tuple[Mutation, ...] = (
 )
 
 
+# sm_90a mutations of the dynamic deal's task hand-off (plan.dynamic_tasks: varlen pipelines); on a
+# statically dealt pipeline they change nothing
+SM90_DYNAMIC_CORPUS: tuple[Mutation, ...] = (
+    Mutation("sm90_task_read_before_full", "consumer0 reads the task index without waiting for task_full",
+             lambda p: edit_program(p, "consumer0", drop_first(
+                 lambda op: isinstance(op, Wait) and op.barrier == "task_full")),
+             "HAZARD_RAW", "T"),
+    Mutation("sm90_task_publish_before_empty", "the producer publishes a task index without waiting for "
+             "task_empty (over an index a consumer has not read)",
+             lambda p: edit_program(p, "producer", drop_first(
+                 lambda op: isinstance(op, Wait) and op.barrier == "task_empty")),
+             "HAZARD_WAR", "T"),
+    Mutation("sm90_task_empty_count", "task_empty declared with 128 arrivals (two consumers x 128 threads bring 256)",
+             lambda p: with_barrier(p, "task_empty", count=128) if any(b.name == "task_empty" for b in p.barriers)
+             else p, "ARRIVAL_COUNT", "task_empty"),
+)
+
+
 def by_name(name: str) -> Mutation:
-    for m in CORPUS + SM90_CORPUS + SM100_DV_CORPUS:
+    every = CORPUS + SM90_CORPUS + SM90_DYNAMIC_CORPUS + SM100_DV_CORPUS
+    for m in every:
         if m.name == name:
             return m
-    raise KeyError(f"no mutation {name!r}; known: "
-                   f"{', '.join(m.name for m in CORPUS + SM90_CORPUS + SM100_DV_CORPUS)}")
+    raise KeyError(f"no mutation {name!r}; known: {', '.join(m.name for m in every)}")
 
 
-__all__ = ["CORPUS", "SM100_DV_CORPUS", "SM90_CORPUS", "Mutation", "by_name", "rewrite", "Role"]
+__all__ = ["CORPUS", "SM100_DV_CORPUS", "SM90_CORPUS", "SM90_DYNAMIC_CORPUS", "Mutation", "by_name", "rewrite", "Role"]

@@ -57,7 +57,7 @@ def compile_instr(ctx: Ctx, ins) -> Op:
         a = reader(ctx, ops_[1], parts[-1], ins)
         d = writer(ctx, ops_[0], parts[-1], ins)
         fn = lambda w, m: d(w, a(w), m)  # noqa: E731  (param/shared windows map 1:1 into generic)
-    elif head in ("ld", "st"):
+    elif head in ("ld", "st", "atom"):  # atom: compile_ld_st hands it to compile_atom
         fn = compile_ld_st(ctx, ins, parts)
     elif head == "mbarrier":
         fn = compile_mbarrier(ctx, ins, parts)

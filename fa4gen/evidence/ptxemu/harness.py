@@ -251,6 +251,8 @@ class Launch:
                 "cu_seqlens_k": ("<Q", self.gmem.add("cu_seqlens_k", cu["k"])),
                 "seqused_k": ("<Q", used), "o_ptr": ("<Q", self.addr["o"]),
                 "total_q": ("<I", q.shape[0]), "total_k": ("<I", k.shape[0]),
+                # the dynamic deal's counter (plan.DYNAMIC_ABI_PARAMS): a zeroed word, as the runtime passes
+                "task_counter": ("<Q", self.gmem.add("task_counter", np.zeros(1, np.uint32))),
             }
         else:
             lg = launch_geometry(man, shape.b, shape.hkv, shape.sq)  # the runtime's own arithmetic

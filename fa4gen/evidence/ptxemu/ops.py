@@ -588,9 +588,54 @@ def _st_global_at_once(w, addrs, vals, nb: int, gm, ins) -> bool:
     return True
 
 
+# atom{.sem}{.scope}.global.add.type: the modelled atomic (a task counter's fetch-and-add)
+_ATOM_RE = re.compile(r"atom(?:\.(?:relaxed|acquire|release|acq_rel))?(?:\.(?:cta|cluster|gpu|sys))?"
+                      r"\.global\.add\.(u32|s32|u64)")
+
+
+def compile_atom(ctx, ins, parts):
+    """atom.global.add: each executing lane, in lane order, reads the value at its address (bounds and
+    alignment checked like ld.global), writes old + src (modulo 2^width) and gets old in its
+    destination, so lanes naming one address see each other's additions. CTAs run one after another:
+    one CTA's atomics all precede the next one's. The bytes are not recorded with mark_gmem, whose
+    written-once check judges outputs: a counter is legitimately updated by every CTA. Ordering
+    against plain GMEM accesses (the .sem qualifier) is not modelled, as for ld/st.global."""
+    m_ = _ATOM_RE.fullmatch(ins.opcode)
+    if m_ is None:
+        raise unsupported(ins, "atom is modelled as atom{.sem}{.scope}.global.add.{u32,s32,u64} only")
+    t = m_.group(1)
+    if len(ins.operands) != 3:
+        raise unsupported(ins, "atom needs a destination, an address and a source")
+    dst, addr, src = ins.operands
+    d = writer(ctx, dst, t, ins)
+    ar = addr_reader(ctx, addr, ins, "u64")
+    r = reader(ctx, src, t, ins)
+    dt = _DT[t]
+    nb = _WIDTH[t]
+    udt = np.dtype(f"u{nb}")
+    wrap = (1 << (8 * nb)) - 1
+
+    def fn(w, m):
+        lanes = _lanes(m)
+        addrs = ar(w)[lanes]
+        adds = _bcast(np.asarray(r(w), dt))[lanes].view(udt)
+        gm = w.cta.emu.gmem
+        old = np.zeros(WARP, udt)
+        for a, lane, v in zip(addrs, lanes, adds):
+            a = int(a)
+            base, buf, _ = _gmem_slot(gm, a, nb, "atom.global", ins, w, lane)
+            o = int(buf[a - base: a - base + nb].view(udt)[0])
+            buf[a - base: a - base + nb] = np.array([(o + int(v)) & wrap], udt).view(np.uint8)
+            old[lane] = o
+        d(w, old.view(dt), m)
+    return fn
+
+
 def compile_ld_st(ctx, ins, parts):
     emu = ctx.emu
     head = parts[0]
+    if head == "atom":
+        return compile_atom(ctx, ins, parts)
     space = parts[1]
     vec = next((int(x[1:]) for x in parts[2:] if re.fullmatch(r"v[248]", x)), 1)
     t = parts[-1]
