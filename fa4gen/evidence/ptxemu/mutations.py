@@ -59,6 +59,15 @@ def _bar_off(man, name, slot=0):
     return man["smem_layout"]["barriers"][name] + 8 * slot
 
 
+def _init_offset(text, name) -> int:
+    """Slot 0's byte offset from %bar of barrier `name`, read from its mbarrier.init (the walker notes each
+    init with the barrier's name; sm_90a manifests carry no smem_layout)."""
+    m = re.search(rf"mbarrier\.init\.shared::cta\.b64 \[%bar\+(\d+)\], \d+; // init {name}\[0\]", text)
+    if m is None:
+        raise MutationMiss(f"no mbarrier.init of {name}[0]")
+    return int(m.group(1))
+
+
 def _init_count(name, new):
     def edit(text, man):
         off = _bar_off(man, name)
@@ -378,6 +387,20 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
     PtxMutation("sm90_varlen_q_row_offset", _SM90VC, "sm_90a varlen producer: the Q tile's TMA row lacks the "
                 "sequence's first row (%qoff)", ("mismatch",),
                 _sub(r"mad\.lo\.u32 %c3, %mb, (\d+), %qoff;", r"mul.lo.u32 %c3, %mb, \1;", nth=0), protocol=False),
+    # the dynamic deal (plan.dynamic_tasks): the task index's hand-off from the producer to the consumers
+    PtxMutation("sm90_task_read_before_full", _SM90VC, "sm_90a dynamic deal: the consumers read the task index "
+                "without waiting for task_full (the first consumer try_wait on it dropped)",
+                ("RACE", "mismatch", "WRITTEN_TWICE", "DEADLOCK"), lambda t, m: _sub(
+                    rf"^\$Lwait\d+:\n[^\n]*mbarrier\.try_wait\.parity[^\n]*\[%qb\+{_init_offset(t, 'task_full')}\]"
+                    r"[^\n]*\n[^\n]*bra[^\n]*\n", "", nth=0)(t, m)),
+    PtxMutation("sm90_task_index_not_read", _SM90VC, "sm_90a dynamic deal: the consumers never load the published "
+                "index (ld.shared of T dropped): they keep the previous task's", ("DEADLOCK", "STEP_LIMIT", "mismatch",
+                                                                                 "WRITTEN_TWICE"),
+                _drop_line(r"^\s*ld\.shared\.u32 %task, ", nth=0), protocol=False),
+    PtxMutation("sm90_task_fetch_adds_two", _SM90VC, "sm_90a dynamic deal: the producer's fetch adds 2 to the "
+                "counter, so every other task is never taken (its rows of O stay unwritten)", ("mismatch",),
+                _sub(r"atom\.global\.add\.u32 %task, \[%tctr\], 1;", "atom.global.add.u32 %task, [%tctr], 2;"),
+                protocol=False),
 )
 
 
