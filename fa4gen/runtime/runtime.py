@@ -363,6 +363,7 @@ class Kernel:
                 raise RuntimeSetupError(f"the manifest's config says {flag}={bool(self._cfg.get(flag, False))} but its "
                                         f"parameters {'lack' if self._cfg.get(flag) else 'have'} {[n for n, _ in names]}")
         self._params = params
+        self._dynamic = "task_counter" in params  # the dynamic deal: a zeroed counter per launch
         from ..spec.plan import ALL_ABI_DECLS, COMBINE_ABI_DECLS
 
         self._entry = _Entry(manifest.get("entry", "fa4_fwd"), function, params, ALL_ABI_DECLS)
@@ -492,13 +493,6 @@ class Kernel:
             "o_ptr": o.data_ptr(), "total_q": Tq, "total_k": Tk,
             **self._score_scalars(softmax_scale, mods, sink),
         }
-        if "task_counter" in self.manifest["params"]:
-            # the dynamic deal's counter (plan.DYNAMIC_ABI_PARAMS): a zeroed word of this launch alone,
-            # from torch's allocator on the launch's stream (stream-ordered: no later work reuses it early)
-            import torch
-
-            counter = torch.zeros(1, dtype=torch.int32, device=q.device)
-            scalars["task_counter"] = counter.data_ptr()
         self._launch(maps, scalars, num_tasks, q.device)
 
     def kvcache_num_splits(self, batch: int, num_heads_kv: int, seqlen_q: int, kv_len: int) -> int:
@@ -585,6 +579,14 @@ class Kernel:
                             q.device)
 
     def _launch(self, maps: dict, scalars: dict, num_tasks: int, device) -> None:
+        if self._dynamic:
+            # the dynamic deal's counter (plan.DYNAMIC_ABI_PARAMS): a zeroed word of this launch alone,
+            # from torch's allocator on the launch's stream (stream-ordered: no later work reuses it
+            # early; a CUDA-graph capture records the zeroing with the launch)
+            import torch
+
+            counter = torch.zeros(1, dtype=torch.int32, device=device)
+            scalars = {**scalars, "task_counter": counter.data_ptr()}
         self._launch_fn(self._entry, {**maps, **scalars}, self.grid(num_tasks), int(self.manifest["threads_per_cta"]),
                         int(self.manifest["dynamic_smem_bytes"]), device)
 

@@ -251,8 +251,6 @@ class Launch:
                 "cu_seqlens_k": ("<Q", self.gmem.add("cu_seqlens_k", cu["k"])),
                 "seqused_k": ("<Q", used), "o_ptr": ("<Q", self.addr["o"]),
                 "total_q": ("<I", q.shape[0]), "total_k": ("<I", k.shape[0]),
-                # the dynamic deal's counter (plan.DYNAMIC_ABI_PARAMS): a zeroed word, as the runtime passes
-                "task_counter": ("<Q", self.gmem.add("task_counter", np.zeros(1, np.uint32))),
             }
         else:
             lg = launch_geometry(man, shape.b, shape.hkv, shape.sq)  # the runtime's own arithmetic
@@ -266,6 +264,8 @@ class Launch:
                 "o_ptr": ("<Q", self.addr["o"]),  # a kernel that stores O from the registers (plan.DENSE_O_ABI_PARAMS)
             }
         self.scale = scale
+        if "task_counter" in man["params"]:  # the dynamic deal's counter (plan.DYNAMIC_ABI_PARAMS): zeroed, as the runtime passes it
+            scalars["task_counter"] = ("<Q", self.gmem.add("task_counter", np.zeros(1, np.uint32)))
         scalars.update(mods_scalars(cfg, self.mods, scale, self.gmem, shape.hq))  # scale_log2 with a softcap
         for p in mod.params:
             align = max(p.align, 1)
