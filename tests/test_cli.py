@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from fa4gen import codegen
 from fa4gen.cli import main
 from fa4gen.spec.config import KernelConfig
-from fa4gen.verify.mutations import CORPUS, SM90_CORPUS, SM90_DYNAMIC_CORPUS, SM100_DV_CORPUS
+from fa4gen.verify.mutations import CORPUS, DYNAMIC_CORPUS, SM90_CORPUS, SM100_DV_CORPUS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -75,8 +75,8 @@ def test_read_only_out_is_a_usage_error(tmp_path):
 
 
 # ---- item 3: mutations are per arch ------------------------------------------------------------
-@pytest.mark.parametrize("arch,mine,theirs", [("sm_100a", CORPUS + SM100_DV_CORPUS, SM90_CORPUS + SM90_DYNAMIC_CORPUS),
-                                              ("sm_90a", SM90_CORPUS + SM90_DYNAMIC_CORPUS, CORPUS + SM100_DV_CORPUS)])
+@pytest.mark.parametrize("arch,mine,theirs", [("sm_100a", CORPUS + SM100_DV_CORPUS + DYNAMIC_CORPUS, SM90_CORPUS),
+                                              ("sm_90a", SM90_CORPUS + DYNAMIC_CORPUS, CORPUS + SM100_DV_CORPUS)])
 def test_list_mutations_is_filtered_by_arch(arch, mine, theirs):
     r = CliRunner().invoke(main, ["verify", "--arch", arch, "--list-mutations"])
     assert r.exit_code == 0
@@ -100,11 +100,12 @@ def test_a_mutation_that_changes_nothing_is_refused_and_the_dv_corpus_bites_on_1
     assert r.exit_code == 1 and "TX_COUNT" in r.output, r.output
 
 
-def test_a_dynamic_deal_mutation_needs_varlen_and_bites_there():
-    name = SM90_DYNAMIC_CORPUS[0].name
-    err = _one_line_error(CliRunner().invoke(main, ["verify", "--arch", "sm_90a", "--mutation", name]))
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_a_dynamic_deal_mutation_needs_varlen_and_bites_there(arch):
+    name = DYNAMIC_CORPUS[0].name
+    err = _one_line_error(CliRunner().invoke(main, ["verify", "--arch", arch, "--mutation", name]))
     assert f"{name!r} changes nothing" in err and "--varlen" in err
-    r = CliRunner().invoke(main, ["verify", "--arch", "sm_90a", "--varlen", "--mutation", name])
+    r = CliRunner().invoke(main, ["verify", "--arch", arch, "--varlen", "--mutation", name])
     assert r.exit_code == 1 and "HAZARD_RAW" in r.output, r.output
 
 

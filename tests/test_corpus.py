@@ -59,7 +59,7 @@ def test_data_breaking_mutations_fail_in_the_simulator(mut):
     assert failed, f"{mut.name}: the simulator neither diverged nor reported a hazard"
 
 
-from fa4gen.verify.mutations import SM90_CORPUS, SM90_DYNAMIC_CORPUS  # noqa: E402
+from fa4gen.verify.mutations import DYNAMIC_CORPUS, SM90_CORPUS  # noqa: E402
 
 
 @pytest.mark.parametrize("mut", SM90_CORPUS, ids=lambda m: m.name)
@@ -70,17 +70,21 @@ def test_sm90_mutation_rejected_with_culprit(mut):
     assert hits, f"{mut.name}: expected {mut.code} on {mut.culprit}, got:\n{rep.text()}"
 
 
-# The dynamic deal's task hand-off (sm_90a varlen): each broken hand-off rejected naming its culprit;
-# a statically dealt pipeline has no hand-off to break
-DYNAMIC = build_pipeline(KernelConfig(arch="sm_90a", head_dim=64, causal=True, varlen=True))
+# The dynamic deal's task hand-off (varlen, both targets: ir/tasks.py): each broken hand-off rejected
+# naming its culprit; a statically dealt pipeline has no hand-off to break
+DYNAMIC = {"sm_90a": build_pipeline(KernelConfig(arch="sm_90a", head_dim=64, causal=True, varlen=True)),
+           "sm_100a": build_pipeline(KernelConfig(arch="sm_100a", head_dim=64, causal=True, varlen=True)),
+           "sm_100a one tile": build_pipeline(KernelConfig(arch="sm_100a", head_dim=256, varlen=True))}
 STATIC = build_pipeline(KernelConfig(arch="sm_90a", head_dim=64, causal=True, gqa_ratio=2))
 
 
-@pytest.mark.parametrize("mut", SM90_DYNAMIC_CORPUS, ids=lambda m: m.name)
-def test_sm90_dynamic_deal_mutation_rejected_with_culprit(mut):
-    assert verify(DYNAMIC).ok
-    broken = mut.apply(DYNAMIC)
-    assert broken != DYNAMIC
+@pytest.mark.parametrize("which", list(DYNAMIC))
+@pytest.mark.parametrize("mut", DYNAMIC_CORPUS, ids=lambda m: m.name)
+def test_dynamic_deal_mutation_rejected_with_culprit(mut, which):
+    pipe = DYNAMIC[which]
+    assert verify(pipe).ok
+    broken = mut.apply(pipe)
+    assert broken != pipe
     rep = verify(broken)
     hits = [f for f in rep.findings if f.code == mut.code and mut.culprit in f.subject.split(", ")]
     assert hits, f"{mut.name}: expected {mut.code} on {mut.culprit}, got:\n{rep.text()}"

@@ -57,7 +57,9 @@ def test_varlen_kernel_emulates_on_ragged_batches_and_reads_back(cfg):
     ptx, man = built(cfg)
     rep = check_ptx(ptx, man)
     assert rep.ok, rep.summary()
-    assert rep.events["store"] == 8  # per tile: wait corr_epi_full, StoreRows, arrive corr_epi_empty, advance e
+    # per tile: wait corr_epi_full, StoreRows, arrive corr_epi_empty, advance e; and the dynamic deal's
+    # hand-off of the task index (ir/tasks.py): wait task_full, arrive task_empty, advance t
+    assert rep.events["store"] == 8 + 3
     shapes = default_shapes(man)
     assert all(isinstance(s, VarShape) for s in shapes)
     res = emulate_file(Path(man["name"] + ".ptx"), ptx_text=ptx, manifest=man, seeds=1)

@@ -13,12 +13,13 @@ roles and barriers with one slot per tile (docs/HEAD_DIMS.md "sm_100a", D = 256)
 from __future__ import annotations
 
 from ..spec.config import KV_STAGES_MIN, KernelConfig
-from ..spec.plan import ARCH_LIMITS, SM100_STATS_BAR_ID, tile_bytes as plan_tile_bytes, v_tile_bytes
+from ..spec.plan import ARCH_LIMITS, SM100_STATS_BAR_ID, dynamic_tasks, tile_bytes as plan_tile_bytes, v_tile_bytes
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Commit, Compute, Cond, ExpectTx,
                    FenceProxyAsync, If, Loop, LoopKind, Mma, NamedArrive, NamedSync, Pipeline, Region,
                    PageLookup, Role, Scope, SmemLd, SmemSt, Space, State, StoreO, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd,
                    TmemSt, Wait, WaitLd, WaitSt)
 from .layout import fits, o_staged as o_staged_rule
+from .tasks import task_ring, with_task_head
 
 LIMITS = ARCH_LIMITS["sm_100a"]  # the kernel allocates all of TMEM
 LD_CHUNK = 32  # softmax reads S and writes P in 32-column tcgen05.ld/st chunks
@@ -49,6 +50,8 @@ def regions(cfg: KernelConfig, kv: int | None = None, o_staged: bool | None = No
         # O from the registers (StoreO) where no staging fits: no staging slots
         *((Region("O_smem", Space.SMEM, cfg.dtype, 128, slots=nt, bytes_per_slot=vtile),) if staged else ()),
         Region("sScale", Space.SMEM, "f32", 128, slots=nt, bytes_per_slot=128 * 4),
+        # the dynamic deal's task index ring (ir/tasks.py)
+        *(task_ring(_task_readers(nt))[0] if dynamic_tasks(cfg) else ()),
         *tmem,
     )
 
@@ -77,7 +80,14 @@ def barriers(cfg: KernelConfig, kv: int | None = None, tiles: int | None = None)
         Barrier("softmax_corr_empty", BarrierKind.MBAR, nt, 128),
         Barrier("corr_epi_full", BarrierKind.MBAR, nt, 128),
         Barrier("corr_epi_empty", BarrierKind.MBAR, nt, 32),
+        *(task_ring(_task_readers(nt))[1] if dynamic_tasks(cfg) else ()),
     )
+
+
+def _task_readers(tiles: int) -> int:
+    """Threads that read the dynamic deal's task index (every thread of every role with a task loop
+    but the load warp, which fetches it): the MMA and store warps, WG2 and a softmax WG per Q tile."""
+    return 32 + 32 + 128 + 128 * tiles
 
 
 def smem_pipeline(cfg: KernelConfig, kv: int, o_staged: bool, tiles: int | None = None) -> Pipeline:
@@ -346,6 +356,9 @@ def build_sm100(cfg: KernelConfig) -> Pipeline:
     wg1 = (_softmax_role(cfg, 1),) if nt == 2 else (Role("idle_wg1", (4, 5, 6, 7), IDLE_WG_REGS, (), ()),)
     roles = (_softmax_role(cfg, 0), *wg1, _correction_role(cfg), _mma_role(cfg),
              _load_role(cfg), _store_role(cfg), Role("idle", (15,), WG3_REGS, (), ()))
+    if dynamic_tasks(cfg):
+        # the dynamic deal (ir/tasks.py): the load warp fetches each task index, every other role reads it
+        roles = tuple(with_task_head(r, fetcher=r.name == "load") for r in roles)
     notes = (("causal epilogue in WG0/WG1" if nt == 2 else "causal epilogue in WG0") if cfg.causal
              else "non-causal epilogue in WG2",)
     if nt == 1:

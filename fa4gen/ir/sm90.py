@@ -21,14 +21,14 @@ from ..spec.plan import (ARCH_LIMITS, SM90_CONSUMER_REGS, dynamic_tasks, sm90_re
                          sm90_consumers, sm90_epi_bar_id, tile_bytes, v_tile_bytes)
 from ..spec.tiles import PlanError
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync,
-                   FetchTask, PublishTask, ReadTask, If, InstSlot, Loop, LoopKind, Mma, PageLookup, MmaWait, NamedArrive, NamedSync, Pipeline, Region, Role, Scope,
+                   If, InstSlot, Loop, LoopKind, Mma, PageLookup, MmaWait, NamedArrive, NamedSync, Pipeline, Region, Role, Scope,
                    SmemSt, Space, State, StoreRows, TmaLoad, TmaStore, TmaStoreWait, Wait, instantiate)
 from .layout import fits, o_staged as o_staged_rule
+from .tasks import task_ring, with_task_head
 
 TARGET = "sm_90a"
 
 SCHED_BAR_ID = SM90_SCHED_BAR_ID
-TASK_SLOTS = 2  # the dynamic deal's task-index ring: the producer publishes task i + 1 while consumers run task i
 PRODUCER_REGS, CONSUMER_REGS = SM90_PRODUCER_REGS, SM90_CONSUMER_REGS
 
 
@@ -58,12 +58,9 @@ def _smem(cfg: KernelConfig, nq: int, kv: int, o_staged: bool) -> tuple[tuple[Re
         Barrier("sched", BarrierKind.NAMED, nc, 256, named_id=SCHED_BAR_ID),
         *((Barrier("epi", BarrierKind.NAMED, nc, 128, named_id=sm90_epi_bar_id(nc)),) if o_staged else ()),
     )
-    if dynamic_tasks(cfg):
-        # the dynamic deal's hand-off: the producer publishes each fetched task index in a slot of T
-        # (task_full: its one arrival), every consumer thread reads it and frees the slot (task_empty)
-        regions += (Region("T", Space.SMEM, "u32", 1, slots=TASK_SLOTS, bytes_per_slot=4),)
-        barriers += (Barrier("task_full", BarrierKind.MBAR, TASK_SLOTS, 1),
-                     Barrier("task_empty", BarrierKind.MBAR, TASK_SLOTS, 128 * nc))
+    if dynamic_tasks(cfg):  # the dynamic deal's hand-off (ir/tasks.py): the producer to every consumer thread
+        ring_regions, ring_barriers = task_ring(128 * nc)
+        regions, barriers = regions + ring_regions, barriers + ring_barriers
     return regions, barriers
 
 
@@ -149,17 +146,9 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
         return (*lookup, Wait(f"{bar}_empty", state), ExpectTx(f"{bar}_full", state, nbytes),
                 TmaLoad(tensor, dst, state, f"{bar}_full", state, nbytes, block=block), Advance(state))
 
-    dynamic = dynamic_tasks(cfg)
-    # the dynamic deal (plan.dynamic_tasks): the producer fetches each task index and hands it to the
-    # consumers through T, before every exit test (the index that ends the loop too)
-    task_states = lambda start_phase: (State("t", TASK_SLOTS, start_phase),) if dynamic else ()  # noqa: E731
-    producer_head = (FetchTask(), Wait("task_empty", "t"), PublishTask("T", "t"),
-                     Arrive("task_full", "t", Scope.ELECTED), Advance("t")) if dynamic else ()
-    consumer_head = (Wait("task_full", "t"), ReadTask("T", "t"), Arrive("task_empty", "t", Scope.ALL),
-                     Advance("t")) if dynamic else ()
     producer = Role("producer", (0,), producer_regs,
-                    (State("q", nq, 1), State("k", kv, 1), State("v", kv, 1), *task_states(1)),
-                    (Loop(LoopKind.TASKS, head=producer_head, body=(
+                    (State("q", nq, 1), State("k", kv, 1), State("v", kv, 1)),
+                    (Loop(LoopKind.TASKS, (
                         *load("q", "q", "q", BlockRef.FIRST, "Q"),
                         *load("k", "k", "k", BlockRef.FIRST, "K"),
                         Loop(LoopKind.KV_REST, (*load("k", "k", "k", BlockRef.CUR, "K"),
@@ -232,13 +221,17 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
         Advance("q"),
     )
     consumer = Role("consumer", (4, 5, 6, 7), consumer_regs,
-                    (State("q", nq, 0), State("k", kv, 0), State("v", kv, 0), *task_states(0)),
+                    (State("q", nq, 0), State("k", kv, 0), State("v", kv, 0)),
                     (If(Cond.LAST_INSTANCE, (NamedArrive("sched", 0),)),  # the last hands consumer 0 the first turn
-                     Loop(LoopKind.TASKS, body, head=consumer_head),
+                     Loop(LoopKind.TASKS, body),
                      If(Cond.FIRST_INSTANCE, (NamedSync("sched", 0),)),  # consumer 0 takes the last hand-off
                      *((TmaStoreWait(),) if staged else ())),
                     instances=nc)
 
+    if dynamic_tasks(cfg):
+        # the dynamic deal (ir/tasks.py): the producer fetches each task index and hands it to the
+        # consumers through T, before every exit test (the index that ends the loop too)
+        producer, consumer = with_task_head(producer, fetcher=True), with_task_head(consumer, fetcher=False)
     roles = (producer, Role("producer_idle", (1, 2, 3), producer_regs, (), ()),
              *(instantiate(consumer, i) for i in range(nc)))
     return Pipeline(cfg, TARGET, 4 * (1 + nc), regions, barriers, roles, 0, ARCH_LIMITS[TARGET].smem_per_cta,

@@ -42,6 +42,10 @@ _UNITS = {1: ("one {rows}-row Q tile", "m_block", "m_block", "m_block"),
           2: ("two {rows}-row Q tiles in flight", "pair of m_blocks", "m_block pair", "m_block pairs")}
 
 
+# How a CTA steps to its next task under the dynamic deal (plan.dynamic_tasks), as the orders end
+DYNAMIC_DEAL = "; dynamic deal: each CTA takes the next task from task_counter"
+
+
 def grid_section(cfg: KernelConfig, g: GridFacts) -> dict:
     """The manifest's `grid`: policy, task unit, tiles per task and the task order in words (plus,
     where the target spells them, the host's task count, grid size and the kernel's clamp)."""

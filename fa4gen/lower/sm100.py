@@ -25,15 +25,15 @@ import struct
 
 from ..spec.plan import PTX_VERSION_FOR_ARCH
 from ..spec.config import GENERATOR_VERSION, KernelConfig
-from ..spec.plan import (ARCH_LIMITS, block_info_ptx, combine_context, kv_box_rows, MASK_AS_WORDS, MASK_WORD_BITS,
+from ..spec.plan import (ARCH_LIMITS, block_info_ptx, dynamic_tasks, combine_context, kv_box_rows, MASK_AS_WORDS, MASK_WORD_BITS,
                          ROWS, WINDOW_UNBOUNDED, Panels, PlanError, mask_words, key_limits_ptx, qk_panels, vo_panels)
 from ..spec.encodings import DescArch, Major, SmemMatrixDesc, TcgenInstrDesc, check_tmem_alloc
 from ..spec.exp2 import EXP2_POLY, FRAG_COLS, ROUND_MAGIC, emulated_mask
 from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, ExpectTx, FenceProxyAsync,
-                       Mma, NamedArrive, NamedSync, Pipeline, Role, PageLookup, Scope, SmemLd, SmemSt, Space,
+                       FetchTask, PublishTask, ReadTask, Mma, NamedArrive, NamedSync, Pipeline, Role, PageLookup, Scope, SmemLd, SmemSt, Space,
                        StoreO, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt, Wait,
                        WaitLd, WaitSt, walk_ops)
-from .manifest import ENTRY, GridFacts, entry_params, manifest, smem_layout_section
+from .manifest import DYNAMIC_DEAL, ENTRY, GridFacts, entry_params, manifest, smem_layout_section
 from .walk import LoweringError, SmemLayout, WalkCtx, Walker, dispatch, f32, pairwise, refuse_planned, smem_layout
 
 __all__ = ["ENTRY", "OP_PTX", "Ptx", "SPELLING", "Sm100LoweringError", "SmemLayout", "lower_sm100",
@@ -103,6 +103,11 @@ OP_PTX: dict[type, tuple[str, ...]] = {
     SmemSt: (),
     SmemLd: (),
     Advance: (),
+    # the dynamic deal's task hand-off (plan.dynamic_tasks): its ring's waits and arrives are the
+    # protocol; the index itself (atom.global.add and its shuffle, st/ld.shared of one word) is `fa4gen emulate`'s
+    FetchTask: (),
+    PublishTask: (),
+    ReadTask: (),
     Compute: (),
 }
 
@@ -146,7 +151,7 @@ def _x2(x: float) -> str:
     return f"0x{bits:08X}{bits:08X}"
 
 
-ELECTED_OPS = (ExpectTx, TmaLoad, TmaStore, TmaStoreWait, Mma, Commit)  # issued by one elected lane
+ELECTED_OPS = (ExpectTx, TmaLoad, TmaStore, TmaStoreWait, Mma, Commit, FetchTask, PublishTask)  # issued by one elected lane
 
 
 def _needs_elect(role: Role) -> bool:
@@ -174,8 +179,10 @@ class _RoleEmitter(Walker):
     def run(self) -> dict:
         role = self.role
         ops = list(walk_ops(role.program))
+        # a role that fetches task indices keeps the elected lane's index: the fetched one is shuffled from it
         self.emit("role_begin", name=role.name, label=f"$L_role_{role.name}", el="%p_el",
-                  elect=_needs_elect(role))
+                  elect=_needs_elect(role), lane=self.r("b32", "ellane") if any(isinstance(op, FetchTask)
+                                                                              for op in ops) else None)
         self.setup()
         for st in role.states:
             self.init_state(st)
@@ -211,8 +218,9 @@ class _RoleEmitter(Walker):
 
     def task_begin(self, head: str, done: str, head_ops: tuple = ()) -> None:
         cfg = self.cfg
-        if head_ops:  # plan.dynamic_tasks deals sm_100a's tasks statically
-            raise Sm100LoweringError(f"{self.p}: a TASKS loop head (the dynamic deal) is not lowered on sm_100a")
+        if bool(head_ops) != dynamic_tasks(cfg):
+            raise Sm100LoweringError(f"{self.p}: the TASKS loop has {'a' if head_ops else 'no'} head, the config "
+                                     f"{'deals' if dynamic_tasks(cfg) else 'does not deal'} its tasks dynamically")
         if cfg.varlen:
             self.varlen_regs()
         if cfg.kvcache:
@@ -234,11 +242,24 @@ class _RoleEmitter(Walker):
         nt = cfg.tiles_per_task
         units = ([("add.u32", "%npairs", "%nmb", str(nt - 1)), ("shr.u32", "%npairs", "%npairs", str(nt.bit_length() - 1))]
                  if nt > 1 else [("mov.u32", "%npairs", "%nmb")])
+        # the static deal starts at this CTA's index; the dynamic one's head ops hand each index over
+        self.emit("task_init", head=head, dynamic=bool(head_ops), varlen=cfg.varlen)
+        self.task_head(head_ops)
         self.emit("task_begin", head=head, done=done, causal=cfg.causal, sqt=cfg.seq_q_per_tile, units=units, tiles=nt,
                   unit_name="m block pair" if nt == 2 else "m block", unit_words="a pair of Q tiles" if nt == 2 else "one Q tile",
                   varlen=cfg.varlen, unit_rows=unit, unit_shift=unit.bit_length() - 1, uid=self.p,
                   blocks=blocks, **({"kvcache": True} if cfg.kvcache else {}))
         self.task_prologue()
+
+    def op_FetchTask(self, op: FetchTask) -> None:
+        # the elected lane takes the index; the role runs warp-converged, so every lane gets it by shuffle
+        self.emit("fetch_task", dst="%task", counter=self.r("b64", "tctr"), param="task_counter",
+                  lane=self.r("b32", "ellane"), note="the dynamic deal: the next task index from the launch's task counter")
+
+    def op_PublishTask(self, op: PublishTask) -> None:
+        pre, base, off = self.smem_addr(op.region, op.slot, "%qb")
+        self.emit("publish_task", pre=pre, addr=f"{base}+{off}", src="%task", skip=self.label("noel"),
+                  note=f"the task index to {op.region}[{self.slot_note(op.slot)}]")
 
     def window_regs(self) -> tuple[list[tuple], tuple[str, str]]:
         """(instructions loading the window's sides, clamped to the ABI's [0, WINDOW_UNBOUNDED], the
@@ -964,8 +985,10 @@ def manifest_sm100(pipe: Pipeline) -> dict:
     KV-cache kernels), and the layout's own section."""
     cfg = pipe.config
     layout = smem_layout(pipe, Sm100LoweringError)
-    grid = GridFacts(policy="one_per_task" if cfg.causal and not cfg.kvcache else "persistent",
-                     deal=", task += gridDim.x", lpt_deal="", varlen_lpt=False, mode_keys=True, launch=True)
+    # causal dense kernels launch one CTA per task (the hardware deals them); the dynamic deal's CTAs
+    # take tasks until none is left, so its grid is persistent
+    grid = GridFacts(policy="one_per_task" if cfg.causal and not cfg.kvcache and not dynamic_tasks(cfg) else "persistent",
+                     deal=DYNAMIC_DEAL if dynamic_tasks(cfg) else ", task += gridDim.x", lpt_deal="", varlen_lpt=False, mode_keys=True, launch=True)
     return manifest(pipe, smem_bytes=layout.total, o_rows=cfg.block_m, grid=grid, sections=smem_layout_section(layout))
 
 

@@ -33,7 +33,7 @@ from ..spec.encodings import DescArch, SmemMatrixDesc
 from ..spec.plan import (ARCH_LIMITS, block_info_ptx, block_n, MASK_AS_WORDS, MASK_WORD_BITS, SM90_REGS,
                          WINDOW_UNBOUNDED, combine_context, dynamic_tasks, sm90_regs, key_limits_ptx, kv_box_rows,
                          later_blocks_need_mask, mask_words, qk_panels, sm90_consumers, vo_panels)
-from .manifest import ENTRY, GridFacts, entry_params, manifest
+from .manifest import DYNAMIC_DEAL, ENTRY, GridFacts, entry_params, manifest
 from .walk import LoweringError, WalkCtx, Walker, dispatch, f32, pairwise, refuse_planned, smem_layout
 
 __all__ = ["OP_PTX", "SPELLING", "Sm90LoweringError", "Sm90Options", "entry_regs_of", "lower_sm90",
@@ -660,7 +660,7 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
     producer_regs, consumer_regs = opt.regs(cfg)
     # the dynamic deal (plan.dynamic_tasks): each CTA takes the next task index from the task counter
     grid = GridFacts(policy="persistent" if opt.persistent else "one_per_task",
-                     deal="; dynamic deal: each CTA takes the next task from task_counter" if dynamic_tasks(cfg) else "",
+                     deal=DYNAMIC_DEAL if dynamic_tasks(cfg) else "",
                      lpt_deal="; snake deal", varlen_lpt=True, mode_keys=False, launch=False)
     return manifest(pipe, smem_bytes=smem_layout(pipe, Sm90LoweringError).total, o_rows=WG_ROWS, grid=grid,
                     variant="" if opt == Sm90Options() else _options_tag(opt),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..spec.plan import ARCH_LIMITS
-from ..ir.core import (Arrive, Commit, ExpectTx, If, Loop, LoopKind, MmaWait, NamedArrive, NamedSync, Pipeline, Role, SmemSt,
+from ..ir.core import (Arrive, Commit, ExpectTx, FetchTask, If, Loop, ReadTask, LoopKind, MmaWait, NamedArrive, NamedSync, Pipeline, Role, SmemSt,
                        State, TmaLoad, Wait, WaitLd, WaitSt, walk_ops)
 
 
@@ -217,30 +217,39 @@ SM100_DV_CORPUS: tuple[Mutation, ...] = (
 )
 
 
-# sm_90a mutations of the dynamic deal's task hand-off (plan.dynamic_tasks: varlen pipelines); on a
-# statically dealt pipeline they change nothing
-SM90_DYNAMIC_CORPUS: tuple[Mutation, ...] = (
-    Mutation("sm90_task_read_before_full", "consumer0 reads the task index without waiting for task_full",
-             lambda p: edit_program(p, "consumer0", drop_first(
-                 lambda op: isinstance(op, Wait) and op.barrier == "task_full")),
-             "HAZARD_RAW", "T"),
-    Mutation("sm90_task_publish_before_empty", "the producer publishes a task index without waiting for "
-             "task_empty (over an index a consumer has not read)",
-             lambda p: edit_program(p, "producer", drop_first(
-                 lambda op: isinstance(op, Wait) and op.barrier == "task_empty")),
-             "HAZARD_WAR", "T"),
-    Mutation("sm90_task_empty_count", "task_empty declared with 128 arrivals (two consumers x 128 threads bring 256)",
-             lambda p: with_barrier(p, "task_empty", count=128) if any(b.name == "task_empty" for b in p.barriers)
-             else p, "ARRIVAL_COUNT", "task_empty"),
+def _task_role(pipe: Pipeline, op_type) -> str | None:
+    """The first role whose program has an op of op_type (the dynamic deal's fetcher: FetchTask; a
+    reader: ReadTask), None where the pipeline deals its tasks statically."""
+    return next((r.name for r in pipe.roles if any(isinstance(op, op_type) for op in walk_ops(r.program))), None)
+
+
+def _drop_task_wait(pipe: Pipeline, op_type, barrier: str) -> Pipeline:
+    role = _task_role(pipe, op_type)
+    if role is None:
+        return pipe
+    return edit_program(pipe, role, drop_first(lambda op: isinstance(op, Wait) and op.barrier == barrier))
+
+
+# Mutations of the dynamic deal's task hand-off (plan.dynamic_tasks: varlen pipelines, both targets; ir/tasks.py);
+# on a statically dealt pipeline they change nothing
+DYNAMIC_CORPUS: tuple[Mutation, ...] = (
+    Mutation("task_read_before_full", "the first reading role reads the task index without waiting for task_full",
+             lambda p: _drop_task_wait(p, ReadTask, "task_full"), "HAZARD_RAW", "T"),
+    Mutation("task_publish_before_empty", "the fetching role publishes a task index without waiting for "
+             "task_empty (over an index a reader has not read)",
+             lambda p: _drop_task_wait(p, FetchTask, "task_empty"), "HAZARD_WAR", "T"),
+    Mutation("task_empty_count", "task_empty declared with half the arrivals its readers bring",
+             lambda p: with_barrier(p, "task_empty", count=p.barrier("task_empty").count // 2)
+             if any(b.name == "task_empty" for b in p.barriers) else p, "ARRIVAL_COUNT", "task_empty"),
 )
 
 
 def by_name(name: str) -> Mutation:
-    every = CORPUS + SM90_CORPUS + SM90_DYNAMIC_CORPUS + SM100_DV_CORPUS
+    every = CORPUS + SM90_CORPUS + DYNAMIC_CORPUS + SM100_DV_CORPUS
     for m in every:
         if m.name == name:
             return m
     raise KeyError(f"no mutation {name!r}; known: {', '.join(m.name for m in every)}")
 
 
-__all__ = ["CORPUS", "SM100_DV_CORPUS", "SM90_CORPUS", "SM90_DYNAMIC_CORPUS", "Mutation", "by_name", "rewrite", "Role"]
+__all__ = ["CORPUS", "DYNAMIC_CORPUS", "SM100_DV_CORPUS", "SM90_CORPUS", "Mutation", "by_name", "rewrite", "Role"]

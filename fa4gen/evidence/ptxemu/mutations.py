@@ -343,6 +343,25 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
 )
 
 
+def _task_mutations(prefix: str, cfg: dict) -> tuple:
+    """The dynamic deal's hand-off broken three ways in the varlen kernel of `cfg` (either target)."""
+    return (
+        PtxMutation(prefix + "task_read_before_full", cfg, "dynamic deal: the first reading role reads the task "
+                    "index without waiting for task_full (its wait loop dropped)",
+                    ("RACE", "mismatch", "WRITTEN_TWICE", "DEADLOCK"), lambda t, m: _sub(
+                        rf"^\$Lwait\d+:\n[^\n]*mbarrier\.try_wait\.parity[^\n]*\[%qb\+{_init_offset(t, 'task_full')}\]"
+                        r"[^\n]*\n[^\n]*bra[^\n]*\n", "", nth=0)(t, m)),
+        PtxMutation(prefix + "task_index_not_read", cfg, "dynamic deal: the first reading role never loads the "
+                    "published index (ld.shared of T dropped): it keeps the previous task's",
+                    ("DEADLOCK", "STEP_LIMIT", "mismatch", "WRITTEN_TWICE", "RACE"),
+                    _drop_line(r"^\s*ld\.shared\.u32 %task, ", nth=0), protocol=False),
+        PtxMutation(prefix + "task_fetch_adds_two", cfg, "dynamic deal: the fetch adds 2 to the counter, so every "
+                    "other task is never taken (its rows of O stay unwritten)", ("mismatch",),
+                    _sub(r"atom\.global\.add\.u32 %task, \[%tctr\], 1;", "atom.global.add.u32 %task, [%tctr], 2;"),
+                    protocol=False),
+    )
+
+
 # ---- varlen (packed sequences): offsets into the packed tensors, the row predicates of the threaded
 # O copy, the per-sequence lengths. Each edit names the varlen instruction it changes exactly (the
 # dense kernels have none of them); the default ragged shapes (harness.default_shapes) give sequences
@@ -387,20 +406,8 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
     PtxMutation("sm90_varlen_q_row_offset", _SM90VC, "sm_90a varlen producer: the Q tile's TMA row lacks the "
                 "sequence's first row (%qoff)", ("mismatch",),
                 _sub(r"mad\.lo\.u32 %c3, %mb, (\d+), %qoff;", r"mul.lo.u32 %c3, %mb, \1;", nth=0), protocol=False),
-    # the dynamic deal (plan.dynamic_tasks): the task index's hand-off from the producer to the consumers
-    PtxMutation("sm90_task_read_before_full", _SM90VC, "sm_90a dynamic deal: the consumers read the task index "
-                "without waiting for task_full (the first consumer try_wait on it dropped)",
-                ("RACE", "mismatch", "WRITTEN_TWICE", "DEADLOCK"), lambda t, m: _sub(
-                    rf"^\$Lwait\d+:\n[^\n]*mbarrier\.try_wait\.parity[^\n]*\[%qb\+{_init_offset(t, 'task_full')}\]"
-                    r"[^\n]*\n[^\n]*bra[^\n]*\n", "", nth=0)(t, m)),
-    PtxMutation("sm90_task_index_not_read", _SM90VC, "sm_90a dynamic deal: the consumers never load the published "
-                "index (ld.shared of T dropped): they keep the previous task's", ("DEADLOCK", "STEP_LIMIT", "mismatch",
-                                                                                 "WRITTEN_TWICE"),
-                _drop_line(r"^\s*ld\.shared\.u32 %task, ", nth=0), protocol=False),
-    PtxMutation("sm90_task_fetch_adds_two", _SM90VC, "sm_90a dynamic deal: the producer's fetch adds 2 to the "
-                "counter, so every other task is never taken (its rows of O stay unwritten)", ("mismatch",),
-                _sub(r"atom\.global\.add\.u32 %task, \[%tctr\], 1;", "atom.global.add.u32 %task, [%tctr], 2;"),
-                protocol=False),
+    # the dynamic deal (plan.dynamic_tasks, both targets): the task index's hand-off to the other roles
+    *(m for prefix, cfg in (("sm90_", _SM90VC), ("sm100_", _SM100VC)) for m in _task_mutations(prefix, cfg)),
 )
 
 
