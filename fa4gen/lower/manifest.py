@@ -103,12 +103,13 @@ def tensor_maps(cfg: KernelConfig, o_rows: int) -> dict:
             "v": tmap(kv_dims, [vo.panel_cols, *kv_box], vo), "o": tmap(qo_dims, box(vo, o_rows), vo)}
 
 
-def smem_layout_section(layout) -> dict:
-    """The `smem_layout` section of a lowering that publishes its SMEM layout (ir/layout.py SmemLayout)."""
+def smem_layout_section(layout, tmem: bool = True) -> dict:
+    """The manifest's `smem_layout` section (both targets): the SMEM layout the kernel uses (ir/layout.py
+    SmemLayout); `tmem`: the TMEM address slot too (sm_100a; sm_90a has no TMEM)."""
     return {"smem_layout": {
         "regions": {k: {"offset": v[0], "bytes_per_slot": v[1], "slots": v[2]} for k, v in layout.regions.items()},
         "barriers": dict(layout.barriers),
-        "tmem_addr_slot": layout.tmem_slot,
+        **({"tmem_addr_slot": layout.tmem_slot} if tmem else {}),
         "align": layout.align,
     }}
 

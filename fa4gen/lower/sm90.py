@@ -33,7 +33,7 @@ from ..spec.encodings import DescArch, SmemMatrixDesc
 from ..spec.plan import (ARCH_LIMITS, block_info_ptx, block_n, MASK_AS_WORDS, MASK_WORD_BITS, SM90_REGS,
                          WINDOW_UNBOUNDED, combine_context, dynamic_tasks, sm90_regs, key_limits_ptx, kv_box_rows,
                          later_blocks_need_mask, mask_words, qk_panels, sm90_consumers, vo_panels)
-from .manifest import DYNAMIC_DEAL, ENTRY, GridFacts, entry_params, manifest
+from .manifest import DYNAMIC_DEAL, ENTRY, GridFacts, entry_params, manifest, smem_layout_section
 from .walk import LoweringError, WalkCtx, Walker, dispatch, f32, pairwise, refuse_planned, smem_layout
 
 __all__ = ["OP_PTX", "SPELLING", "Sm90LoweringError", "Sm90Options", "entry_regs_of", "lower_sm90",
@@ -662,11 +662,12 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
     grid = GridFacts(policy="persistent" if opt.persistent else "one_per_task",
                      deal=DYNAMIC_DEAL if dynamic_tasks(cfg) else "",
                      lpt_deal="; snake deal", varlen_lpt=True, mode_keys=False, launch=False)
-    return manifest(pipe, smem_bytes=smem_layout(pipe, Sm90LoweringError).total, o_rows=WG_ROWS, grid=grid,
+    layout = smem_layout(pipe, Sm90LoweringError)
+    return manifest(pipe, smem_bytes=layout.total, o_rows=WG_ROWS, grid=grid,
                     variant="" if opt == Sm90Options() else _options_tag(opt),
                     sections={"sm90": {"kv_stages": pipe.region("K").slots, "q_stages": pipe.region("Q").slots,
                                        "consumers": sm90_consumers(cfg.block_m), "producer_regs": producer_regs,
-                                       "consumer_regs": consumer_regs}})
+                                       "consumer_regs": consumer_regs}, **smem_layout_section(layout, tmem=False)})
 
 
 def _options_tag(opt: Sm90Options) -> str:

@@ -59,15 +59,6 @@ def _bar_off(man, name, slot=0):
     return man["smem_layout"]["barriers"][name] + 8 * slot
 
 
-def _init_offset(text, name) -> int:
-    """Slot 0's byte offset from %bar of barrier `name`, read from its mbarrier.init (the walker notes each
-    init with the barrier's name; sm_90a manifests carry no smem_layout)."""
-    m = re.search(rf"mbarrier\.init\.shared::cta\.b64 \[%bar\+(\d+)\], \d+; // init {name}\[0\]", text)
-    if m is None:
-        raise MutationMiss(f"no mbarrier.init of {name}[0]")
-    return int(m.group(1))
-
-
 def _init_count(name, new):
     def edit(text, man):
         off = _bar_off(man, name)
@@ -349,7 +340,7 @@ def _task_mutations(prefix: str, cfg: dict) -> tuple:
         PtxMutation(prefix + "task_read_before_full", cfg, "dynamic deal: the first reading role reads the task "
                     "index without waiting for task_full (its wait loop dropped)",
                     ("RACE", "mismatch", "WRITTEN_TWICE", "DEADLOCK"), lambda t, m: _sub(
-                        rf"^\$Lwait\d+:\n[^\n]*mbarrier\.try_wait\.parity[^\n]*\[%qb\+{_init_offset(t, 'task_full')}\]"
+                        rf"^\$Lwait\d+:\n[^\n]*mbarrier\.try_wait\.parity[^\n]*\[%qb\+{_bar_off(m, 'task_full')}\]"
                         r"[^\n]*\n[^\n]*bra[^\n]*\n", "", nth=0)(t, m)),
         PtxMutation(prefix + "task_index_not_read", cfg, "dynamic deal: the first reading role never loads the "
                     "published index (ld.shared of T dropped): it keeps the previous task's",
