@@ -213,13 +213,16 @@ def read_bundle(bundle_dir, arch: str | None = None, driver_release=None) -> dic
             raise BundleError(f"{d}: kernel {k.get('name')}: its manifest must sit beside its cubin as <stem>.json")
         if not cpath.is_file():
             raise BundleError(f"{d}: kernel {k.get('name')}: {cpath.name} is missing")
-        data = cpath.read_bytes()
-        if hashlib.sha256(data).hexdigest() != k.get("cubin_sha256"):
-            raise BundleError(f"{d}: {cpath.name} is not the cubin the index names (sha256 differs)")
         try:
-            _, _, cfg = read_prebuilt(cpath) if k.get("arch") == "sm_90a" else (None, None, _config_of(k, mpath))
+            if k.get("arch") == "sm_90a":  # read_prebuilt reads the cubin and holds it to its manifest's sha256
+                _, manifest, cfg = read_prebuilt(cpath)
+                sha = manifest.get("cubin_sha256")
+            else:
+                cfg, sha = _config_of(k, mpath), hashlib.sha256(cpath.read_bytes()).hexdigest()
         except KernelLoadError as e:
             raise BundleError(f"{d}: kernel {k.get('name')}: {e}") from None
+        if sha != k.get("cubin_sha256"):
+            raise BundleError(f"{d}: {cpath.name} is not the cubin the index names (sha256 differs)")
         if cfg.to_dict() != k.get("config"):
             raise BundleError(f"{d}: kernel {k.get('name')}: its manifest's config is not the index's")
         out[config_key(cfg)] = BundledKernel(name=cfg.name, content_hash=str(k.get("content_hash")), cubin_path=cpath,
