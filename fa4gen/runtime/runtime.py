@@ -75,6 +75,9 @@ class _Libcuda:
         self._launch = lib.cuLaunchKernel
         self._launch.argtypes = [vp, u32, u32, u32, u32, u32, u32, u32, vp, vp, vp]
         self._launch.restype = i32
+        self._memset = lib.cuMemsetD32Async  # the dynamic deal's counter, zeroed in the launch's stream
+        self._memset.argtypes = [ctypes.c_uint64, u32, ctypes.c_size_t, vp]
+        self._memset.restype = i32
         self._encode = lib.cuTensorMapEncodeTiled
         self._encode.argtypes = [vp, i32, u32, vp, vp, vp, vp, vp, i32, i32, i32, i32]
         self._encode.restype = i32
@@ -110,6 +113,12 @@ class _Libcuda:
         if err:
             self._raise(f"cuTensorMapEncodeTiled({role})", err)
         return ctypes.string_at(at, 128)
+
+    def zero_words(self, ptr: int, n: int, stream: int) -> None:
+        """cuMemsetD32Async: n 32-bit words at ptr set to 0, in stream's order (captured by a CUDA graph)."""
+        err = self._memset(ptr, 0, n, stream)
+        if err:
+            self._raise("cuMemsetD32Async(task_counter)", err)
 
     def launch(self, call: str, function: int, grid: int, threads: int, smem: int, stream: int, argv: int) -> None:
         """cuLaunchKernel with kernelParams = argv (a void* per parameter, in signature order)."""
@@ -580,12 +589,14 @@ class Kernel:
 
     def _launch(self, maps: dict, scalars: dict, num_tasks: int, device) -> None:
         if self._dynamic:
-            # the dynamic deal's counter (plan.DYNAMIC_ABI_PARAMS): a zeroed word of this launch alone,
-            # from torch's allocator on the launch's stream (stream-ordered: no later work reuses it
-            # early; a CUDA-graph capture records the zeroing with the launch)
+            # the dynamic deal's counter (plan.DYNAMIC_ABI_PARAMS): a word of this launch alone, from
+            # torch's allocator on the launch's stream (stream-ordered: no later work reuses it early;
+            # under CUDA-graph capture, the graph's private pool), zeroed in that stream by one driver
+            # memset (a capture records it with the launch); torch.zeros would add a fill kernel's dispatch
             import torch
 
-            counter = torch.zeros(1, dtype=torch.int32, device=device)
+            counter = torch.empty(1, dtype=torch.int32, device=device)
+            _libcuda().zero_words(counter.data_ptr(), 1, _stream(counter.device.index))
             scalars = {**scalars, "task_counter": counter.data_ptr()}
         self._launch_fn(self._entry, {**maps, **scalars}, self.grid(num_tasks), int(self.manifest["threads_per_cta"]),
                         int(self.manifest["dynamic_smem_bytes"]), device)
