@@ -11,7 +11,8 @@ HEAD_DIM_PLANNED), on both targets, a dense non-causal GQA-1 bf16 kernel with th
   (TMEM_*, SMEM_*, REG_*); the sm_90a rings are ir/sm90.sm90_stages', a PlanError when < 2 K/V stages fit.
 - design options: that pipeline with its regions edited as the row says, laid out and checked by the
   same functions (so an option's SMEM bytes and TMEM overlaps are the verifier's, not arithmetic here).
-- sm_90a registers per consumer thread: the wgmma fragments (sm90_reg_floor) against plan.SM90_REGS.
+- sm_90a registers per consumer thread: the wgmma fragments (plan.sm90_reg_floor; without the QK/PV
+  overlap where plan.sm90_overlap says so) against plan.SM90_REGS.
 - a throughput model per 128-row Q tile and K/V block (MODEL, published peak rates; not measured).
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ from fa4gen.ir.sm90 import sm90_o_staged, sm90_stages, smem_pipeline  # noqa: E4
 from fa4gen.spec.config import (HEAD_DIM_PAIRS, HEAD_DIM_PLANNED, KernelConfig,  # noqa: E402
                                 planning_head_dims)
 from fa4gen.spec.exp2 import emulated_columns  # noqa: E402
-from fa4gen.spec.plan import ARCH_LIMITS, SM90_REGS, sm90_consumers  # noqa: E402
+from fa4gen.spec.plan import ARCH_LIMITS, SM90_REGS, sm90_consumers, sm90_overlap, sm90_reg_floor  # noqa: E402
 from fa4gen.spec.tiles import ROWS, PlanError, kv_block_keys, q_tile_rows  # noqa: E402
 from fa4gen.verify.verify import static_findings  # noqa: E402
 
@@ -154,28 +155,21 @@ def sm100_rows(d: int, dv: int) -> list[Row]:
     return rows
 
 
-def sm90_reg_floor(dv: int, block_n: int) -> int:
-    """32-bit registers per consumer thread that the wgmma fragments of a 64-row warpgroup hold: the
-    O accumulator (64 x dv fp32 over 128 threads: dv / 2), S (64 x block_n fp32: block_n / 2) and P as
-    16-bit A fragments (64 x block_n, two per register: block_n / 4). Addresses, row statistics, loop
-    state and the softmax's temporaries come on top."""
-    return dv // 2 + block_n // 2 + block_n // 4
-
-
 def sm90_headroom_today() -> int:
     """The smallest consumer budget - floor of a dense sm_90a kernel fa4gen builds today."""
     out = []
     for d, dv in HEAD_DIM_PAIRS["sm_90a"]:
         for rows in {ROWS, q_tile_rows("sm_90a", d, 1)}:
             cfg = KernelConfig(arch="sm_90a", head_dim=d, head_dim_v=dv, block_m=rows)
-            out.append(SM90_REGS[sm90_consumers(rows)][1] - sm90_reg_floor(dv, cfg.block_n))
+            out.append(SM90_REGS[sm90_consumers(rows)][1] - sm90_reg_floor(dv, cfg.block_n, sm90_overlap(cfg)))
     return min(out)
 
 
 def _regs90(cfg: KernelConfig, block_n: int) -> str:
     budget = SM90_REGS[sm90_consumers(cfg.block_m)][1]
-    floor = sm90_reg_floor(cfg.head_dim_v, block_n)
-    return f"{floor} / {budget} (headroom {budget - floor})"
+    overlap = sm90_overlap(cfg) if block_n == cfg.block_n else True
+    floor = sm90_reg_floor(cfg.head_dim_v, block_n, overlap)
+    return f"{floor} / {budget} (headroom {budget - floor}{'' if overlap else ', PV then QK'})"
 
 
 def sm90_rows(d: int, dv: int) -> list[Row]:
@@ -183,7 +177,8 @@ def sm90_rows(d: int, dv: int) -> list[Row]:
     low = sm90_headroom_today()
 
     def reg_problem(c, n):
-        left = SM90_REGS[sm90_consumers(c.block_m)][1] - sm90_reg_floor(c.head_dim_v, n)
+        overlap = sm90_overlap(c) if n == c.block_n else True
+        left = SM90_REGS[sm90_consumers(c.block_m)][1] - sm90_reg_floor(c.head_dim_v, n, overlap)
         return (f"[REG_HEADROOM] consumer: {left} registers beside the fragments, fewer than the {low} of "
                 f"today's tightest kernel",) if left < low else ()
 

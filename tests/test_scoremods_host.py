@@ -147,6 +147,10 @@ class _FakeLibcuda:
 
     def __init__(self):
         self.launches = []
+        self.zeroed = []  # (pointer, words, launches before it): the dynamic deal's counter
+
+    def zero_words(self, ptr, n, stream):
+        self.zeroed.append((ptr, n, len(self.launches)))
 
     def launch(self, call, function, grid, threads, smem, stream, argv):
         self.launches.append((call, argv))
@@ -199,6 +203,11 @@ def _launched(monkeypatch, cfg, mods, sink=None, scale=0.125):
         got["combine" if entry is kernel._combine_entry else "scalars"] = named
     assert [got["scalars"][f"tmap_{r}"].rstrip(b"\0") for r in "qkvo"] == [b"q", b"k", b"v", b"o"]
     assert list(got["scalars"]) == man["params"]
+    # the dynamic deal (varlen): one word zeroed in the stream before the kernel's launch, and passed
+    if "task_counter" in man["params"]:
+        assert lib.zeroed == [(got["scalars"]["task_counter"], 1, 0)]
+    else:
+        assert lib.zeroed == []
     return got
 
 

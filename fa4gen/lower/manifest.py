@@ -103,13 +103,13 @@ def tensor_maps(cfg: KernelConfig, o_rows: int) -> dict:
             "v": tmap(kv_dims, [vo.panel_cols, *kv_box], vo), "o": tmap(qo_dims, box(vo, o_rows), vo)}
 
 
-def smem_layout_section(layout, tmem: bool = True) -> dict:
+def smem_layout_section(layout) -> dict:
     """The manifest's `smem_layout` section (both targets): the SMEM layout the kernel uses (ir/layout.py
-    SmemLayout); `tmem`: the TMEM address slot too (sm_100a; sm_90a has no TMEM)."""
+    SmemLayout; its 8-byte TMEM address slot is laid out on sm_90a too, unused there)."""
     return {"smem_layout": {
         "regions": {k: {"offset": v[0], "bytes_per_slot": v[1], "slots": v[2]} for k, v in layout.regions.items()},
         "barriers": dict(layout.barriers),
-        **({"tmem_addr_slot": layout.tmem_slot} if tmem else {}),
+        "tmem_addr_slot": layout.tmem_slot,
         "align": layout.align,
     }}
 

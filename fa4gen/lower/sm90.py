@@ -667,7 +667,7 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
                     variant="" if opt == Sm90Options() else _options_tag(opt),
                     sections={"sm90": {"kv_stages": pipe.region("K").slots, "q_stages": pipe.region("Q").slots,
                                        "consumers": sm90_consumers(cfg.block_m), "producer_regs": producer_regs,
-                                       "consumer_regs": consumer_regs}, **smem_layout_section(layout, tmem=False)})
+                                       "consumer_regs": consumer_regs}, **smem_layout_section(layout)})
 
 
 def _options_tag(opt: Sm90Options) -> str:

@@ -439,6 +439,30 @@ SM90_PRODUCER_REGS, SM90_CONSUMER_REGS = 24, 240
 # by consumer count: the CTA's launch pool is (C + 1) x 128 threads x the entry cap
 # (ARCH_LIMITS regs_per_sm / threads, a multiple of 8): 24 + 2 x 240 <= 3 x 168, 24 + 3 x 160 <= 4 x 128
 SM90_REGS = {2: (24, 240), 3: (24, 160)}
+def sm90_reg_floor(dv: int, block_n: int, overlap: bool = True) -> int:
+    """32-bit registers per consumer thread that the wgmma fragments of a 64-row warpgroup hold: the
+    O accumulator (64 x dv fp32 over 128 threads: dv / 2), S (64 x block_n fp32: block_n / 2) and P as
+    16-bit A fragments (64 x block_n, two per register: block_n / 4). With the QK of block t issued
+    beside the PV of block t - 1 (overlap) S and P are live together; issued after it, one at a time.
+    Addresses, row statistics, loop state and the softmax's temporaries come on top."""
+    return dv // 2 + (block_n // 2 + block_n // 4 if overlap else block_n // 2)
+
+
+# Registers a consumer needs beside its fragments: the headroom of the tightest kernel that compiles
+# without spills (D 64, 192-row tile: 160 - 128). The D 96 192-row kernel with the overlap has 16 and
+# spills 144 bytes; without it, 48 and none.
+SM90_MIN_REG_HEADROOM = 32
+
+
+def sm90_overlap(cfg: KernelConfig) -> bool:
+    """Whether the sm_90a consumers issue block t's QK beside block t - 1's PV (ir/sm90.py: S(t) is
+    computed while P(t-1) still feeds the PV) or the PV first, then the QK (S and P never live together):
+    the overlap where its fragments leave SM90_MIN_REG_HEADROOM of the consumer budget. Only the D = 96
+    192-row tile goes without: 160 - 144 = 16 registers (measured on the H200, 192-row serial against
+    128-row overlapped: +8.6-12% on long shapes, bench/README.md "D = 96 on the 192-row tile")."""
+    return sm90_regs(cfg)[1] - sm90_reg_floor(cfg.head_dim_v, block_n(cfg)) >= SM90_MIN_REG_HEADROOM
+
+
 # The dynamic deal's producer (dynamic_tasks) holds the task ring's state and fetches the index
 # besides the varlen decode: at 24 registers ptxas spills it (4-20 bytes, D 64-256 varlen); 32 do not.
 SM90_DYNAMIC_PRODUCER_REGS = 32

@@ -322,8 +322,9 @@ def run_coverage(man: dict, *emus) -> Coverage:
 
 def manifest_smem_layout(man: dict) -> dict:
     """The kernel's SMEM layout as the manifest's `smem_layout` section spells it (regions: offset,
-    bytes_per_slot, slots; barriers: offset; tmem_addr_slot; align). A manifest without the section
-    (sm_90a's) gets the one its config's pipeline has: the same rule (ir/layout.py) and writer."""
+    bytes_per_slot, slots; barriers: offset; tmem_addr_slot; align). A manifest without the
+    section (sm_90a's before 2026-12-04) gets the one its config's pipeline has: the same rule
+    (ir/layout.py) and writer."""
     if man.get("smem_layout"):
         return man["smem_layout"]
     return _layout_of_config(json.dumps(man["config"], sort_keys=True))
@@ -336,7 +337,8 @@ def _layout_of_config(config_json: str) -> dict:
     from ...lower.manifest import smem_layout_section
     from ...spec.config import KernelConfig
 
-    return smem_layout_section(layout_of(build_pipeline(KernelConfig.from_dict(json.loads(config_json)))))["smem_layout"]
+    pipe = build_pipeline(KernelConfig.from_dict(json.loads(config_json)))
+    return smem_layout_section(layout_of(pipe))["smem_layout"]
 
 
 def barrier_names(man: dict) -> dict:

@@ -56,7 +56,10 @@ def _sub(pattern, repl, *, count=1, nth=None, flags=re.M):
 
 
 def _bar_off(man, name, slot=0):
-    return man["smem_layout"]["barriers"][name] + 8 * slot
+    bars = man["smem_layout"]["barriers"]
+    if name not in bars:
+        raise MutationMiss(f"the kernel has no barrier {name}")
+    return bars[name] + 8 * slot
 
 
 def _init_count(name, new):
