@@ -23,8 +23,11 @@ from fa4gen.runtime.runtime import launch_geometry
 WIDE = dict(arch="sm_90a", head_dim=64, block_m=192)
 
 
-def test_the_plan_picks_192_rows_for_dense_sm90_d64_only():
-    assert SM90_Q_ROWS == {64: 192, 128: 128}
+def test_the_plan_picks_192_rows_for_dense_sm90_d64_and_d96_only():
+    assert SM90_Q_ROWS == {64: 192, 96: 192, 128: 128}
+    assert q_tile_rows("sm_90a", 96, 4) == 192 and q_tile_rows("sm_90a", 96, 1, varlen=True) == 128
+    assert q_tile_rows("sm_90a", 96, 1, causal=True, seqlen_q=1024) == 128  # short causal calls keep 128
+    assert q_tile_rows("sm_90a", 192, 1) == 128 and q_tile_rows("sm_90a", 256, 1) == 128
     assert q_tile_rows("sm_90a", 64, 1) == 192
     assert q_tile_rows("sm_90a", 64, 64) == 192
     assert q_tile_rows("sm_90a", 64, 3) == 192  # unpacked ratio: 192 positions of one head
@@ -223,3 +226,25 @@ def test_cli_build_defaults_to_the_plans_tile(tmp_path):
     assert (tmp_path / "fa4_sm90a_d64_bf16_noncausal_gqa1.ptx").exists()
     r = CliRunner().invoke(main, ["build", "--head-dim", "64", "--block-m", "192", "--out", str(tmp_path)])
     assert r.exit_code == 2 and "block_m=192" in r.output
+
+
+def test_consumers_overlap_qk_with_pv_only_where_the_registers_allow():
+    """plan.sm90_overlap: block t's QK beside block t-1's PV where SM90_MIN_REG_HEADROOM registers stay
+    beside S, P and O; else (D 96 on 192 rows: 16 left) the PV first, then the QK, in the same turn."""
+    from fa4gen.ir import build_pipeline
+    from fa4gen.ir.core import Loop, LoopKind, Mma
+    from fa4gen.spec.config import KernelConfig
+    from fa4gen.spec.plan import SM90_MIN_REG_HEADROOM, sm90_overlap, sm90_reg_floor, sm90_regs
+
+    def rest_loop_mmas(cfg):
+        prog = build_pipeline(cfg).role("consumer0").program
+        task = next(st for st in prog if isinstance(st, Loop) and st.kind is LoopKind.TASKS)
+        loop = next(st for st in task.body if isinstance(st, Loop) and st.kind is LoopKind.KV_REST)
+        return [op.kind for op in loop.body if isinstance(op, Mma)]
+
+    for d, rows, overlap in ((64, 192, True), (96, 192, False), (96, 128, True), (128, 128, True), (256, 128, True)):
+        cfg = KernelConfig(arch="sm_90a", head_dim=d, block_m=rows)
+        assert sm90_overlap(cfg) is overlap, (d, rows)
+        left = sm90_regs(cfg)[1] - sm90_reg_floor(d, cfg.block_n)
+        assert (left >= SM90_MIN_REG_HEADROOM) is overlap
+        assert rest_loop_mmas(cfg) == (["qk", "pv"] if overlap else ["pv", "qk"])
