@@ -116,6 +116,8 @@ WINDOW_ABI_PARAMS: tuple[tuple[str, str], ...] = (
     ("window_right", ".param .s32 window_right"),
 )
 SOFTCAP_ABI_PARAMS: tuple[tuple[str, str], ...] = (("softcap_in", ".param .f32 softcap_in"),)
+SINKS_ABI_PARAMS: tuple[tuple[str, str], ...] = (("sink_ptr", ".param .u64 sink_ptr"),)
+
 # Appended (after varlen's, before the score modifiers') for kernels whose tasks are dealt dynamically
 # (dynamic_tasks): a u32 in global memory that is 0 at launch; each CTA's loading role (ir/tasks.py) takes
 # task indices from it with atom.global.add (docs/ABI.md "The dynamic deal"). The runtime passes a fresh zeroed
@@ -124,15 +126,15 @@ DYNAMIC_ABI_PARAMS: tuple[tuple[str, str], ...] = (("task_counter", ".param .u64
 
 
 def dynamic_tasks(cfg: KernelConfig) -> bool:
-    """Whether the kernel's CTAs take tasks from a counter as they free up (the dynamic deal: each
-    CTA's producer fetches the next index and hands it to the other roles through SMEM) instead of the
-    static persistent deal (round * CTAs + a CTA's slot). Varlen kernels, on both targets: their tasks'
-    costs differ by sequence, so a static deal leaves the most loaded CTA 1.03-1.12x the ideal in the
-    block-count model (scripts/varlen_balance_model.py), the dynamic one 1.00-1.01x (measured on the
-    H200: +0.6-7.2% on bench.varlen's mixes). Dense kernels keep the static deal: over their
-    LPT-ordered tasks it measured the same (bench/README.md "The dynamic deal")."""
+    """Whether the kernel's CTAs take tasks from a counter as they free up (the dynamic deal: each CTA's
+    loading role fetches the next index and hands it to the other roles through SMEM, ir/tasks.py)
+    instead of the static persistent deal (round * CTAs + a CTA's slot). Varlen kernels, on both
+    targets: their tasks' costs differ by sequence, so a static deal leaves the most loaded CTA
+    1.03-1.12x the ideal in the block-count model (scripts/varlen_balance_model.py), the dynamic one
+    1.00-1.01x; on the H200 the static deal took 1.006-1.072x the dynamic one's time on bench.varlen's
+    mixes. Dense kernels keep the static deal: over their LPT-ordered tasks both measured the same
+    (bench/README.md "The dynamic deal")."""
     return cfg.varlen
-SINKS_ABI_PARAMS: tuple[tuple[str, str], ...] = (("sink_ptr", ".param .u64 sink_ptr"),)
 
 
 def score_mods_record(cfg: KernelConfig) -> dict | None:
@@ -165,6 +167,24 @@ COMBINE_ABI_PARAMS: tuple[tuple[str, str], ...] = (
 # merge, lse = log(sum_s exp(lse_s) + exp(sink[head])), O = sum_s exp(lse_s - lse) O_s (head = r % Hq);
 # with S == 1 fa4_fwd normalises with the sink itself (the partials are untouched).
 COMBINE_SINKS_ABI_PARAMS: tuple[tuple[str, str], ...] = (("sink_ptr", ".param .u64 sink_ptr"),)
+
+# Appended (after varlen's, before the score modifiers') for kernels whose tasks are dealt dynamically
+# (dynamic_tasks): a u32 in global memory that is 0 at launch; each CTA's loading role (ir/tasks.py) takes
+# task indices from it with atom.global.add (docs/ABI.md "The dynamic deal"). The runtime passes a fresh zeroed
+# word per launch, so launches never share one.
+DYNAMIC_ABI_PARAMS: tuple[tuple[str, str], ...] = (("task_counter", ".param .u64 task_counter"),)
+
+
+def dynamic_tasks(cfg: KernelConfig) -> bool:
+    """Whether the kernel's CTAs take tasks from a counter as they free up (the dynamic deal: each
+    CTA's loading role fetches the next index and hands it to the other roles through SMEM, ir/tasks.py) instead of the
+    static persistent deal (round * CTAs + a CTA's slot). Varlen kernels, on both targets: their tasks'
+    costs differ by sequence, so a static deal leaves the most loaded CTA 1.03-1.12x the ideal in the
+    block-count model (scripts/varlen_balance_model.py), the dynamic one 1.00-1.01x (measured on the
+    H200: 1.006-1.072x the static deal's time on bench.varlen's mixes). Dense kernels keep the static deal: over their
+    LPT-ordered tasks it measured the same (bench/README.md "The dynamic deal")."""
+    return cfg.varlen
+
 COMBINE_THREADS = 128  # 4 warps, one row each
 COMBINE_ROWS_PER_CTA = COMBINE_THREADS // 32
 
@@ -439,6 +459,8 @@ SM90_PRODUCER_REGS, SM90_CONSUMER_REGS = 24, 240
 # by consumer count: the CTA's launch pool is (C + 1) x 128 threads x the entry cap
 # (ARCH_LIMITS regs_per_sm / threads, a multiple of 8): 24 + 2 x 240 <= 3 x 168, 24 + 3 x 160 <= 4 x 128
 SM90_REGS = {2: (24, 240), 3: (24, 160)}
+
+
 def sm90_reg_floor(dv: int, block_n: int, overlap: bool = True) -> int:
     """32-bit registers per consumer thread that the wgmma fragments of a 64-row warpgroup hold: the
     O accumulator (64 x dv fp32 over 128 threads: dv / 2), S (64 x block_n fp32: block_n / 2) and P as
@@ -459,7 +481,7 @@ def sm90_overlap(cfg: KernelConfig) -> bool:
     computed while P(t-1) still feeds the PV) or the PV first, then the QK (S and P never live together):
     the overlap where its fragments leave SM90_MIN_REG_HEADROOM of the consumer budget. Only the D = 96
     192-row tile goes without: 160 - 144 = 16 registers (measured on the H200, 192-row serial against
-    128-row overlapped: +8.6-12% on long shapes, bench/README.md "D = 96 on the 192-row tile")."""
+    128-row overlapped: +8.6-12% on long shapes, docs/HEAD_DIMS.md "D = 96 on the 192-row tile")."""
     return sm90_regs(cfg)[1] - sm90_reg_floor(cfg.head_dim_v, block_n(cfg)) >= SM90_MIN_REG_HEADROOM
 
 
