@@ -17,7 +17,7 @@ pre-arrives once so consumer 0 goes first, and consumer 0 takes the last hand-of
 from __future__ import annotations
 
 from ..spec.config import K_SPLIT_DEFAULT, KV_STAGES_MAX, KV_STAGES_MIN, ConfigError, KernelConfig
-from ..spec.plan import (ARCH_LIMITS, SM90_CONSUMER_REGS, dynamic_tasks, sm90_overlap, sm90_regs, SM90_PRODUCER_REGS, SM90_REGS, SM90_SCHED_BAR_ID, block_n, q_tile_bytes,
+from ..spec.plan import (ARCH_LIMITS, SM90_CONSUMER_REGS, dynamic_tasks, sm90_overlap, sm90_regs, SM90_PRODUCER_REGS, SM90_SCHED_BAR_ID, block_n, q_tile_bytes,
                          sm90_consumers, sm90_epi_bar_id, tile_bytes, v_tile_bytes)
 from ..spec.tiles import PlanError
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync,

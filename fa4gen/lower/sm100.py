@@ -216,11 +216,8 @@ class _RoleEmitter(Walker):
                 kind, v = self.slot(op.slot)
                 self.emit("named_id", dst=bid, base=b.named_id + 4 * v)
 
-    def task_begin(self, head: str, done: str, head_ops: tuple = ()) -> None:
+    def task_begin(self, head: str, done: str) -> None:
         cfg = self.cfg
-        if bool(head_ops) != dynamic_tasks(cfg):
-            raise Sm100LoweringError(f"{self.p}: the TASKS loop has {'a' if head_ops else 'no'} head, the config "
-                                     f"{'deals' if dynamic_tasks(cfg) else 'does not deal'} its tasks dynamically")
         if cfg.varlen:
             self.varlen_regs()
         if cfg.kvcache:
@@ -242,9 +239,6 @@ class _RoleEmitter(Walker):
         nt = cfg.tiles_per_task
         units = ([("add.u32", "%npairs", "%nmb", str(nt - 1)), ("shr.u32", "%npairs", "%npairs", str(nt.bit_length() - 1))]
                  if nt > 1 else [("mov.u32", "%npairs", "%nmb")])
-        # the static deal starts at this CTA's index; the dynamic one's head ops hand each index over
-        self.emit("task_init", head=head, dynamic=bool(head_ops), varlen=cfg.varlen)
-        self.task_head(head_ops)
         self.emit("task_begin", head=head, done=done, causal=cfg.causal, sqt=cfg.seq_q_per_tile, units=units, tiles=nt,
                   unit_name="m block pair" if nt == 2 else "m block", unit_words="a pair of Q tiles" if nt == 2 else "one Q tile",
                   varlen=cfg.varlen, unit_rows=unit, unit_shift=unit.bit_length() - 1, uid=self.p,
@@ -255,11 +249,6 @@ class _RoleEmitter(Walker):
         # the elected lane takes the index; the role runs warp-converged, so every lane gets it by shuffle
         self.emit("fetch_task", dst="%task", counter=self.r("b64", "tctr"), param="task_counter",
                   lane=self.r("b32", "ellane"), note="the dynamic deal: the next task index from the launch's task counter")
-
-    def op_PublishTask(self, op: PublishTask) -> None:
-        pre, base, off = self.smem_addr(op.region, op.slot, "%qb")
-        self.emit("publish_task", pre=pre, addr=f"{base}+{off}", src="%task", skip=self.label("noel"),
-                  note=f"the task index to {op.region}[{self.slot_note(op.slot)}]")
 
     def window_regs(self) -> tuple[list[tuple], tuple[str, str]]:
         """(instructions loading the window's sides, clamped to the ABI's [0, WINDOW_UNBOUNDED], the

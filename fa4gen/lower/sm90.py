@@ -98,7 +98,7 @@ class Sm90Options:
     """Lowering knobs that are not part of the algorithm's config (tuning and diagnostics)."""
 
     persistent: bool = True  # False: one CTA per task (the same kernel runs a single round)
-    producer_regs: int | None = None  # None: plan.SM90_REGS for the config's consumer count
+    producer_regs: int | None = None  # None: plan.sm90_regs for the config
     consumer_regs: int | None = None
 
     def __post_init__(self):
@@ -200,15 +200,8 @@ class Sm90Walker(Walker):
                   desc_v=hex(SmemMatrixDesc.mn_major(DescArch.SM90A, 0, vo.swizzle,
                                                      panel_stride=vo.bytes(block_n(cfg))).encode()))
 
-    def task_begin(self, head: str, done: str, head_ops: tuple = ()) -> None:
+    def task_begin(self, head: str, done: str) -> None:
         cfg = self.cfg
-        if bool(head_ops) != dynamic_tasks(cfg):
-            raise self.Error(f"{self.p}: the TASKS loop has {'a' if head_ops else 'no'} head, the config "
-                             f"{'deals' if dynamic_tasks(cfg) else 'does not deal'} its tasks dynamically")
-        # the static deal computes the first task before the loop (round 0) and the next at its end;
-        # the dynamic one hands the index over in the head, after the label
-        self.emit("task_init", head=head, dynamic=bool(head_ops))
-        self.task_head(head_ops)
         consumer = any(isinstance(op, Mma) for op in walk_ops(self.role.program))
         # the task's K/V blocks (plan.BlockInfo over the Q tile): %nunm, %n >= 1 (KV cache: the split's,
         # from %nlo); printed by the scheduler macros after the task decode

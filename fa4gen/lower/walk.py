@@ -28,7 +28,7 @@ from ..ir.core import (Advance, Arrive, BlockRef, Cond, ExpectTx, FenceProxyAsyn
                        walk_ops)
 from ..ir.layout import SmemLayout, smem_layout as ir_smem_layout
 from ..spec.config import KernelConfig, head_dim_refusal
-from ..spec.plan import ARCH_LIMITS
+from ..spec.plan import ARCH_LIMITS, dynamic_tasks
 
 __all__ = ["COMMON_PTX", "LoweringError", "SmemLayout", "Spelling", "WalkCtx", "Walker", "dispatch", "f32", "pairwise",
            "refuse_planned", "smem_layout"]
@@ -419,7 +419,14 @@ class Walker:
             head, done = self.label("task"), self.label("tasks_done")
             before, adv = dict(self.cache), self._advanced(lp.body) | self._advanced(lp.head)
             self._drop(adv)
-            self.task_begin(head, done, lp.head)
+            if bool(lp.head) != dynamic_tasks(self.cfg):
+                raise self.Error(f"{self.p}: the TASKS loop has {'a' if lp.head else 'no'} head, the config "
+                                 f"{'deals' if dynamic_tasks(self.cfg) else 'does not deal'} its tasks dynamically")
+            # the loop's label: the static deal computes the first task before it (and the next at the
+            # loop's end); the dynamic one's head ops, after it, hand each index over (they leave it in %task)
+            self.emit("task_init", head=head, dynamic=bool(lp.head), varlen=self.cfg.varlen)
+            self.stmts(lp.head)
+            self.task_begin(head, done)
             self.loop_kind = lp.kind
             self.stmts(lp.body)
             self.loop_kind = None
@@ -439,15 +446,10 @@ class Walker:
         self.emit("kv_end", head=head, done=done, first=first, count_down=self.COUNT_DOWN)
         self.cache = {k: v for k, v in before.items() if k[1] not in adv}
 
-    def task_begin(self, head: str, done: str, head_ops: tuple = ()) -> None:
-        """Target hook: the task loop's head (decode the task, its block range) and per-task setup.
-        head_ops (the Loop's `head`, the dynamic deal's hand-off of the task index): emitted by
-        `task_head` after the loop's label and before the test that ends it."""
+    def task_begin(self, head: str, done: str) -> None:
+        """Target hook: after the loop's label and head ops, the test that ends the loop, the task's decode
+        (its block range) and per-task setup."""
         raise NotImplementedError
-
-    def task_head(self, head_ops: tuple) -> None:
-        """The TASKS loop's head ops, each iteration and at the exit (they leave the index in %task)."""
-        self.stmts(head_ops)
 
     def if_(self, st: If) -> None:
         other, end = self.label("else"), self.label("endif")
@@ -571,8 +573,8 @@ class Walker:
         self.emit("named_sync", id=bid, count=count, fence_after=after)
 
     def op_FetchTask(self, op: FetchTask) -> None:
-        # the counter's address is read from the parameter at each fetch, not kept in two registers
-        # of the producer's 24 for the whole kernel (kept, the sm_90a varlen producer spills)
+        # the counter's address is read from the parameter at each fetch, not held in a register pair
+        # for the whole kernel by the fetching role, whose budget is the smallest
         self.emit("fetch_task", dst="%task", counter=self.r("b64", "tctr"), param="task_counter",
                   note="the dynamic deal: the next task index from the launch's task counter")
 
