@@ -337,8 +337,7 @@ def _layout_of_config(config_json: str) -> dict:
     from ...lower.manifest import smem_layout_section
     from ...spec.config import KernelConfig
 
-    pipe = build_pipeline(KernelConfig.from_dict(json.loads(config_json)))
-    return smem_layout_section(layout_of(pipe))["smem_layout"]
+    return smem_layout_section(layout_of(build_pipeline(KernelConfig.from_dict(json.loads(config_json)))))["smem_layout"]
 
 
 def barrier_names(man: dict) -> dict:

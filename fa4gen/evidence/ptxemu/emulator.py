@@ -8,7 +8,7 @@ import numpy as np
 
 from . import async_units as au, fp
 from .machine import CTA, Fault, GlobalMemory, Op
-from .ops import (Ctx, _regnames, compile_alu, compile_bar, compile_cvt, compile_fence, compile_ld_st,
+from .ops import (Ctx, _regnames, compile_alu, compile_bar, compile_cvt, compile_fence, compile_atom, compile_ld_st,
                   compile_mbarrier, compile_setmaxnreg, compile_setp, compile_warp_coll, init_registers, reader,
                   unsupported, writer)
 from .parse import Module, Sym, UnsupportedInstruction
@@ -57,8 +57,10 @@ def compile_instr(ctx: Ctx, ins) -> Op:
         a = reader(ctx, ops_[1], parts[-1], ins)
         d = writer(ctx, ops_[0], parts[-1], ins)
         fn = lambda w, m: d(w, a(w), m)  # noqa: E731  (param/shared windows map 1:1 into generic)
-    elif head in ("ld", "st", "atom"):  # atom: compile_ld_st hands it to compile_atom
+    elif head in ("ld", "st"):
         fn = compile_ld_st(ctx, ins, parts)
+    elif head == "atom":
+        fn = compile_atom(ctx, ins, parts)
     elif head == "mbarrier":
         fn = compile_mbarrier(ctx, ins, parts)
     elif head == "bar" or (head == "barrier" and len(parts) > 1):

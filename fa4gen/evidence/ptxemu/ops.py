@@ -634,8 +634,6 @@ def compile_atom(ctx, ins, parts):
 def compile_ld_st(ctx, ins, parts):
     emu = ctx.emu
     head = parts[0]
-    if head == "atom":
-        return compile_atom(ctx, ins, parts)
     space = parts[1]
     vec = next((int(x[1:]) for x in parts[2:] if re.fullmatch(r"v[248]", x)), 1)
     t = parts[-1]
