@@ -9,6 +9,7 @@ host's cost per call is what a loop of calls measures:
              the GPU finishes each call faster than the host issues the next);
   total_us - the same loop up to its cuda synchronize, over `calls`.
 Contenders: the public API (fa4gen.attention / attention_varlen / attention_with_kvcache), the
+same kernel shipped as a prebuilt cubin (fa4gen.load, its __call__ / kvcache), the
 loaded Kernel launched directly into preallocated outputs (the floor of the API: what a caller
 that keeps its kernel and buffers pays), cuDNN through SDPA (dense cases), and FA4-CuTe's
 flash_attn_func where scripts/fa4_peer.sh brought it. --profile adds a cProfile of each API case
@@ -59,6 +60,18 @@ def profile_text(fn, calls: int, top: int = 18) -> str:
     return s.getvalue()
 
 
+def prebuilt(api, launch):
+    """The kernel of the last API call, built into a temporary folder and loaded as a prebuilt cubin."""
+    import tempfile
+
+    from fa4gen import codegen
+
+    cfg = launch.config_for(api.last_call_info().problem)
+    out = Path(tempfile.mkdtemp(prefix="fa4gen_prebuilt_"))
+    codegen.build(cfg, emit=("cubin",), out_dir=out)
+    return api.load(out / f"{cfg.name}.cubin")
+
+
 def cases(torch, fa4):
     """(name, {contender: callable}) for each case."""
     from fa4gen.runtime import api, launch
@@ -77,6 +90,8 @@ def cases(torch, fa4):
     api.attention(q, k, v, causal=True)
     kern, _ = launch.kernel_for(api.last_call_info().problem, q.device)
     fns["fa4gen_kernel"] = lambda: kern(q, k, v, o)
+    pre = prebuilt(api, launch)
+    fns["fa4gen_prebuilt"] = lambda: pre(q, k, v)
     fn, _, _ = _sdpa("cudnn", q, k, v, True)
     fns["cudnn"] = fn
     if fa4 is not None:
@@ -101,6 +116,9 @@ def cases(torch, fa4):
     kc, vc = rnd(1, 4096, 8, 128), rnd(1, 4096, 8, 128)
     sl = torch.full((1,), 4096, device=dev, dtype=torch.int32)
     fns = {"fa4gen_api": lambda: api.attention_with_kvcache(qd, kc, vc, sl)}
+    api.attention_with_kvcache(qd, kc, vc, sl)
+    pre_d = prebuilt(api, launch)
+    fns["fa4gen_prebuilt"] = lambda: pre_d.kvcache(qd, kc, vc, sl)
     fns["cudnn"] = _sdpa("cudnn", qd, kc, vc, False)[0]
     if fa4 is not None:
         fns["fa4cute"] = lambda: fa4(qd, kc, vc, causal=True)

@@ -153,7 +153,10 @@ class _FakeLibcuda:
         self.zeroed.append((ptr, n, len(self.launches)))
 
     def launch(self, call, function, grid, threads, smem, stream, argv):
-        self.launches.append((call, argv))
+        self.launches.append((call, argv.value))
+
+    def encode_tiled(self, role, dtype, swizzle, addr, geo):
+        return role.encode().ljust(128, b"\0")
 
 
 _CODE = {n: {".u64": "Q", ".u32": "I", ".s32": "i", ".f32": "f"}.get(d.split()[-2], "")
@@ -171,7 +174,8 @@ def _launched(monkeypatch, cfg, mods, sink=None, scale=0.125):
     lib = _FakeLibcuda()
     monkeypatch.setattr(runtime, "_libcuda", lambda: lib)
     monkeypatch.setattr(runtime, "_stream", lambda device: 0)
-    monkeypatch.setattr(Kernel, "_encode", lambda self, role, t: role.encode().ljust(128, b"\0"))
+    # the fake manifest has no tensor maps: each map's spec is its role alone (the fake encodes that)
+    monkeypatch.setattr(Kernel, "_map_spec", lambda self, role, shape, strides, elem: (role, None, None, None))
     d, g = cfg.head_dim, cfg.gqa_ratio
     if cfg.varlen:
         q, k = torch.zeros(10, 2 * g, d), torch.zeros(12, 2, d)
@@ -326,3 +330,54 @@ def test_cli_build_flags_make_the_variant(monkeypatch, tmp_path):
     assert "built fa4_sm90a_d128_bf16_noncausal_gqa1_sink\n" in r.output, r.output
     helptext = " ".join(CliRunner().invoke(main, ["build", "--help"]).output.split())
     assert "--window" in helptext and "run-time arguments" in helptext and "learnable_sink" in helptext
+
+
+def test_a_bound_launch_takes_each_calls_pointers(monkeypatch):
+    """Kernel.bind_kvcache packs what the call shape decides once; each run places that call's
+    pointers (a tensor map encoded from its tensor's pointer, once per pointer) and leaves the rest."""
+    torch = pytest.importorskip("torch")
+    from fa4gen.runtime import runtime
+
+    cfg = KernelConfig(arch="sm_90a", causal=True, gqa_ratio=2, kvcache=True, page_size=64)
+    man = _manifest(cfg)
+    kernel = Kernel(None, None, man, sm_count=132, device=None, l2_bytes=50 << 20, combine=None)
+    lib = _FakeLibcuda()
+    encoded = []
+
+    def encode(role, dtype, swizzle, addr, geo):
+        encoded.append((role, addr))
+        return f"{role}@{addr}".encode().ljust(128, b"\0")
+
+    lib.encode_tiled = encode
+    monkeypatch.setattr(runtime, "_libcuda", lambda: lib)
+    monkeypatch.setattr(runtime, "_stream", lambda device: 0)
+    monkeypatch.setattr(Kernel, "_map_spec", lambda self, role, shape, strides, elem: (role, None, None, None))
+    q, kc = torch.zeros(2, 1, 4, 128), torch.zeros(8, 64, 2, 128)
+    table = torch.zeros(2, 4, dtype=torch.int32)
+    main, combine = kernel.bind_kvcache(q, kc, kc, q, table, num_splits=3, softmax_scale=0.125)
+    assert kernel.bind_kvcache(q, kc, kc, q, table, num_splits=3, softmax_scale=0.125)[0] is main  # made once
+
+    def params(i):
+        call, argv = lib.launches[i]
+        entry = kernel._combine_entry if "fa4_combine" in call else kernel._entry
+        ptrs = (ctypes.c_void_p * len(entry.params)).from_address(argv)
+        return dict(zip(entry.params, entry.struct.unpack(ctypes.string_at(ptrs[0], entry.struct.size))))
+
+    got = []
+    for n, base in enumerate((0x10000, 0x20000, 0x10000)):
+        ptrs = {"tmap_q": base, "tmap_k": base + 0x100, "tmap_v": base + 0x200, "tmap_o": base + 0x300,
+                "o_ptr": base + 0x300, "lse_ptr": 0, "sink_ptr": 0, "cache_seqlens": base + 0x400,
+                "page_table": base + 0x500, "o_partial": base + 0x600, "lse_partial": base + 0x700}
+        runtime.run_kvcache((main, combine), ptrs)
+        m, c = params(2 * n), params(2 * n + 1)
+        assert m["tmap_q"].rstrip(b"\0") == f"q@{base}".encode() and m["tmap_o"].rstrip(b"\0") == f"o@{base + 0x300}".encode()
+        assert (m["cache_seqlens"], m["page_table"], m["o_partial"], m["lse_partial"]) == tuple(
+            base + x for x in (0x400, 0x500, 0x600, 0x700))
+        assert (c["o_partial"], c["lse_partial"], c["o_ptr"]) == (base + 0x600, base + 0x700, base + 0x300)
+        assert (m["num_splits"], m["batch"], m["max_pages"], m["num_pages"], c["rows"], c["num_splits"]) == \
+            (3, 2, 4, 8, 8, 3)
+        got.append(m)
+    assert got[0] == got[2] and got[0] != got[1]
+    # each (map, pointer) encoded once: the third run's pointers are the first's
+    assert sorted(encoded) == sorted({(r, b + off) for b in (0x10000, 0x20000)
+                                      for r, off in (("q", 0), ("k", 0x100), ("v", 0x200), ("o", 0x300))})

@@ -207,6 +207,8 @@ class PrebuiltKernel:
         self.manifest = manifest
         self.config = config
         self.path = path
+        # call signature -> its launch (fa4gen.runtime.launch's fast path, for this kernel alone)
+        self._fasts = launch._Memo(launch._MEMO_LIMIT)
 
     def __repr__(self):
         return f"PrebuiltKernel({self.config.name}, {self.path})"
@@ -221,6 +223,13 @@ class PrebuiltKernel:
         if self.config.kvcache:
             raise validate.InputValueError(f"{self.config.name} is a KV-cache kernel: call kernel.kvcache(q, k_cache, "
                                            "v_cache, cache_seqlens, page_table=..., ...)")
+        key = launch.call_signature(torch, "dense", (q, k, v, learnable_sink),
+                                    (softmax_scale, return_lse, window_size, softcap))
+        fast = launch.fast_for(key, self._fasts)
+        if fast is not None:
+            self._check_grad(torch, (q, k, v))
+            sink = launch.sink_f32(torch, learnable_sink)
+            return launch.fast_answer(torch, fast, q, launch.dense_ptrs(q, k, v, sink), None)
         metas = validate.tensor_metas(q, k, v)
         cfg = self.config
         p = validate.check_problem(*metas, causal=cfg.causal, softmax_scale=softmax_scale, return_lse=return_lse,
@@ -228,12 +237,27 @@ class PrebuiltKernel:
                                    learnable_sink=launch.sink_meta(learnable_sink))
         self._check_fits(torch, p, q, k, v)
         sink = launch.sink_f32(torch, learnable_sink)
+        made = []
 
         def run(q, k, v, o, lse):
-            self.kernel(q, k, v, o, lse=lse, softmax_scale=p.softmax_scale, mods=p.mods, sink=sink)
+            b = self.kernel.bind(q, k, v, o, lse=lse, softmax_scale=p.softmax_scale, mods=p.mods, sink=sink)
+            go = launch.nothing if b is None else b.run
+            go(launch.out_ptrs(launch.dense_ptrs(q, k, v, sink), o, lse))
+            made.append(go)
 
-        o, lse, *_ = launch.answer(torch, p, q, k, v, return_lse, run, sink)
+        return self._answer(torch, key, p, q, k, v, return_lse, run, sink, made)
+
+    def _answer(self, torch, key, p, q, k, v, return_lse, run, sink, made):
+        """launch.answer, then the call's launch kept for its signature's later calls."""
+        takes = launch.takes_of(p, ((q, "q"), (k, "k"), (v, "v")))
+        o, lse, launched, _, copied = launch.answer(torch, p, q, k, v, return_lse, run, sink, takes)
+        if launched:
+            launch.remember(key, p, takes, copied, made[0], memo=self._fasts)
         return (o, lse) if return_lse else o
+
+    def _check_grad(self, torch, tensors) -> None:
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            raise validate.InputValueError("fa4gen kernels are forward-only: call under torch.no_grad()")
 
     def _check_fits(self, torch, p, q, k, v) -> None:
         """The validated problem p is one this kernel was built for, on its device, without grad."""
@@ -247,8 +271,7 @@ class PrebuiltKernel:
         if q.device.index != self.kernel.device:
             raise validate.DeviceError(f"{self.path} was loaded on cuda:{self.kernel.device}, the inputs are on "
                                        f"{q.device}: load it once per device")
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-            raise validate.InputValueError("fa4gen kernels are forward-only: call under torch.no_grad()")
+        self._check_grad(torch, (q, k, v))
         why = score_mods_refusal(cfg, p.mods)
         if why:
             raise validate.InputValueError(why)
@@ -266,6 +289,13 @@ class PrebuiltKernel:
             raise validate.InputValueError(f"{cfg.name} is not a varlen kernel: call kernel"
                                            + (".kvcache(q, k_cache, v_cache, cache_seqlens, ...)" if cfg.kvcache
                                               else "(q, k, v, ...)"))
+        key = launch.call_signature(torch, "varlen", (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, learnable_sink),
+                                    (max_seqlen_q, max_seqlen_k, softmax_scale, return_lse, window_size, softcap))
+        fast = launch.fast_for(key, self._fasts)
+        if fast is not None:
+            self._check_grad(torch, (q, k, v))
+            return launch.fast_answer(torch, fast, q, launch.varlen_ptrs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                                                         launch.sink_f32(torch, learnable_sink)), None)
         metas = launch.varlen_metas(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
         p = validate.check_varlen_problem(*metas[:5], max_seqlen_q, max_seqlen_k, seqused_k=metas[5],
                                           causal=cfg.causal, softmax_scale=softmax_scale, return_lse=return_lse,
@@ -273,14 +303,16 @@ class PrebuiltKernel:
                                           learnable_sink=launch.sink_meta(learnable_sink))
         self._check_fits(torch, p, q, k, v)
         sink = launch.sink_f32(torch, learnable_sink)
+        made = []
 
         def run(q, k, v, o, lse):
-            self.kernel.varlen(q, k, v, o, cu_seqlens_q, cu_seqlens_k, p.max_seqlen_q, p.max_seqlen_k, lse=lse,
-                               seqused_k=seqused_k, softmax_scale=p.softmax_scale, mods=p.mods, sink=sink)
+            b = self.kernel.bind_varlen(q, k, v, o, cu_seqlens_q, p.max_seqlen_q, p.max_seqlen_k, lse=lse,
+                                        seqused_k=seqused_k, softmax_scale=p.softmax_scale, mods=p.mods, sink=sink)
+            go = launch.nothing if b is None else b.run
+            go(launch.out_ptrs(launch.varlen_ptrs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, sink), o, lse))
+            made.append(go)
 
-        o, lse, *_ = launch.answer(torch, p, q, k, v, return_lse, run, sink)
-        return (o, lse) if return_lse else o
-
+        return self._answer(torch, key, p, q, k, v, return_lse, run, sink, made)
 
     def kvcache(self, q, k_cache, v_cache, cache_seqlens, page_table=None, softmax_scale: float | None = None,
                 num_splits: int = 0, return_lse: bool = False, window_size: tuple[int, int] = (-1, -1),
@@ -294,6 +326,13 @@ class PrebuiltKernel:
         if not cfg.kvcache:
             raise validate.InputValueError(f"{cfg.name} is not a KV-cache kernel: call kernel"
                                            + (".varlen(...)" if cfg.varlen else "(q, k, v, ...)"))
+        key = launch.call_signature(torch, "kvcache", (q, k_cache, v_cache, cache_seqlens, page_table, learnable_sink),
+                                    (softmax_scale, num_splits, return_lse, window_size, softcap))
+        fast = launch.fast_for(key, self._fasts)
+        if fast is not None:
+            self._check_grad(torch, (q, k_cache, v_cache))
+            return launch.fast_answer(torch, fast, q, launch.kvcache_ptrs(q, k_cache, v_cache, cache_seqlens, page_table,
+                                                                          launch.sink_f32(torch, learnable_sink)), None)
         metas = launch.kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table)
         p = validate.check_kvcache_problem(*metas, causal=cfg.causal, softmax_scale=softmax_scale,
                                            num_splits=num_splits, return_lse=return_lse, window_size=window_size,
@@ -304,8 +343,14 @@ class PrebuiltKernel:
                 "a contiguous cache (B, Smax, Hkv, D) and no page_table"
             got = f"page size {p.page_size}" if p.page_size else "a contiguous cache"
             raise validate.InputValueError(f"{cfg.name} takes {want}; got {got}")
-        o, lse, *_ = launch.kvcache_answer(torch, p, lambda: (self.kernel, None), q, k_cache, v_cache, cache_seqlens,
-                                           page_table, return_lse, launch.sink_f32(torch, learnable_sink))
+        made = []
+        takes = launch.takes_of(p, ((q, "q"), (k_cache, "k"), (v_cache, "v")))
+        o, lse, launched, _, copied = launch.kvcache_answer(torch, p, lambda: (self.kernel, None), q, k_cache, v_cache,
+                                                            cache_seqlens, page_table, return_lse,
+                                                            launch.sink_f32(torch, learnable_sink), takes, made)
+        if launched and not p.host_index:
+            go, ws_elems, lse_offset = made[0]
+            launch.remember(key, p, takes, copied, go, ws_elems=ws_elems, lse_offset=lse_offset, memo=self._fasts)
         return (o, lse) if return_lse else o
 
 

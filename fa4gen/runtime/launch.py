@@ -10,6 +10,7 @@ and how long each took (also logged at DEBUG on the "fa4gen" logger).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from . import bundle, validate
 from ..assemble.cache import KERNELS, CubinCache, EntryState
+from .runtime import run_kvcache
 from ..spec.config import KernelConfig
 from ..spec.tiles import q_tile_rows
 from .validate import RUNTIME_ARCH, Fa4genInputError, Problem
@@ -56,7 +58,10 @@ FORWARD_ONLY = ("fa4gen.attention is forward-only (no backward): call it under t
 
 def last_call_info() -> CallInfo | None:
     """What this thread's last `attention` call did (None before the first call)."""
-    return getattr(_local, "info", None)
+    info = getattr(_local, "info", None)
+    if type(info) is tuple:  # a call records CallInfo's fields; the object is made when asked for
+        info = _local.info = CallInfo(*info)
+    return info
 
 
 def config_fields(problem) -> tuple[tuple[str, object], ...]:
@@ -175,22 +180,26 @@ def _scalar_sig(x):
     raise _NoSignature
 
 
-def _tensor_sig(torch, t):
-    """What validation reads of a tensor: shape, strides, dtype, device and the data pointer's
-    alignment (mod 16, the TMA's). None is a signature too (an absent optional tensor)."""
-    if t is None:
-        return None
-    if type(t) is not torch.Tensor or t.layout is not torch.strided or t.is_nested or not t.is_cuda:
-        raise _NoSignature
-    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
-
-
 def call_signature(torch, kind: str, tensors, scalars):
-    """The memo key of a call (None: the call has no signature and is validated in full)."""
+    """The memo key of a call (None: the call has no signature and is validated in full). Per tensor,
+    what validation reads of it: shape, strides, dtype, device and the data pointer's alignment (mod
+    16, the TMA's); None is a signature too (an absent optional tensor). One flat tuple, built
+    in one loop: this runs on every call."""
+    key = [kind]
+    tensor_type, strided = torch.Tensor, torch.strided
+    for t in tensors:
+        if t is None:
+            key.append(None)
+        elif type(t) is not tensor_type or t.layout is not strided or t.is_nested or not t.is_cuda:
+            return None
+        else:
+            key += (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
     try:
-        return (kind, tuple(_tensor_sig(torch, t) for t in tensors), tuple(_scalar_sig(x) for x in scalars))
+        for x in scalars:
+            key.append((type(x), x) if type(x) in _SIG_SCALARS else _scalar_sig(x))
     except _NoSignature:
         return None
+    return tuple(key)
 
 
 @dataclass(frozen=True)
@@ -226,22 +235,24 @@ class _Memo:
 _calls = _Memo(_MEMO_LIMIT)
 
 
-def prepared(torch, kind: str, tensors, scalars, validate_call, tma_inputs) -> Prepared:
+_NO_KEY = object()
+
+
+def prepared(torch, kind: str, tensors, scalars, validate_call, tma_inputs, key=_NO_KEY) -> Prepared:
     """The Prepared of a call: from the memo when its signature was validated before, else
     `validate_call()` (which raises on any input problem) and memoised. tma_inputs: the (tensor,
-    name) pairs the kernel reads through TMA, in launch order."""
-    key = call_signature(torch, kind, tensors, scalars)
+    name) pairs the kernel reads through TMA, in launch order. key: the call's signature when the
+    caller has it already."""
+    if key is _NO_KEY:
+        key = call_signature(torch, kind, tensors, scalars)
     hit = _calls.get(key)
     if hit is not None:
         return hit
     problem = validate_call()
-    why = dict(problem.relayout)
-    takes = []
-    for t, name in tma_inputs:
-        takes.append(why[name] if name in why else _strides_take(t))
+    takes = takes_of(problem, tma_inputs)
     # empty and keyless problems launch nothing (answer); their sizes need not make a kernel
     fields = None if problem.is_empty or problem.no_keys else config_fields(problem)
-    prep = Prepared(problem, fields, tuple(takes))
+    prep = Prepared(problem, fields, takes)
     _calls.put(key, prep)
     return prep
 
@@ -296,12 +307,120 @@ def sink_f32(torch, learnable_sink):
     return learnable_sink.to(torch.float32).contiguous()
 
 
+# ---- the per-signature fast path ---------------------------------------------------------------
+# A call whose signature launched before with every input read in place (no copy, no re-strided
+# view; a KV cache's lengths and page table on the device) reuses that launch: its problem, its
+# kernel's Bounds (runtime.Bound: every parameter the metadata decides, packed once) and the size of
+# its fp32 partials. Per call it allocates the outputs, reads the data pointers and launches: no
+# validation, no kernel lookup, no parameter assembly. Taken only while the kernel stays loaded.
+@dataclass(frozen=True)
+class _Fast:
+    problem: object
+    rkey: tuple  # the kernel's registry key (KERNELS.peek)
+    kinfo: LoadInfo  # source "memory"
+    run: object  # (pointers by parameter name) -> None: the kernel's Bound(s)
+    ws_elems: int = 0  # KV cache with splits: fp32 elements of the partials (every split's O, then its LSE)
+    lse_offset: int = 0  # bytes from the partials' start to their LSEs
+
+
+_fasts = _Memo(_MEMO_LIMIT)
+
+
+def fast_for(key, memo: _Memo = _fasts) -> _Fast | None:
+    """The fast path of a call signature (None: none, or its kernel was unloaded since)."""
+    fast = memo.get(key)
+    return fast if fast is not None and (fast.rkey is None or KERNELS.peek(fast.rkey) is not None) else None
+
+
+def remember(key, problem, takes, copied, run, rkey=None, kinfo=None, ws_elems: int = 0, lse_offset: int = 0,
+             memo: _Memo = _fasts) -> None:
+    """Keep a signature's launch for the fast path when it read every input in place. rkey: the
+    kernel's registry key (None: a kernel its caller holds, fa4gen.load's)."""
+    if key is None or run is None or copied or any(t is not None for t in takes):
+        return
+    memo.put(key, _Fast(problem, rkey, kinfo, run, ws_elems, lse_offset))
+
+
+def _remember(key, problem, fields, dev, takes, copied, run, ws_elems: int = 0, lse_offset: int = 0) -> None:
+    rkey, kinfo = _fast[(fields, dev.index)]
+    remember(key, problem, takes, copied, run, rkey, kinfo, ws_elems, lse_offset)
+
+
+def takes_of(problem, tensors) -> tuple:
+    """Prepared.takes of a validated problem's TMA inputs ((tensor, name) pairs)."""
+    why = dict(problem.relayout)
+    return tuple(why[n] if n in why else _strides_take(t) for t, n in tensors)
+
+
+def partials_layout(num_splits: int, rows: int, head_dim_v: int) -> tuple[int, int]:
+    """A split KV-cache launch's fp32 partials in one buffer: (elements, byte offset of the LSEs):
+    o_partial (S, rows, DV), then lse_partial (S, rows)."""
+    o_elems = num_splits * rows * head_dim_v
+    return o_elems + num_splits * rows, 4 * o_elems
+
+
+def fast_answer(torch, fast: _Fast, q, ptrs: dict, t0: float | None):
+    """The outputs of a fast-path call: allocated, their pointers added to ptrs, the launch run on q's
+    device, the call recorded (last_call_info) unless t0 is None."""
+    problem = fast.problem
+    dev = q.device
+    o = torch.empty(problem.out_shape, dtype=q.dtype, device=dev)
+    lse = torch.empty(problem.lse_shape, dtype=torch.float32, device=dev) if problem.return_lse else None
+    ptrs["tmap_o"] = ptrs["o_ptr"] = o.data_ptr()
+    ptrs["lse_ptr"] = 0 if lse is None else lse.data_ptr()
+    ws = None
+    if fast.ws_elems:  # freed after the launch: torch's allocator reuses it in the stream's order
+        ws = torch.empty(fast.ws_elems, dtype=torch.float32, device=dev)
+        ptrs["o_partial"] = base = ws.data_ptr()
+        ptrs["lse_partial"] = base + fast.lse_offset
+    else:
+        ptrs["o_partial"] = ptrs["lse_partial"] = 0
+    if dev.index == torch.cuda.current_device():
+        fast.run(ptrs)
+    else:
+        with torch.cuda.device(dev):
+            fast.run(ptrs)
+    del ws
+    if t0 is not None:
+        _local.info = (problem, True, fast.kinfo, (), time.perf_counter() - t0)
+    return (o, lse) if problem.return_lse else o
+
+
+def out_ptrs(ptrs: dict, o, lse) -> dict:
+    ptrs["tmap_o"] = ptrs["o_ptr"] = o.data_ptr()
+    ptrs["lse_ptr"] = 0 if lse is None else lse.data_ptr()
+    return ptrs
+
+
+def dense_ptrs(q, k, v, sink) -> dict:
+    """The per-call pointers of a dense launch but its outputs'."""
+    return {"tmap_q": q.data_ptr(), "tmap_k": k.data_ptr(), "tmap_v": v.data_ptr(),
+            "sink_ptr": 0 if sink is None else sink.data_ptr()}
+
+
+def varlen_ptrs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, sink) -> dict:
+    """The per-call pointers of a varlen launch but its outputs'."""
+    return {**dense_ptrs(q, k, v, sink), "cu_seqlens_q": cu_seqlens_q.data_ptr(),
+            "cu_seqlens_k": cu_seqlens_k.data_ptr(), "seqused_k": 0 if seqused_k is None else seqused_k.data_ptr()}
+
+
+def nothing(ptrs) -> None:  # a Bound of None: nothing to launch
+    return None
+
+
 def attention_eager(torch, q, k, v, causal, softmax_scale, return_lse, check_grad: bool = True, window_size=(-1, -1),
                     softcap=0.0, learnable_sink=None):
     """`attention` outside a compiled region (and the body of the custom op's real implementation):
     validate (or find the call's signature validated before), get the kernel, launch on the current
     stream, record `last_call_info`."""
     t0 = time.perf_counter()
+    key = call_signature(torch, "dense", (q, k, v, learnable_sink), (causal, softmax_scale, return_lse, window_size,
+                                                                      softcap))
+    fast = fast_for(key)
+    if fast is not None:
+        check_device_and_grad(torch, q.device, (q, k, v), check_grad, "fa4gen.attention")
+        sink = sink_f32(torch, learnable_sink)
+        return fast_answer(torch, fast, q, dense_ptrs(q, k, v, sink), t0)
 
     def check():
         metas = validate.tensor_metas(q, k, v)  # every argument that is not a dense tensor, in one error
@@ -309,20 +428,26 @@ def attention_eager(torch, q, k, v, causal, softmax_scale, return_lse, check_gra
                                       window_size=window_size, softcap=softcap,
                                       learnable_sink=sink_meta(learnable_sink))
 
-    prep = prepared(torch, "dense", (q, k, v, learnable_sink), (causal, softmax_scale, return_lse, window_size, softcap),
-                    check, ((q, "q"), (k, "k"), (v, "v")))
+    prep = prepared(torch, "dense", (), (), check, ((q, "q"), (k, "k"), (v, "v")), key=key)
     problem = prep.problem
     dev = q.device
     check_device_and_grad(torch, dev, (q, k, v), check_grad, "fa4gen.attention")
 
     sink = sink_f32(torch, learnable_sink)
+    made = []
 
     def launch(q, k, v, o, lse):
         kernel, kinfo = kernel_for(problem, dev, prep.fields)
-        kernel(q, k, v, o, lse=lse, softmax_scale=problem.softmax_scale, mods=problem.mods, sink=sink)
+        b = kernel.bind(q, k, v, o, lse=lse, softmax_scale=problem.softmax_scale, mods=problem.mods, sink=sink)
+        run = nothing if b is None else b.run
+        run(out_ptrs(dense_ptrs(q, k, v, sink), o, lse))
+        made.append(run)
         return kinfo
 
-    return _record(problem, t0, *answer(torch, problem, q, k, v, return_lse, launch, sink, prep.takes))
+    o, lse, launched, kinfo, copied = answer(torch, problem, q, k, v, return_lse, launch, sink, prep.takes)
+    if launched:
+        _remember(key, problem, prep.fields, dev, prep.takes, copied, made[0])
+    return _record(problem, t0, o, lse, launched, kinfo, copied)
 
 
 def answer(torch, problem, q, k, v, return_lse, launch, sink=None, takes=None):
@@ -346,8 +471,7 @@ def answer(torch, problem, q, k, v, return_lse, launch, sink=None, takes=None):
                 lse.copy_(sink[:, None].expand(lse.shape[-2:]))
         return o, lse, False, None, ()
     if takes is None:
-        why = dict(problem.relayout)
-        takes = tuple(why.get(n) or _strides_take(t) for t, n in ((q, "q"), (k, "k"), (v, "v")))
+        takes = takes_of(problem, ((q, "q"), (k, "k"), (v, "v")))
     q, k, v = (_tma_ready(t, n, tk) for t, n, tk in zip((q, k, v), ("q", "k", "v"), takes))
     if dev.index == torch.cuda.current_device():
         ran = launch(q, k, v, o, lse)
@@ -364,8 +488,9 @@ def _strides_take(t):
 
 
 def _record(problem, t0, o, lse, launched, kinfo, copied):
-    """Record this thread's `last_call_info` and return what the call returns."""
-    _local.info = CallInfo(problem, launched, kinfo, copied, time.perf_counter() - t0)
+    """Record this thread's `last_call_info` (its fields: last_call_info makes the CallInfo) and return
+    what the call returns."""
+    _local.info = (problem, launched, kinfo, copied, time.perf_counter() - t0)
     return (o, lse) if problem.return_lse else o
 
 
@@ -399,6 +524,16 @@ def attention_varlen_eager(torch, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqle
                             softcap=0.0, learnable_sink=None):
     """`attention_varlen` outside a compiled region (and the custom op's real implementation)."""
     t0 = time.perf_counter()
+    key = call_signature(torch, "varlen", (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, learnable_sink),
+                         (max_seqlen_q, max_seqlen_k, causal, softmax_scale, return_lse, window_size, softcap))
+
+    def ptrs(q, k, v, sink):
+        return varlen_ptrs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, sink)
+
+    fast = fast_for(key)
+    if fast is not None:
+        check_device_and_grad(torch, q.device, (q, k, v), check_grad, "fa4gen.attention_varlen")
+        return fast_answer(torch, fast, q, ptrs(q, k, v, sink_f32(torch, learnable_sink)), t0)
 
     def check():
         qm, km, vm, cqm, ckm, sum_ = varlen_metas(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
@@ -407,21 +542,26 @@ def attention_varlen_eager(torch, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqle
                                              window_size=window_size, softcap=softcap,
                                              learnable_sink=sink_meta(learnable_sink))
 
-    prep = prepared(torch, "varlen", (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, learnable_sink),
-                    (max_seqlen_q, max_seqlen_k, causal, softmax_scale, return_lse, window_size, softcap),
-                    check, ((q, "q"), (k, "k"), (v, "v")))
+    prep = prepared(torch, "varlen", (), (), check, ((q, "q"), (k, "k"), (v, "v")), key=key)
     problem = prep.problem
     dev = q.device
     check_device_and_grad(torch, dev, (q, k, v), check_grad, "fa4gen.attention_varlen")
     sink = sink_f32(torch, learnable_sink)
+    made = []
 
     def launch(q, k, v, o, lse):
         kernel, kinfo = kernel_for(problem, dev, prep.fields)
-        kernel.varlen(q, k, v, o, cu_seqlens_q, cu_seqlens_k, problem.max_seqlen_q, problem.max_seqlen_k, lse=lse,
-                      seqused_k=seqused_k, softmax_scale=problem.softmax_scale, mods=problem.mods, sink=sink)
+        b = kernel.bind_varlen(q, k, v, o, cu_seqlens_q, problem.max_seqlen_q, problem.max_seqlen_k, lse=lse,
+                               seqused_k=seqused_k, softmax_scale=problem.softmax_scale, mods=problem.mods, sink=sink)
+        run = nothing if b is None else b.run
+        run(out_ptrs(ptrs(q, k, v, sink), o, lse))
+        made.append(run)
         return kinfo
 
-    return _record(problem, t0, *answer(torch, problem, q, k, v, return_lse, launch, sink, prep.takes))
+    o, lse, launched, kinfo, copied = answer(torch, problem, q, k, v, return_lse, launch, sink, prep.takes)
+    if launched:
+        _remember(key, problem, prep.fields, dev, prep.takes, copied, made[0])
+    return _record(problem, t0, o, lse, launched, kinfo, copied)
 
 
 def attention_with_kvcache_eager(torch, q, k_cache, v_cache, cache_seqlens, page_table, causal, softmax_scale,
@@ -431,6 +571,14 @@ def attention_with_kvcache_eager(torch, q, k_cache, v_cache, cache_seqlens, page
     validate (or reuse the validation of the same signature; the values of CPU-held lengths and page
     entries are checked on every call), get the kernel, launch, record."""
     t0 = time.perf_counter()
+    # CPU-held lengths / page entries have no signature (call_signature): such calls are validated in full
+    key = call_signature(torch, "kvcache", (q, k_cache, v_cache, cache_seqlens, page_table, learnable_sink),
+                         (causal, softmax_scale, num_splits, return_lse, window_size, softcap, batch_invariant))
+    fast = fast_for(key)
+    if fast is not None:
+        check_device_and_grad(torch, q.device, (q, k_cache, v_cache), check_grad, "fa4gen.attention_with_kvcache")
+        sink = sink_f32(torch, learnable_sink)
+        return fast_answer(torch, fast, q, kvcache_ptrs(q, k_cache, v_cache, cache_seqlens, page_table, sink), t0)
 
     def check():
         metas = kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table)
@@ -439,17 +587,23 @@ def attention_with_kvcache_eager(torch, q, k_cache, v_cache, cache_seqlens, page
                                               softcap=softcap, learnable_sink=sink_meta(learnable_sink),
                                               batch_invariant=batch_invariant)
 
-    # CPU-held lengths / page entries have no signature (_tensor_sig): such calls are validated in full
-    tensors = (q, k_cache, v_cache, cache_seqlens, page_table, learnable_sink)
-    scalars = (causal, softmax_scale, num_splits, return_lse, window_size, softcap, batch_invariant)
-    prep = prepared(torch, "kvcache", tensors, scalars, check,
-                    ((q, "q"), (k_cache, "k"), (v_cache, "v")))
+    prep = prepared(torch, "kvcache", (), (), check, ((q, "q"), (k_cache, "k"), (v_cache, "v")), key=key)
     problem = prep.problem
     dev = q.device
     check_device_and_grad(torch, dev, (q, k_cache, v_cache), check_grad, "fa4gen.attention_with_kvcache")
-    return _record(problem, t0, *kvcache_answer(torch, problem, lambda: kernel_for(problem, dev, prep.fields), q,
-                                                 k_cache, v_cache, cache_seqlens, page_table, return_lse,
-                                                 sink_f32(torch, learnable_sink), prep.takes))
+    made = []
+    o, lse, launched, kinfo, copied = kvcache_answer(torch, problem, lambda: kernel_for(problem, dev, prep.fields), q,
+                                                     k_cache, v_cache, cache_seqlens, page_table, return_lse,
+                                                     sink_f32(torch, learnable_sink), prep.takes, made)
+    if launched and not problem.host_index:
+        _remember(key, problem, prep.fields, dev, prep.takes, copied, *made[0])
+    return _record(problem, t0, o, lse, launched, kinfo, copied)
+
+
+def kvcache_ptrs(q, k_cache, v_cache, cache_seqlens, page_table, sink) -> dict:
+    """The per-call pointers of a KV-cache launch but its outputs' and partials'."""
+    return {**dense_ptrs(q, k_cache, v_cache, sink), "cache_seqlens": cache_seqlens.data_ptr(),
+            "page_table": 0 if page_table is None else page_table.data_ptr()}
 
 
 def kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table, meta=None):
@@ -460,10 +614,12 @@ def kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table, meta=None):
 
 
 def kvcache_answer(torch, problem, get_kernel, q, k_cache, v_cache, cache_seqlens, page_table, return_lse, sink=None,
-                   takes=None):
+                   takes=None, made=None):
     """`answer` for a validated KV-cache problem: CPU-held lengths / page entries checked and copied
     to the device, the kernel got (`get_kernel()` -> (Kernel, LoadInfo)), the split count chosen
-    (num_splits = 0), the fp32 partials allocated, the kernel (and the combine kernel) launched."""
+    (num_splits = 0), the fp32 partials allocated (one buffer, partials_layout), the kernel (and the
+    combine kernel) launched. `made`, a list, gets (run, partials' elements, LSE offset): the launch
+    the fast path can repeat."""
     dev = q.device
     if problem.host_index and not problem.is_empty and not problem.no_keys:
         validate.check_kvcache_values(cache_seqlens.tolist(), None if page_table is None else page_table.tolist(),
@@ -477,14 +633,18 @@ def kvcache_answer(torch, problem, get_kernel, q, k_cache, v_cache, cache_seqlen
         S = problem.num_splits or kernel.kvcache_num_splits(problem.batch, problem.heads_kv, problem.seqlen_q,
                                                             window_keys(problem.mods, problem.seqlen_q,
                                                                         problem.capacity))
-        o_part = lse_part = None
-        if S > 1:
-            rows = problem.batch * problem.seqlen_q * problem.heads_q
-            o_part = torch.empty((S, rows, problem.head_dim_v), dtype=torch.float32, device=dev)
-            lse_part = torch.empty((S, rows), dtype=torch.float32, device=dev)
-        kernel.kvcache(q, k, v, o, cache_seqlens, page_table, num_splits=S, lse=lse,
-                       softmax_scale=problem.softmax_scale, o_partial=o_part, lse_partial=lse_part,
-                       mods=problem.mods, sink=sink)
+        bounds = kernel.bind_kvcache(q, k, v, o, page_table, num_splits=S, lse=lse,
+                                     softmax_scale=problem.softmax_scale, mods=problem.mods, sink=sink)
+        run = nothing if bounds is None else functools.partial(run_kvcache, bounds)
+        ws_elems, lse_offset = (partials_layout(S, problem.batch * problem.seqlen_q * problem.heads_q,
+                                                problem.head_dim_v) if S > 1 else (0, 0))
+        ptrs = out_ptrs(kvcache_ptrs(q, k, v, cache_seqlens, page_table, sink), o, lse)
+        ws = torch.empty(ws_elems, dtype=torch.float32, device=dev) if ws_elems else None
+        ptrs["o_partial"] = 0 if ws is None else ws.data_ptr()
+        ptrs["lse_partial"] = 0 if ws is None else ws.data_ptr() + lse_offset
+        run(ptrs)
+        if made is not None:
+            made.append((run, ws_elems, lse_offset))
         return kinfo
 
     return answer(torch, problem, q, k_cache, v_cache, return_lse, launch, sink, takes)

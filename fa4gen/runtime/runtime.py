@@ -72,8 +72,9 @@ class _Libcuda:
         except OSError as e:  # pragma: no cover - cuda-python found the driver, so this one is there
             raise RuntimeSetupError(f"cannot open the CUDA driver library libcuda.so.1: {e}") from e
         vp, u32, i32 = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int
+        # no argtypes: their conversion costs a microsecond a launch; `launch` passes the handles as
+        # c_void_p and the dimensions as ints (C int and unsigned int share a register)
         self._launch = lib.cuLaunchKernel
-        self._launch.argtypes = [vp, u32, u32, u32, u32, u32, u32, u32, vp, vp, vp]
         self._launch.restype = i32
         self._memset = lib.cuMemsetD32Async  # the dynamic deal's counter, zeroed in the launch's stream
         self._memset.argtypes = [ctypes.c_uint64, u32, ctypes.c_size_t, vp]
@@ -120,9 +121,12 @@ class _Libcuda:
         if err:
             self._raise("cuMemsetD32Async(task_counter)", err)
 
-    def launch(self, call: str, function: int, grid: int, threads: int, smem: int, stream: int, argv: int) -> None:
+    def launch(self, call: str, function: ctypes.c_void_p, grid: int, threads: int, smem: int, stream: int,
+               argv: ctypes.c_void_p) -> None:
         """cuLaunchKernel with kernelParams = argv (a void* per parameter, in signature order)."""
-        err = self._launch(function, grid, 1, 1, threads, 1, 1, smem, stream, argv, None)
+        if not (0 < grid < 2 ** 31 and 0 < threads <= 1024 and 0 <= smem < 2 ** 31):
+            raise RuntimeSetupError(f"{call}: grid {grid}, {threads} threads, {smem} bytes of shared memory")
+        err = self._launch(function, grid, 1, 1, threads, 1, 1, smem, ctypes.c_void_p(stream), argv, None)
         if err:
             self._raise(call, err)
 
@@ -159,12 +163,15 @@ class _Entry:
         self.name = name
         self.params = params
         self.handle = int(function) if function is not None else 0
+        self._function = ctypes.c_void_p(self.handle)
+        self._call = f"cuLaunchKernel({name})"
         fmt, offsets = param_buffer_layout([decls[p] for p in params])
         self.struct = struct.Struct(fmt)
         self._buf = ctypes.create_string_buffer(self.struct.size + 64)
         self._at = (-ctypes.addressof(self._buf)) % 64  # the buffer starts 64-byte aligned, like .param space
         base = ctypes.addressof(self._buf) + self._at
         self._argv = (ctypes.c_void_p * max(len(params), 1))(*(base + off for off in offsets))
+        self._argv_ptr = ctypes.c_void_p(ctypes.addressof(self._argv))
         self._lock = threading.Lock()
 
     def values(self, named: dict) -> list:
@@ -175,13 +182,69 @@ class _Entry:
             raise RuntimeSetupError(f"{self.name}: no value for parameter {e.args[0]!r}") from None
 
     def launch(self, named: dict, grid: int, threads: int, smem: int, device: int) -> None:
-        vals = self.values(named)
+        self.launch_values(self.values(named), grid, threads, smem, device)
+
+    def launch_values(self, vals: list, grid: int, threads: int, smem: int, device: int) -> None:
+        """Launch with the parameters' values in signature order on torch's current stream of `device`."""
         stream = _stream(device)
         lib = _libcuda()
         with self._lock:
             self.struct.pack_into(self._buf, self._at, *vals)
-            lib.launch(f"cuLaunchKernel({self.name})", self.handle, grid, threads, smem, stream,
-                       ctypes.addressof(self._argv))
+            lib.launch(self._call, self._function, grid, threads, smem, stream, self._argv_ptr)
+
+
+_MAP_PLACEHOLDER = bytes(128)
+
+
+class Bound:
+    """One entry's launch with every parameter its call's metadata decides already in place (shapes,
+    strides, scale, modifiers, grid): a call gives only the parameters that change from call to call
+    (data pointers; a tensor map as its tensor's pointer, encoded once per pointer).
+
+    `per_call` names those parameters: `run(values)` takes a dict of them, a tensor map's under its
+    parameter name (tmap_q, ...) as the pointer of the tensor it maps. `Kernel.bind`, `bind_varlen`
+    and `bind_kvcache` make one from tensors; the Kernel's launch methods and the API's per-signature
+    fast path (fa4gen.runtime.launch) run them."""
+
+    __slots__ = ("entry", "grid", "threads", "smem", "device", "torch_device", "dynamic", "_vals", "_slots", "_maps")
+
+    def __init__(self, entry: _Entry, named: dict, per_call: tuple[str, ...], maps: dict, grid: int, threads: int,
+                 smem: int, device):  # device: the torch.device of the call's tensors
+        self.entry, self.grid, self.threads, self.smem = entry, grid, threads, smem
+        self.torch_device, self.device = device, device.index
+        # a zeroed counter of its own per launch: the index of its parameter, or -1
+        self.dynamic = entry.params.index("task_counter") if "task_counter" in entry.params else -1
+        fill = {n: (_MAP_PLACEHOLDER if n in maps else 0) for n in per_call}
+        self._vals = entry.values({**named, **fill, "task_counter": 0})
+        # (index, name, the map's (role, dtype, swizzle, geometry) or None) per per-call parameter it has
+        self._slots = tuple((i, p, maps.get(p)) for i, p in enumerate(entry.params) if p in fill)
+        self._maps: dict = {}
+
+    def _map(self, name: str, spec, ptr: int) -> bytes:
+        hit = self._maps.get((name, ptr))
+        if hit is None:
+            role, dtype, swizzle, geo = spec
+            hit = _libcuda().encode_tiled(role, dtype, swizzle, ptr, geo)
+            if len(self._maps) >= 64:
+                self._maps.clear()
+            self._maps[(name, ptr)] = hit
+        return hit
+
+    def run(self, values: dict) -> None:
+        vals = self._vals.copy()
+        for i, name, spec in self._slots:
+            vals[i] = values[name] if spec is None else self._map(name, spec, values[name])
+        if self.dynamic >= 0:
+            # the dynamic deal's counter (plan.DYNAMIC_ABI_PARAMS): a word of this launch alone, from
+            # torch's allocator on the launch's stream (stream-ordered: no later work reuses it early;
+            # under CUDA-graph capture, the graph's private pool), zeroed in that stream by one driver
+            # memset (a capture records it with the launch); torch.zeros would add a fill kernel's dispatch
+            import torch
+
+            counter = torch.empty(1, dtype=torch.int32, device=self.torch_device)
+            _libcuda().zero_words(counter.data_ptr(), 1, _stream(self.device))
+            vals[self.dynamic] = counter.data_ptr()
+        self.entry.launch_values(vals, self.grid, self.threads, self.smem, self.device)
 
 
 @dataclass(frozen=True)
@@ -358,7 +421,7 @@ class Kernel:
         self.device = device
         self._cfg = manifest["config"]
         self.block_n = manifest_block_n(manifest)
-        self._maps_cache: dict = {}
+        self._bound_cache: dict = {}  # call shape -> Bound (or None: nothing to launch)
         self._l2_cache: dict = {}
         params = tuple(manifest["params"])
         unknown = [p for p in params if p not in _PARAM_NAMES]
@@ -372,7 +435,6 @@ class Kernel:
                 raise RuntimeSetupError(f"the manifest's config says {flag}={bool(self._cfg.get(flag, False))} but its "
                                         f"parameters {'lack' if self._cfg.get(flag) else 'have'} {[n for n, _ in names]}")
         self._params = params
-        self._dynamic = "task_counter" in params  # the dynamic deal: a zeroed counter per launch
         from ..spec.plan import ALL_ABI_DECLS, COMBINE_ABI_DECLS
 
         self._entry = _Entry(manifest.get("entry", "fa4_fwd"), function, params, ALL_ABI_DECLS)
@@ -384,7 +446,6 @@ class Kernel:
                 raise RuntimeSetupError(f"the manifest's combine entry names parameters this runtime cannot pass: "
                                         f"{unknown}")
             self._combine_entry = _Entry(rec["entry"], combine, tuple(rec["params"]), COMBINE_ABI_DECLS)
-        self._scalars_cache: dict = {}
 
     # ---- loading -------------------------------------------------------------------------------
     @classmethod
@@ -421,25 +482,43 @@ class Kernel:
         return cls(module, function, manifest, int(sm_count), device, int(l2_bytes), combine)
 
     # ---- launching -----------------------------------------------------------------------------
-    def _encode(self, role: str, t) -> bytes:
-        """The tensor map of one input or output (its 128 bytes), memoised per pointer, shape and strides."""
-        def encode():
-            spec = self.manifest["tensor_maps"][role]
-            geo = tensor_map_geometry(role, spec, tuple(t.shape), tuple(t.stride()), t.element_size(),
-                                      manifest_gqa(self.manifest)[1])
-            return _libcuda().encode_tiled(role, spec["dtype"], spec["swizzle"], t.data_ptr(), geo)
-        return _memoised(self._maps_cache, (role, t.data_ptr(), t.shape, t.stride()), 64, encode)
+    def _map_spec(self, role: str, shape: tuple, strides: tuple, elem_bytes: int) -> tuple:
+        """What a Bound encodes role's tensor map from: (role, dtype, swizzle, geometry)."""
+        spec = self.manifest["tensor_maps"][role]
+        geo = tensor_map_geometry(role, spec, tuple(shape), tuple(strides), elem_bytes, manifest_gqa(self.manifest)[1])
+        return (role, spec["dtype"], spec["swizzle"], geo)
+
+    def _maps(self, tensors) -> dict:
+        """{tmap_<role>: its map spec} of (role, tensor) pairs in [B, S, H, D]."""
+        return {f"tmap_{r}": self._map_spec(r, t.shape, t.stride(), t.element_size()) for r, t in tensors}
+
+    def _check_device(self, q) -> None:
+        if q.device.index != self.device:
+            raise RuntimeSetupError(f"kernel was loaded on cuda:{self.device}, tensors are on {q.device}: "
+                                    "load one Kernel per device")
+
+    def _check_gqa(self, Hq: int, Hkv: int) -> None:
+        G = int(self._cfg["gqa_ratio"])
+        if Hq != Hkv * G:
+            raise RuntimeSetupError(f"Hq={Hq} is not Hkv={Hkv} x the kernel's GQA ratio {G}")
+
+    def _bound(self, key, make):
+        """The Bound (or None: nothing to launch) of a call shape, made once per key."""
+        hit = self._bound_cache.get(key, self._bound_cache)
+        if hit is self._bound_cache:
+            hit = make()
+            if len(self._bound_cache) >= 256:
+                self._bound_cache.clear()
+            self._bound_cache[key] = hit
+        return hit
+
+    def _main_bound(self, named: dict, per_call: tuple, maps: dict, num_tasks: int, device) -> Bound:
+        return Bound(self._entry, named, per_call, maps, self.grid(num_tasks), int(self.manifest["threads_per_cta"]),
+                     int(self.manifest["dynamic_smem_bytes"]), device)
 
     def _geometry(self, batch: int, num_heads_kv: int, seqlen_q: int) -> LaunchGeometry:
         return _memoised(self._l2_cache, ("geometry", batch, num_heads_kv, seqlen_q), 256,
                          lambda: launch_geometry(self.manifest, batch, num_heads_kv, seqlen_q))
-
-    def _score_scalars(self, softmax_scale: float, mods, sink) -> dict:
-        """score_mod_scalars of this kernel, memoised per (scale, mods, whether a sink came); the
-        sink's pointer is the call's."""
-        hit = _memoised(self._scalars_cache, (softmax_scale, mods, sink is None), 64,
-                        lambda: score_mod_scalars(self._cfg, softmax_scale, mods, sink))
-        return {**hit, "sink_ptr": 0 if sink is None else sink.data_ptr()}
 
     def grid(self, num_tasks: int) -> int:
         policy = self.manifest["grid"]["policy"]
@@ -466,43 +545,60 @@ class Kernel:
                 tiles_per_task=per_task, block_n=self.block_n)
         return _memoised(self._l2_cache, (batch, num_heads_kv, seqlen_q, seqlen_k, head_dim, elem_bytes), 256, choose)
 
+    DENSE_PER_CALL = ("tmap_q", "tmap_k", "tmap_v", "tmap_o", "lse_ptr", "o_ptr", "sink_ptr")
+    VARLEN_PER_CALL = DENSE_PER_CALL + ("cu_seqlens_q", "cu_seqlens_k", "seqused_k")
+    KVCACHE_PER_CALL = DENSE_PER_CALL + ("cache_seqlens", "page_table", "o_partial", "lse_partial")
+    COMBINE_PER_CALL = ("o_partial", "lse_partial", "o_ptr", "lse_ptr", "sink_ptr")
+
+    def bind_varlen(self, q, k, v, o, cu_seqlens_q, max_seqlen_q: int, max_seqlen_k: int, lse=None, seqused_k=None,
+                    softmax_scale: float | None = None, mods=None, sink=None) -> Bound | None:
+        """The Bound of a varlen launch (`varlen`'s arguments; per call: VARLEN_PER_CALL), None when
+        there is nothing to launch."""
+        if "varlen" not in self.manifest:
+            raise RuntimeSetupError(f"{self.manifest['name']} is not a varlen kernel")
+        self._check_device(q)
+        key = ("varlen", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), o.shape, o.stride(),
+               q.element_size(), int(cu_seqlens_q.shape[0]), max_seqlen_q, max_seqlen_k, lse is None,
+               seqused_k is None, softmax_scale, mods, sink is None)
+
+        def make():
+            Tq, Hq, D = q.shape
+            Tk, Hkv = k.shape[0], k.shape[1]
+            B = int(cu_seqlens_q.shape[0]) - 1
+            self._check_gqa(Hq, Hkv)
+            scale = 1.0 / math.sqrt(D) if softmax_scale is None else softmax_scale
+            num_tasks = varlen_num_tasks(self.manifest, B, Hkv, Tq)
+            if num_tasks == 0:
+                return None
+            # the packed tensors seen as a batch of one (docs/ABI.md "Varlen"): what unsqueeze(0) gives
+            maps = {f"tmap_{r}": self._map_spec(r, (1, *t.shape), (t.shape[0] * t.stride(0), *t.stride()),
+                                                t.element_size())
+                    for r, t in (("q", q), ("k", k), ("v", v), ("o", o))}
+            named = {
+                "batch": B, "seqlen_q": max_seqlen_q,
+                "seqlen_k": max_seqlen_k, "num_heads_kv": Hkv,
+                "num_m_blocks": 0, "num_tasks": num_tasks,
+                "l2_group": varlen_l2_rows(self.l2_bytes, D, q.element_size()),
+                "total_q": Tq, "total_k": Tk,
+                **score_mod_scalars(self._cfg, scale, mods, sink),
+            }
+            return self._main_bound(named, self.VARLEN_PER_CALL, maps, num_tasks, q.device)
+        return self._bound(key, make)
+
     def varlen(self, q, k, v, o, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, lse=None,
                seqused_k=None, softmax_scale: float | None = None, mods=None, sink=None) -> None:
         """Launch a varlen kernel (manifest "varlen") on torch's current stream: q, o (total_q, Hq, D),
         k, v (total_k, Hkv, D), cu_seqlens int32 (B + 1,), seqused_k int32 (B,) or None, lse
         (Hq, total_q) fp32 or None. Validated by the caller (fa4gen.runtime.api.attention_varlen); the
         kernel clamps every offset into the packed tensors."""
-        if "varlen" not in self.manifest:
-            raise RuntimeSetupError(f"{self.manifest['name']} is not a varlen kernel")
-        if q.device.index != self.device:
-            raise RuntimeSetupError(f"kernel was loaded on cuda:{self.device}, tensors are on {q.device}: "
-                                    "load one Kernel per device")
-        Tq, Hq, D = q.shape
-        Tk, Hkv = k.shape[0], k.shape[1]
-        B = int(cu_seqlens_q.shape[0]) - 1
-        G = int(self._cfg["gqa_ratio"])
-        if Hq != Hkv * G:
-            raise RuntimeSetupError(f"Hq={Hq} is not Hkv={Hkv} x the kernel's GQA ratio {G}")
-        if softmax_scale is None:
-            softmax_scale = 1.0 / math.sqrt(D)
-        num_tasks = varlen_num_tasks(self.manifest, B, Hkv, Tq)
-        if num_tasks == 0:
-            return
-        # the packed tensors seen as a batch of one (docs/ABI.md "Varlen")
-        maps = {f"tmap_{r}": self._encode(r, t.unsqueeze(0)) for r, t in (("q", q), ("k", k), ("v", v), ("o", o))}
-        scalars = {
-            "lse_ptr": 0 if lse is None else lse.data_ptr(),
-            "batch": B, "seqlen_q": max_seqlen_q,
-            "seqlen_k": max_seqlen_k, "num_heads_kv": Hkv,
-            "num_m_blocks": 0, "num_tasks": num_tasks,
-            "l2_group": varlen_l2_rows(self.l2_bytes, D, q.element_size()),
-            "cu_seqlens_q": cu_seqlens_q.data_ptr(),
-            "cu_seqlens_k": cu_seqlens_k.data_ptr(),
-            "seqused_k": 0 if seqused_k is None else seqused_k.data_ptr(),
-            "o_ptr": o.data_ptr(), "total_q": Tq, "total_k": Tk,
-            **self._score_scalars(softmax_scale, mods, sink),
-        }
-        self._launch(maps, scalars, num_tasks, q.device)
+        b = self.bind_varlen(q, k, v, o, cu_seqlens_q, max_seqlen_q, max_seqlen_k, lse, seqused_k, softmax_scale, mods,
+                             sink)
+        if b is not None:
+            b.run({"tmap_q": q.data_ptr(), "tmap_k": k.data_ptr(), "tmap_v": v.data_ptr(), "tmap_o": o.data_ptr(),
+                   "lse_ptr": 0 if lse is None else lse.data_ptr(), "o_ptr": o.data_ptr(),
+                   "sink_ptr": 0 if sink is None else sink.data_ptr(),
+                   "cu_seqlens_q": cu_seqlens_q.data_ptr(), "cu_seqlens_k": cu_seqlens_k.data_ptr(),
+                   "seqused_k": 0 if seqused_k is None else seqused_k.data_ptr()})
 
     def kvcache_num_splits(self, batch: int, num_heads_kv: int, seqlen_q: int, kv_len: int) -> int:
         """num_splits = 0's choice (fa4gen.spec.schedule.choose_num_splits) for this device's SM count:
@@ -514,6 +610,66 @@ class Kernel:
                          lambda: choose_num_splits(self._geometry(batch, num_heads_kv, seqlen_q).num_tasks,
                                                    -(-int(kv_len) // self.block_n), self.sm_count, KVCACHE_MAX_SPLITS))
 
+    def bind_kvcache(self, q, k_cache, v_cache, o, page_table=None, num_splits: int = 1, lse=None,
+                     softmax_scale: float | None = None, mods=None, sink=None) -> tuple[Bound, Bound | None] | None:
+        """The Bounds of a KV-cache launch (`kvcache`'s arguments; per call: KVCACHE_PER_CALL) and, for
+        num_splits > 1, of its combine (COMBINE_PER_CALL); None when there is nothing to launch."""
+        rec = self.manifest.get("kvcache")
+        if rec is None:
+            raise RuntimeSetupError(f"{self.manifest['name']} is not a KV-cache kernel")
+        self._check_device(q)
+        key = ("kvcache", q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(),
+               o.shape, o.stride(), q.element_size(), None if page_table is None else (page_table.shape, page_table.stride()),
+               int(num_splits), lse is None, softmax_scale, mods, sink is None)
+
+        def make():
+            paged = int(rec["page_size"]) > 0
+            if paged != (page_table is not None):
+                raise RuntimeSetupError(f"{self.manifest['name']} " + ("needs a page_table" if paged else
+                                                                       "is for a contiguous cache: no page_table"))
+            B, Sq, Hq, D = q.shape
+            Hkv = k_cache.shape[2]
+            self._check_gqa(Hq, Hkv)
+            if not o.is_contiguous():
+                raise RuntimeSetupError("a KV-cache kernel stores O (B, Sq, Hq, D) by row offsets: o must be "
+                                        "contiguous")
+            S = int(num_splits)
+            if S < 1:
+                raise RuntimeSetupError(f"num_splits={S}: must be >= 1")
+            scale = 1.0 / math.sqrt(D) if softmax_scale is None else softmax_scale
+            geo = self._geometry(B, Hkv, Sq)
+            num_tasks = geo.num_tasks * S
+            if num_tasks == 0:
+                return None
+            if paged:
+                num_pages, page_size = int(k_cache.shape[0]), int(k_cache.shape[1])
+                max_pages, stride = int(page_table.shape[1]), int(page_table.stride(0))
+                capacity = max_pages * page_size
+            else:
+                num_pages = max_pages = stride = 0
+                capacity = int(k_cache.shape[1])
+            named = {
+                "batch": B, "seqlen_q": Sq, "seqlen_k": capacity,
+                "num_heads_kv": Hkv,
+                "num_m_blocks": geo.num_m_blocks, "num_tasks": num_tasks,
+                "l2_group": 1,
+                "page_table_stride": stride, "max_pages": max_pages,
+                "num_pages": num_pages, "num_splits": S,
+                **score_mod_scalars(self._cfg, scale, mods, sink),
+            }
+            maps = self._maps((("q", q), ("k", k_cache), ("v", v_cache), ("o", o)))
+            main = self._main_bound(named, self.KVCACHE_PER_CALL, maps, num_tasks, q.device)
+            if S == 1:
+                return main, None
+            rows = B * Sq * Hq
+            cr = rec["combine"]
+            # sink_ptr is read only if the combine entry declares it (sinks)
+            combine = Bound(self._combine_entry, {"rows": rows, "num_splits": S, "seqlen_q": Sq, "num_heads_q": Hq},
+                            self.COMBINE_PER_CALL, {}, -(-rows // int(cr["rows_per_cta"])), int(cr["threads_per_cta"]),
+                            0, q.device)
+            return main, combine
+        return self._bound(key, make)
+
     def kvcache(self, q, k_cache, v_cache, o, cache_seqlens, page_table=None, num_splits: int = 1, lse=None,
                 softmax_scale: float | None = None, o_partial=None, lse_partial=None, mods=None, sink=None) -> None:
         """Launch a KV-cache kernel (manifest "kvcache") and, for num_splits > 1, its combine kernel,
@@ -522,126 +678,69 @@ class Kernel:
         cache_seqlens int32 (B,); lse (B, Hq, Sq) fp32 or None; o_partial fp32 (S, B*Sq*Hq, D) and
         lse_partial fp32 (S, B*Sq*Hq) when num_splits > 1. Validated by the caller
         (fa4gen.runtime.api.attention_with_kvcache); the kernel clamps lengths and page entries."""
-        rec = self.manifest.get("kvcache")
-        if rec is None:
-            raise RuntimeSetupError(f"{self.manifest['name']} is not a KV-cache kernel")
-        if q.device.index != self.device:
-            raise RuntimeSetupError(f"kernel was loaded on cuda:{self.device}, tensors are on {q.device}: "
-                                    "load one Kernel per device")
-        paged = int(rec["page_size"]) > 0
-        if paged != (page_table is not None):
-            raise RuntimeSetupError(f"{self.manifest['name']} " + ("needs a page_table" if paged else
-                                                                   "is for a contiguous cache: no page_table"))
-        B, Sq, Hq, D = q.shape
-        Hkv = k_cache.shape[2]
-        G = int(self._cfg["gqa_ratio"])
-        if Hq != Hkv * G:
-            raise RuntimeSetupError(f"Hq={Hq} is not Hkv={Hkv} x the kernel's GQA ratio {G}")
-        if not o.is_contiguous():
-            raise RuntimeSetupError("a KV-cache kernel stores O (B, Sq, Hq, D) by row offsets: o must be contiguous")
-        S = int(num_splits)
-        if S < 1:
-            raise RuntimeSetupError(f"num_splits={S}: must be >= 1")
-        if S > 1 and (o_partial is None or lse_partial is None):
+        if int(num_splits) > 1 and (o_partial is None or lse_partial is None):
             raise RuntimeSetupError("num_splits > 1 needs o_partial and lse_partial")
-        if softmax_scale is None:
-            softmax_scale = 1.0 / math.sqrt(D)
-        geo = self._geometry(B, Hkv, Sq)
-        num_tasks = geo.num_tasks * S
-        if num_tasks == 0:
+        bounds = self.bind_kvcache(q, k_cache, v_cache, o, page_table, num_splits, lse, softmax_scale, mods, sink)
+        if bounds is None:
             return
-        if paged:
-            num_pages, page_size = int(k_cache.shape[0]), int(k_cache.shape[1])
-            max_pages, stride = int(page_table.shape[1]), int(page_table.stride(0))
-            capacity = max_pages * page_size
-        else:
-            num_pages = max_pages = stride = 0
-            capacity = int(k_cache.shape[1])
-        maps = {f"tmap_{r}": self._encode(r, t) for r, t in (("q", q), ("k", k_cache), ("v", v_cache), ("o", o))}
-        scalars = {
-            "lse_ptr": 0 if lse is None else lse.data_ptr(),
-            "batch": B, "seqlen_q": Sq, "seqlen_k": capacity,
-            "num_heads_kv": Hkv,
-            "num_m_blocks": geo.num_m_blocks, "num_tasks": num_tasks,
-            "l2_group": 1,
-            "cache_seqlens": cache_seqlens.data_ptr(),
-            "page_table": 0 if page_table is None else page_table.data_ptr(),
-            "page_table_stride": stride, "max_pages": max_pages,
-            "num_pages": num_pages, "num_splits": S,
-            "o_partial": 0 if o_partial is None else o_partial.data_ptr(),
-            "lse_partial": 0 if lse_partial is None else lse_partial.data_ptr(),
-            "o_ptr": o.data_ptr(),
-            **self._score_scalars(softmax_scale, mods, sink),
-        }
-        self._launch(maps, scalars, num_tasks, q.device)
-        if S > 1:
-            rows = B * Sq * Hq
-            cs = {"o_partial": o_partial.data_ptr(),
-                  "lse_partial": lse_partial.data_ptr(),
-                  "o_ptr": o.data_ptr(),
-                  "lse_ptr": 0 if lse is None else lse.data_ptr(),
-                  "rows": rows, "num_splits": S,
-                  "seqlen_q": Sq, "num_heads_q": Hq,
-                  "sink_ptr": scalars["sink_ptr"]}  # read only if the combine entry declares it (sinks)
-            cr = rec["combine"]
-            self._launch_fn(self._combine_entry, cs, -(-rows // int(cr["rows_per_cta"])), int(cr["threads_per_cta"]), 0,
-                            q.device)
+        ptrs = {"tmap_q": q.data_ptr(), "tmap_k": k_cache.data_ptr(), "tmap_v": v_cache.data_ptr(),
+                "tmap_o": o.data_ptr(), "o_ptr": o.data_ptr(), "lse_ptr": 0 if lse is None else lse.data_ptr(),
+                "sink_ptr": 0 if sink is None else sink.data_ptr(), "cache_seqlens": cache_seqlens.data_ptr(),
+                "page_table": 0 if page_table is None else page_table.data_ptr(),
+                "o_partial": 0 if o_partial is None else o_partial.data_ptr(),
+                "lse_partial": 0 if lse_partial is None else lse_partial.data_ptr()}
+        run_kvcache(bounds, ptrs)
 
-    def _launch(self, maps: dict, scalars: dict, num_tasks: int, device) -> None:
-        if self._dynamic:
-            # the dynamic deal's counter (plan.DYNAMIC_ABI_PARAMS): a word of this launch alone, from
-            # torch's allocator on the launch's stream (stream-ordered: no later work reuses it early;
-            # under CUDA-graph capture, the graph's private pool), zeroed in that stream by one driver
-            # memset (a capture records it with the launch); torch.zeros would add a fill kernel's dispatch
-            import torch
+    def bind(self, q, k, v, o, lse=None, softmax_scale: float | None = None, l2_group: int | None = None, mods=None,
+             sink=None) -> Bound | None:
+        """The Bound of a dense launch (`__call__`'s arguments; per call: DENSE_PER_CALL), None when
+        there is nothing to launch."""
+        if "varlen" in self.manifest:
+            raise RuntimeSetupError(f"{self.manifest['name']} is a varlen kernel: launch it with Kernel.varlen")
+        if "kvcache" in self.manifest:
+            raise RuntimeSetupError(f"{self.manifest['name']} is a KV-cache kernel: launch it with Kernel.kvcache")
+        self._check_device(q)
+        key = ("dense", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), o.shape, o.stride(),
+               q.element_size(), lse is None, softmax_scale, l2_group, mods, sink is None)
 
-            counter = torch.empty(1, dtype=torch.int32, device=device)
-            _libcuda().zero_words(counter.data_ptr(), 1, _stream(counter.device.index))
-            scalars = {**scalars, "task_counter": counter.data_ptr()}
-        self._launch_fn(self._entry, {**maps, **scalars}, self.grid(num_tasks), int(self.manifest["threads_per_cta"]),
-                        int(self.manifest["dynamic_smem_bytes"]), device)
-
-    def _launch_fn(self, entry: "_Entry", named: dict, grid: int, threads: int, smem: int, device) -> None:
-        """Launch one entry on torch's current stream of `device`: its parameters by name (tensor maps
-        as their 128 bytes, the rest as numbers) packed in the ABI's layout."""
-        entry.launch(named, grid, threads, smem, device.index if hasattr(device, "index") else int(device))
+        def make():
+            B, Sq, Hq, D = q.shape
+            Skv, Hkv = k.shape[1], k.shape[2]
+            self._check_gqa(Hq, Hkv)
+            o_ptr = "o_ptr" in self.manifest["params"]  # O stored from the registers (plan.DENSE_O_ABI_PARAMS)
+            if o_ptr and not o.is_contiguous():
+                raise RuntimeSetupError(f"{self.manifest['name']} stores O (B, Sq, Hq, DV) by row offsets: o must be "
+                                        "contiguous")
+            scale = 1.0 / math.sqrt(D) if softmax_scale is None else softmax_scale
+            geo = self._geometry(B, Hkv, Sq)
+            if geo.num_tasks == 0:
+                return None
+            group = self.l2_group(B, Hkv, Sq, Skv, D, q.element_size()).l2_group if l2_group is None else l2_group
+            named = {
+                "batch": B, "seqlen_q": Sq, "seqlen_k": Skv,
+                "num_heads_kv": Hkv,
+                "num_m_blocks": geo.num_m_blocks, "num_tasks": geo.num_tasks,
+                "l2_group": max(min(int(group), 0xFFFFFFFF), 0),
+                **score_mod_scalars(self._cfg, scale, mods, sink),
+            }
+            maps = self._maps((("q", q), ("k", k), ("v", v), ("o", o)))
+            return self._main_bound(named, self.DENSE_PER_CALL, maps, geo.num_tasks, q.device)
+        return self._bound(key, make)
 
     def __call__(self, q, k, v, o, lse=None, softmax_scale: float | None = None, l2_group: int | None = None,
                  mods=None, sink=None) -> None:
         """Launch on torch's current stream. `l2_group` overrides the L2 section size the runtime
         derives from the device's L2 (any value is safe: the kernel clamps it to [1, B*Hkv])."""
-        if "varlen" in self.manifest:
-            raise RuntimeSetupError(f"{self.manifest['name']} is a varlen kernel: launch it with Kernel.varlen")
-        if "kvcache" in self.manifest:
-            raise RuntimeSetupError(f"{self.manifest['name']} is a KV-cache kernel: launch it with Kernel.kvcache")
-        if q.device.index != self.device:
-            raise RuntimeSetupError(f"kernel was loaded on cuda:{self.device}, tensors are on {q.device}: "
-                                    "load one Kernel per device")
-        B, Sq, Hq, D = q.shape
-        Skv, Hkv = k.shape[1], k.shape[2]
-        G = int(self._cfg["gqa_ratio"])
-        if Hq != Hkv * G:
-            raise RuntimeSetupError(f"Hq={Hq} is not Hkv={Hkv} x the kernel's GQA ratio {G}")
-        o_ptr = "o_ptr" in self.manifest["params"]  # O stored from the registers (plan.DENSE_O_ABI_PARAMS)
-        if o_ptr and not o.is_contiguous():
-            raise RuntimeSetupError(f"{self.manifest['name']} stores O (B, Sq, Hq, DV) by row offsets: o must be "
-                                    "contiguous")
-        if softmax_scale is None:
-            softmax_scale = 1.0 / math.sqrt(D)
-        geo = self._geometry(B, Hkv, Sq)
-        num_m_blocks, num_tasks = geo.num_m_blocks, geo.num_tasks
-        if num_tasks == 0:
-            return
-        maps = {f"tmap_{r}": self._encode(r, t) for r, t in (("q", q), ("k", k), ("v", v), ("o", o))}
-        if l2_group is None:
-            l2_group = self.l2_group(B, Hkv, Sq, Skv, D, q.element_size()).l2_group
-        scalars = {
-            "lse_ptr": 0 if lse is None else lse.data_ptr(),
-            "batch": B, "seqlen_q": Sq, "seqlen_k": Skv,
-            "num_heads_kv": Hkv,
-            "num_m_blocks": num_m_blocks, "num_tasks": num_tasks,
-            "l2_group": max(min(int(l2_group), 0xFFFFFFFF), 0),
-            **({"o_ptr": o.data_ptr()} if o_ptr else {}),
-            **self._score_scalars(softmax_scale, mods, sink),
-        }
-        self._launch(maps, scalars, num_tasks, q.device)
+        b = self.bind(q, k, v, o, lse, softmax_scale, l2_group, mods, sink)
+        if b is not None:
+            b.run({"tmap_q": q.data_ptr(), "tmap_k": k.data_ptr(), "tmap_v": v.data_ptr(), "tmap_o": o.data_ptr(),
+                   "lse_ptr": 0 if lse is None else lse.data_ptr(), "o_ptr": o.data_ptr(),
+                   "sink_ptr": 0 if sink is None else sink.data_ptr()})
+
+
+def run_kvcache(bounds: tuple, ptrs: dict) -> None:
+    """Run a KV-cache launch's Bounds (Kernel.bind_kvcache): the kernel, then its combine when split."""
+    main, combine = bounds
+    main.run(ptrs)
+    if combine is not None:
+        combine.run(ptrs)
