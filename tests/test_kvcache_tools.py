@@ -367,7 +367,7 @@ def test_kvcache_mutations_are_in_the_corpus():
     names = {m.name for m in PTX_MUTATIONS if m.config.get("kvcache")}
     for needed in ("kv_page_index_clamp", "kv_page_clamp", "kv_page_table_row", "kv_split_lo", "kv_split_floor",
                    "kv_partial_row", "kv_lse_partial", "kv_single_split_branch", "combine_weight", "combine_max",
-                   "combine_store_offset", "kv_seqlen_clamp"):
+                   "combine_store_offset", "kv_seqlen_clamp", "combine_split_step", "combine_weight_lane"):
         assert needed in names
 
 

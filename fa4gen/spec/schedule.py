@@ -286,8 +286,12 @@ def kvcache_page(page_table_row, key: int, page_size: int, max_pages: int, num_p
 
 
 # Split-KV choice (the host's num_splits = 0 rule): enough tasks to fill the SMs, each split at least
-# KV_MIN_SPLIT_BLOCKS blocks, preferring the count whose last wave wastes the least.
-KV_MIN_SPLIT_BLOCKS = 4
+# KV_MIN_SPLIT_BLOCKS blocks, preferring the count whose last wave wastes the least. One block: since
+# fa4_combine loads a row's splits together (2.2-3.7 us a call, was 0.35 us per split), short caches
+# gain from one wave of one- or two-block splits (H200, `python3 -m bench.decode_combine --sweep`,
+# B 1, 8 KV heads: 1k keys 9.6 -> 6.9 us at 8 splits, 2k 9.8 -> 8.2-8.4, 4k 10.6 -> 10.0 at 16); at
+# 4 blocks (before) longer caches chose the same counts.
+KV_MIN_SPLIT_BLOCKS = 1
 
 # Batch-invariant decode (attention_with_kvcache(batch_invariant=True)): a sequence's split ranges are
 # split_blocks(its visible blocks, s, S), a function of that sequence and S alone, and fa4_combine

@@ -476,7 +476,15 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
     PtxMutation("combine_max", _SM90K, "fa4_combine: the row maximum skips the last butterfly step (lanes "
                 "disagree on it: a warp whose lanes see different maxima diverges at the all -inf test, and its "
                 "shfl.sync runs on half the warp)", ("mismatch", "SHFL"),
-                _combine_sub(r"(shfl\.sync\.bfly\.b32 %cx, %cmax, 1, 31, -1;\n)\s*max\.f32 %cmax, %cmax, %cx;\n", r"\1"),
+                _combine_sub(r"(shfl\.sync\.bfly\.b32 %cx, %cmax, 1, 31, -1;\n\s*shfl\.sync\.bfly\.b32 %cy, %csum, 1, 31, "
+                             r"-1;\n)\s*max\.f32 %cz, %cmax, %cx;\n", "\\1    mov.f32 %cz, %cmax;\n"),
+                protocol=False),
+    PtxMutation("combine_split_step", _SM90K, "fa4_combine: the second pass's pointer is not moved to the next "
+                "split's O row after the first (splits 0 and 1 both read split 0's partial)", ("mismatch",),
+                _combine_sub(r"^\s*add\.s64 %cad, %cad, %cstep;\n", "", count=1), protocol=False),
+    PtxMutation("combine_weight_lane", _SM90K, "fa4_combine: the second split of each unrolled round takes its "
+                "weight from the round's first lane (shfl.sync.idx of %cj, not of the split's index)", ("mismatch",),
+                _combine_sub(r"shfl\.sync\.idx\.b32 %cu1, %cw, %cs, 31, -1;", "shfl.sync.idx.b32 %cu1, %cw, %cj, 31, -1;"),
                 protocol=False),
     PtxMutation("combine_store_offset", _SM90K, "fa4_combine: O rows are stored D bytes apart instead of 2 D "
                 "(rows overlap)", ("WRITTEN_TWICE", "mismatch"),
