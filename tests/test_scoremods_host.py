@@ -148,12 +148,14 @@ class _FakeLibcuda:
     def __init__(self):
         self.launches = []
         self.zeroed = []  # (pointer, words, launches before it): the dynamic deal's counter
+        self.programmatic = []  # per launch: launched with programmatic stream serialisation
 
     def zero_words(self, ptr, n, stream):
         self.zeroed.append((ptr, n, len(self.launches)))
 
-    def launch(self, call, function, grid, threads, smem, stream, argv):
+    def launch(self, call, function, grid, threads, smem, stream, argv, programmatic=False):
         self.launches.append((call, argv.value))
+        self.programmatic.append(programmatic)
 
     def encode_tiled(self, role, dtype, swizzle, addr, geo):
         return role.encode().ljust(128, b"\0")
@@ -378,6 +380,8 @@ def test_a_bound_launch_takes_each_calls_pointers(monkeypatch):
             (3, 2, 4, 8, 8, 3)
         got.append(m)
     assert got[0] == got[2] and got[0] != got[1]
+    # fa4_combine starts programmatically (plan.COMBINE_PROGRAMMATIC, the manifest's record), fa4_fwd not
+    assert lib.programmatic == [False, True] * 3
     # each (map, pointer) encoded once: the third run's pointers are the first's
     assert sorted(encoded) == sorted({(r, b + off) for b in (0x10000, 0x20000)
                                       for r, off in (("q", 0), ("k", 0x100), ("v", 0x200), ("o", 0x300))})

@@ -171,8 +171,17 @@ def _check_combine(mod, text: str, manifest: dict, cfg: KernelConfig, rep: Check
                                           f"the manifest's {threads} threads per combine CTA"))
     declared = {p.name for p in mod.params}
     stores = set()
+    # launched programmatically (plan.COMBINE_PROGRAMMATIC), it may start while fa4_fwd still writes
+    # the partials: an unguarded griddepcontrol.wait must come before its first global load
+    waited = not rec.get("programmatic", False)
     for ins in mod.instrs:
         opc = ins.opcode
+        if opc == "griddepcontrol.wait" and ins.guard is None:
+            waited = True
+        if opc.startswith("ld.global") and not waited:
+            rep.differences.append(Difference(role, ins.line, ins.text, "griddepcontrol.wait before the first global "
+                                              "load (the manifest launches the combine programmatically)"))
+            waited = True  # one report
         if opc.startswith(("mbarrier", "bar.", "barrier", "cp.", "wgmma", "tcgen05", "fence", "setmaxnreg")) or \
                 opc == "bar" or ".shared" in opc:
             rep.differences.append(Difference(role, ins.line, ins.text, "no SMEM, barrier, TMA, tensor-core or "

@@ -59,6 +59,17 @@ def _check(call: str, result):
     return rest[0] if len(rest) == 1 else tuple(rest)
 
 
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, padding to 8, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
 class _Libcuda:
     """The two driver calls of every launch, through ctypes on libcuda (the library cuda-python binds):
     cuTensorMapEncodeTiled and cuLaunchKernel on one packed parameter buffer. cuda-python builds a
@@ -76,6 +87,13 @@ class _Libcuda:
         # c_void_p and the dimensions as ints (C int and unsigned int share a register)
         self._launch = lib.cuLaunchKernel
         self._launch.restype = i32
+        # cuLaunchKernelEx: a programmatic dependent launch (plan.COMBINE_PROGRAMMATIC); None on a
+        # driver without it (the launch is then an ordinary one, which the kernels also run under)
+        self._launch_ex = getattr(lib, "cuLaunchKernelEx", None)
+        if self._launch_ex is not None:
+            self._launch_ex.argtypes = [ctypes.POINTER(_LaunchConfig), vp, vp, vp]
+            self._launch_ex.restype = i32
+        self._programmatic = int(drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
         self._memset = lib.cuMemsetD32Async  # the dynamic deal's counter, zeroed in the launch's stream
         self._memset.argtypes = [ctypes.c_uint64, u32, ctypes.c_size_t, vp]
         self._memset.restype = i32
@@ -122,11 +140,18 @@ class _Libcuda:
             self._raise("cuMemsetD32Async(task_counter)", err)
 
     def launch(self, call: str, function: ctypes.c_void_p, grid: int, threads: int, smem: int, stream: int,
-               argv: ctypes.c_void_p) -> None:
-        """cuLaunchKernel with kernelParams = argv (a void* per parameter, in signature order)."""
+               argv: ctypes.c_void_p, programmatic: bool = False) -> None:
+        """cuLaunchKernel with kernelParams = argv (a void* per parameter, in signature order); with
+        programmatic, cuLaunchKernelEx with programmatic stream serialisation allowed (the kernel may
+        start before the previous one in the stream ends: it waits with griddepcontrol.wait)."""
         if not (0 < grid < 2 ** 31 and 0 < threads <= 1024 and 0 <= smem < 2 ** 31):
             raise RuntimeSetupError(f"{call}: grid {grid}, {threads} threads, {smem} bytes of shared memory")
-        err = self._launch(function, grid, 1, 1, threads, 1, 1, smem, ctypes.c_void_p(stream), argv, None)
+        if programmatic and self._launch_ex is not None:
+            attr = _LaunchAttribute(id=self._programmatic, value=1)
+            cfg = _LaunchConfig(grid, 1, 1, threads, 1, 1, smem, stream, ctypes.pointer(attr), 1)
+            err = self._launch_ex(ctypes.byref(cfg), function, argv, None)
+        else:
+            err = self._launch(function, grid, 1, 1, threads, 1, 1, smem, ctypes.c_void_p(stream), argv, None)
         if err:
             self._raise(call, err)
 
@@ -154,7 +179,8 @@ class _Entry:
     array are made once; a lock keeps two threads from packing into them at once (the driver copies
     the parameters before cuLaunchKernel returns)."""
 
-    def __init__(self, name: str, function, params: tuple, decls: dict):  # function: a CUfunction (or None)
+    def __init__(self, name: str, function, params: tuple, decls: dict, programmatic: bool = False):
+        # function: a CUfunction (or None); programmatic: launched with programmatic stream serialisation
         import struct
         import threading
 
@@ -162,6 +188,7 @@ class _Entry:
 
         self.name = name
         self.params = params
+        self.programmatic = programmatic
         self.handle = int(function) if function is not None else 0
         self._function = ctypes.c_void_p(self.handle)
         self._call = f"cuLaunchKernel({name})"
@@ -190,7 +217,7 @@ class _Entry:
         lib = _libcuda()
         with self._lock:
             self.struct.pack_into(self._buf, self._at, *vals)
-            lib.launch(self._call, self._function, grid, threads, smem, stream, self._argv_ptr)
+            lib.launch(self._call, self._function, grid, threads, smem, stream, self._argv_ptr, self.programmatic)
 
 
 _MAP_PLACEHOLDER = bytes(128)
@@ -445,7 +472,8 @@ class Kernel:
             if unknown:
                 raise RuntimeSetupError(f"the manifest's combine entry names parameters this runtime cannot pass: "
                                         f"{unknown}")
-            self._combine_entry = _Entry(rec["entry"], combine, tuple(rec["params"]), COMBINE_ABI_DECLS)
+            self._combine_entry = _Entry(rec["entry"], combine, tuple(rec["params"]), COMBINE_ABI_DECLS,
+                                         programmatic=bool(rec.get("programmatic", False)))
 
     # ---- loading -------------------------------------------------------------------------------
     @classmethod

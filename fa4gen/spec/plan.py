@@ -185,6 +185,15 @@ def dynamic_tasks(cfg: KernelConfig) -> bool:
     LPT-ordered tasks it measured the same (bench/README.md "The dynamic deal")."""
     return cfg.varlen
 
+# Programmatic dependent launch of fa4_combine (sm_90+): the runtime launches it with the
+# programmatic-stream-serialization attribute (cuLaunchKernelEx), every CTA of fa4_fwd signals
+# `griddepcontrol.launch_dependents` once its barriers are set up, and fa4_combine starts with
+# `griddepcontrol.wait` (which returns once fa4_fwd has completed and its writes are visible). The
+# combine's CTAs are launched while fa4_fwd runs and wait on SMs it leaves free, instead of being
+# launched after it: the kernel boundary's latency leaves the call. Launched without the attribute
+# (a driver without cuLaunchKernelEx), griddepcontrol.wait returns at once and stream order alone
+# orders the two kernels, as before. The manifest's kvcache.combine record says `programmatic`.
+COMBINE_PROGRAMMATIC = True
 COMBINE_THREADS = 128  # 4 warps, one row each
 COMBINE_ROWS_PER_CTA = COMBINE_THREADS // 32
 # fa4_combine's second pass loads this many floats per lane (COMBINE_UNROLL_FLOATS / vec splits' O
@@ -273,7 +282,8 @@ def kvcache_manifest(cfg: KernelConfig) -> dict:
             "seqlens": "k_len = min(max(cache_seqlens[b], 0), seqlen_k)",
             "partials": "o_partial fp32 [S, B*Sq*Hq, D], lse_partial fp32 [S, B*Sq*Hq]; row (b*Sq + pos)*Hq + head",
             "combine": {"entry": COMBINE_ENTRY, "threads_per_cta": COMBINE_THREADS,
-                        "rows_per_cta": COMBINE_ROWS_PER_CTA, "params": [n for n, _ in combine_abi_params(cfg)]}}
+                        "rows_per_cta": COMBINE_ROWS_PER_CTA, "params": [n for n, _ in combine_abi_params(cfg)],
+                        "programmatic": COMBINE_PROGRAMMATIC}}
 
 
 def combine_context(cfg: KernelConfig) -> dict:
@@ -283,7 +293,7 @@ def combine_context(cfg: KernelConfig) -> dict:
     vec = 1 << (cfg.head_dim_v // 32 - 1).bit_length()
     return {"entry": COMBINE_ENTRY, "param_decls": [d for _, d in combine_abi_params(cfg)], "threads": COMBINE_THREADS,
             "rows_per_cta": COMBINE_ROWS_PER_CTA, "head_dim": cfg.head_dim_v, "vec": vec, "lanes": cfg.head_dim_v // vec,
-            "sinks": cfg.sinks, "unroll": COMBINE_UNROLL_FLOATS // vec}
+            "sinks": cfg.sinks, "unroll": COMBINE_UNROLL_FLOATS // vec, "programmatic": COMBINE_PROGRAMMATIC}
 
 
 def block_n(cfg: KernelConfig) -> int:

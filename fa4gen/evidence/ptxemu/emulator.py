@@ -8,7 +8,7 @@ import numpy as np
 
 from . import async_units as au, fp
 from .machine import CTA, Fault, GlobalMemory, Op
-from .ops import (Ctx, _regnames, compile_alu, compile_bar, compile_cvt, compile_fence, compile_atom, compile_ld_st,
+from .ops import (Ctx, _regnames, compile_alu, compile_bar, compile_cvt, compile_fence, compile_griddepcontrol, compile_atom, compile_ld_st,
                   compile_mbarrier, compile_setmaxnreg, compile_setp, compile_warp_coll, init_registers, reader,
                   unsupported, writer)
 from .parse import Module, Sym, UnsupportedInstruction
@@ -71,6 +71,8 @@ def compile_instr(ctx: Ctx, ins) -> Op:
         fn = compile_setmaxnreg(ctx, ins, parts)
     elif head == "fence":
         fn = compile_fence(ctx, ins, parts)
+    elif head == "griddepcontrol":
+        fn = compile_griddepcontrol(ctx, ins, parts)
     elif head in ("tcgen05", "cp", "prefetch", "wgmma"):
         fn = au.compile_async(ctx, ins, parts)
     elif head in ("mov", "add", "sub", "mul", "mad", "fma", "max", "min", "neg", "abs", "div", "rem", "rcp",

@@ -638,6 +638,11 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
 # branch on %cw that picks the wrong instance, an arrive whose predicate lets too many threads arrive,
 # an mbarrier.init count the arrivals do not reach.
 CHECK_MUTATIONS: tuple[PtxMutation, ...] = (
+    # the emulator runs fa4_fwd to its end before fa4_combine (a launch's two kernels in order), so the
+    # missing wait is a race only the device shows; the read-back checks the wait's place
+    PtxMutation("combine_no_grid_wait", _SM90K, "fa4_combine, launched programmatically, reads the partials "
+                "without griddepcontrol.wait (it may start before fa4_fwd has written them)", ("RACE",),
+                _combine_sub(r"^\s*griddepcontrol\.wait;\n", "")),
     PtxMutation("sm90_named_id_consumer1", _SM90, "consumer 1 alone hands the tensor core to itself: after the "
                 "setup's %nb_sched_1 = 1 + (cw + 1) mod 2, `@(cw == 1) mov %nb_sched_1, 2` (its bar.arrive on "
                 "sched[1], where consumer 0's turn sched[0] is due)", ("DEADLOCK",),

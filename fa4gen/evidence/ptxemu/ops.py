@@ -1055,6 +1055,15 @@ def compile_fence(ctx, ins, parts):
     raise unsupported(ins)
 
 
+def compile_griddepcontrol(ctx, ins, parts):
+    """griddepcontrol.launch_dependents / .wait (programmatic dependent launch): no-ops here. A
+    launch (ptxemu/kvcache.py) runs fa4_fwd to its end before fa4_combine starts, which is what
+    .wait guarantees on the device."""
+    if len(parts) == 2 and parts[1] in ("launch_dependents", "wait") and not ins.operands:
+        return lambda w, m: None
+    raise unsupported(ins)
+
+
 # ---- dispatch -----------------------------------------------------------------------------------
 def init_registers(mod) -> dict:
     """Every declared register, zero (shared read-only arrays: writes always replace), as an unsigned
