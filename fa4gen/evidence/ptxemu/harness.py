@@ -171,8 +171,10 @@ def default_shapes(man: dict) -> list:
     # when that row is the last query row (a decode-like tile)
     aligned = Shape(1, 1, bn, g, 1)
     if cfg.get("window"):  # Sq > Skv: the first tiles' rows see no key (left window side 20 < Sq - Skv)
+        # the fourth shape's keys: enough that the second tile's first row sees all of block 0 (a
+        # 192-row tile of one head needs more than 203: Sq - rows + bn)
         shapes = [no_lse, Shape(1, sq, skv, g * hkv, hkv), Shape(1, rows * per_task + 150, 97, g, 1),
-                  Shape(1, sq, 203, g * hkv, hkv)]
+                  Shape(1, sq, max(203, sq - rows + bn), g * hkv, hkv)]
         # (100, 30) on the second: its left side cuts blocks below the diagonal (unmasked_lo > 0); the
         # fourth leaves the left side unbounded, so later blocks run unmasked (causal: (0, 0), one key
         # per row, is the first's); the aligned one runs its first block unmasked
