@@ -84,10 +84,19 @@ def barriers(cfg: KernelConfig, kv: int | None = None, tiles: int | None = None)
     )
 
 
+# The warps of each role (one table: the roles below and the task ring's reader count read it).
+# WG0 / WG1: softmax of Q tile 0 / 1 (WG1 idle with one tile per task); WG2: correction and the
+# epilogue; WG3: MMA, load, store, one idle warp.
+ROLE_WARPS = {"softmax0": (0, 1, 2, 3), "softmax1": (4, 5, 6, 7), "idle_wg1": (4, 5, 6, 7),
+              "correction": (8, 9, 10, 11), "mma": (12,), "load": (13,), "store": (14,), "idle": (15,)}
+TASK_FETCHER = "load"  # the dynamic deal's fetching role (ir/tasks.py): the others with a task loop read
+
+
 def _task_readers(tiles: int) -> int:
-    """Threads that read the dynamic deal's task index (every thread of every role with a task loop
-    but the load warp, which fetches it): the MMA and store warps, WG2 and a softmax WG per Q tile."""
-    return 32 + 32 + 128 + 128 * tiles
+    """Threads that read the dynamic deal's task index: every thread of every role with a task loop
+    (ROLE_WARPS) but the fetching one: the MMA and store warps, WG2 and a softmax WG per Q tile."""
+    readers = ("mma", "store", "correction", *(f"softmax{i}" for i in range(tiles)))
+    return 32 * sum(len(ROLE_WARPS[r]) for r in readers)
 
 
 def smem_pipeline(cfg: KernelConfig, kv: int, o_staged: bool, tiles: int | None = None) -> Pipeline:
@@ -152,7 +161,7 @@ def _load_role(cfg: KernelConfig) -> Role:
                                 *load_kv("v", "v", BlockRef.CUR))),
     )
     states = (*_q_states(cfg, 1), State("k", kv, 1, start=0, stride=2), State("v", kv, 1, start=1, stride=2))
-    return Role("load", (13,), WG3_REGS, states, (Loop(LoopKind.TASKS, body),))
+    return Role("load", ROLE_WARPS["load"], WG3_REGS, states, (Loop(LoopKind.TASKS, body),))
 
 
 def _mma_role(cfg: KernelConfig) -> Role:
@@ -207,7 +216,7 @@ def _mma_role(cfg: KernelConfig) -> Role:
     states = (*_q_states(cfg, 0),
               State("k", kv, 0, start=0, stride=2), State("v", kv, 0, start=1, stride=2),
               *(State(f"por{i}", 1, 0, slot_base=i) for i in tiles), *(State(f"pr{i}", 1, 0, slot_base=i) for i in tiles))
-    return Role("mma", (12,), WG3_REGS, states, (Loop(LoopKind.TASKS, body),))
+    return Role("mma", ROLE_WARPS["mma"], WG3_REGS, states, (Loop(LoopKind.TASKS, body),))
 
 
 def _epilogue_ops(cfg: KernelConfig, i: int, o_state: str, e_state: str, row_sum_src: str, regs: int) -> tuple:
@@ -285,8 +294,7 @@ def _softmax_role(cfg: KernelConfig, i: int) -> Role:
     # softmax warpgroups alternate: stage 0 starts free (producer phase 1), stage 1 waits for WG2 to
     # finish stage 0 of the same block (consumer phase 0).
     states = (State("sr", 1, 0, slot_base=i), State("ce", 1, 1 - i, slot_base=i), *states)
-    warps = tuple(range(4 * i, 4 * i + 4))
-    return Role(f"softmax{i}", warps, SOFTMAX_REGS, states, (Loop(LoopKind.TASKS, (Loop(LoopKind.KV, body), *tail)),),
+    return Role(f"softmax{i}", ROLE_WARPS[f"softmax{i}"], SOFTMAX_REGS, states, (Loop(LoopKind.TASKS, (Loop(LoopKind.KV, body), *tail)),),
                 qtile=i)
 
 
@@ -324,7 +332,7 @@ def _correction_role(cfg: KernelConfig) -> Role:
         # CTA; the engine runs a role's warps as one process, so the verifier cannot see warp skew).
         # Waiting for the task's o_ready (its last PV MMA done) closes every p_o_rescale phase first.
         body += [*(Wait("o_ready", f"or{i}") for i in tiles), *(Advance(f"or{i}") for i in tiles)]
-    return Role("correction", (8, 9, 10, 11), CORRECTION_REGS, tuple(states), (Loop(LoopKind.TASKS, tuple(body)),))
+    return Role("correction", ROLE_WARPS["correction"], CORRECTION_REGS, tuple(states), (Loop(LoopKind.TASKS, tuple(body)),))
 
 
 def _store_role(cfg: KernelConfig) -> Role:
@@ -345,7 +353,7 @@ def _store_role(cfg: KernelConfig) -> Role:
         else:
             store = (TmaStore("O_smem", "e"), TmaStoreWait())
         body += [Wait("corr_epi_full", "e"), *store, Arrive("corr_epi_empty", "e", Scope.ALL), Advance("e")]
-    return Role("store", (14,), WG3_REGS, (State("e", cfg.tiles_per_task, 0),), (Loop(LoopKind.TASKS, tuple(body)),))
+    return Role("store", ROLE_WARPS["store"], WG3_REGS, (State("e", cfg.tiles_per_task, 0),), (Loop(LoopKind.TASKS, tuple(body)),))
 
 
 def build_sm100(cfg: KernelConfig) -> Pipeline:
@@ -353,12 +361,12 @@ def build_sm100(cfg: KernelConfig) -> Pipeline:
         raise ValueError(f"build_sm100 needs arch sm_100a, got {cfg.arch}")
     nt = cfg.tiles_per_task
     # one Q tile: WG1 has no tile, and gives its registers back (setmaxnreg.dec to the minimum)
-    wg1 = (_softmax_role(cfg, 1),) if nt == 2 else (Role("idle_wg1", (4, 5, 6, 7), IDLE_WG_REGS, (), ()),)
+    wg1 = (_softmax_role(cfg, 1),) if nt == 2 else (Role("idle_wg1", ROLE_WARPS["idle_wg1"], IDLE_WG_REGS, (), ()),)
     roles = (_softmax_role(cfg, 0), *wg1, _correction_role(cfg), _mma_role(cfg),
-             _load_role(cfg), _store_role(cfg), Role("idle", (15,), WG3_REGS, (), ()))
+             _load_role(cfg), _store_role(cfg), Role("idle", ROLE_WARPS["idle"], WG3_REGS, (), ()))
     if dynamic_tasks(cfg):
         # the dynamic deal (ir/tasks.py): the load warp fetches each task index, every other role reads it
-        roles = tuple(with_task_head(r, fetcher=r.name == "load") for r in roles)
+        roles = tuple(with_task_head(r, fetcher=r.name == TASK_FETCHER) for r in roles)
     notes = (("causal epilogue in WG0/WG1" if nt == 2 else "causal epilogue in WG0") if cfg.causal
              else "non-causal epilogue in WG2",)
     if nt == 1:
