@@ -37,6 +37,15 @@ def test_zigzag_round_trip_and_positions(w):
     assert torch.equal(torch.cat([fd.contiguous_shard(x, r, w) for r in range(w)], 1), x)
 
 
+def test_kv_message_holds_k_then_v_of_different_head_dims():
+    k, v = _rand((2, 6, 3, 24), 1), _rand((2, 6, 3, 16), 2)
+    msg = fd.kv_message(torch, k, v)
+    assert msg.shape == (k.numel() + v.numel(),) and msg.is_contiguous()
+    kk, vv = fd.kv_views(msg, tuple(k.shape), tuple(v.shape))
+    assert torch.equal(kk, k) and torch.equal(vv, v)
+    assert kk.data_ptr() == msg.data_ptr() and vv.data_ptr() == msg.data_ptr() + k.numel() * msg.element_size()
+
+
 def test_shard_errors_are_clear():
     x = torch.zeros(1, 10, 2)
     with pytest.raises(InputValueError, match="not divisible by 8"):
@@ -147,14 +156,18 @@ CASES = [
     ("noncausal_gqa", 2, 40, 4, 1, 16, False, "float64", None, True),
     ("causal_f32", 1, 64, 2, 2, 32, True, "float32", None, False),
     ("causal_bf16", 1, 32, 2, 1, 16, True, "bfloat16", None, True),
+    # v's head dim differs from q/k's (DeepSeek's (192, 128), scaled down): one ring message of k then v
+    ("causal_dv", 1, 32, 4, 2, 24, True, "float64", None, True, 16),
+    ("noncausal_dv", 2, 24, 2, 2, 16, False, "float64", 0.4, True, 8),
 ]
 
 
 def _full_inputs(case):
-    name, b, s, hq, hkv, d, causal, dtype, scale, ret = case
+    name, b, s, hq, hkv, d, causal, dtype, scale, ret, *dv = case
     seed = sum(map(ord, name))
     dt = getattr(torch, dtype)
-    return (_rand((b, s, hq, d), seed, dt), _rand((b, s, hkv, d), seed + 1, dt), _rand((b, s, hkv, d), seed + 2, dt))
+    return (_rand((b, s, hq, d), seed, dt), _rand((b, s, hkv, d), seed + 1, dt),
+            _rand((b, s, hkv, dv[0] if dv else d), seed + 2, dt))
 
 
 def _worker(rank, world, init_file, out_dir):
@@ -163,7 +176,7 @@ def _worker(rank, world, init_file, out_dir):
                                 timeout=__import__("datetime").timedelta(seconds=60))
         res = {}
         for case in CASES:
-            name, b, s, hq, hkv, d, causal, dtype, scale, ret = case
+            name, b, s, hq, hkv, d, causal, dtype, scale, ret, *_ = case
             if s % (2 * world):
                 continue
             q, k, v = (fd.zigzag_shard(t, rank, world) for t in _full_inputs(case))
@@ -226,13 +239,13 @@ def ring_results(request, tmp_path_factory):
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_ring_equals_full_attention(ring_results, case):
     world, res = ring_results
-    name, b, s, hq, hkv, d, causal, dtype, scale, ret = case
+    name, b, s, hq, hkv, d, causal, dtype, scale, ret, *dv = case
     q, k, v = _full_inputs(case)
     ro, rl = attention_exact(q.double().numpy(), k.double().numpy(), v.double().numpy(), causal, scale)
     tol = {"float64": 1e-11, "float32": 2e-5, "bfloat16": 2e-2}[dtype]
     for r in range(world):  # every rank gathered the same full result
         o, lse = res[r][name]
-        assert o.dtype == getattr(torch, dtype) and o.shape == (b, s, hq, d)
+        assert o.dtype == getattr(torch, dtype) and o.shape == (b, s, hq, dv[0] if dv else d)
         np.testing.assert_allclose(o.double().numpy(), ro, atol=tol, rtol=tol)
         if ret:
             assert lse.shape == (b, hq, s)
@@ -267,9 +280,9 @@ def test_ring_custom_attention_subgroup_and_errors(ring_results):
             in mismatch
 
 
-@pytest.mark.parametrize("w,causal", [(1, True), (3, True), (4, False)])
-def test_simulated_ring_equals_full_attention(w, causal):
-    q, k, v = _rand((2, 8 * w, 4, 16), 7), _rand((2, 8 * w, 2, 16), 8), _rand((2, 8 * w, 2, 16), 9)
+@pytest.mark.parametrize("w,causal,dv", [(1, True, 16), (3, True, 16), (4, False, 16), (3, True, 8)])
+def test_simulated_ring_equals_full_attention(w, causal, dv):
+    q, k, v = _rand((2, 8 * w, 4, 16), 7), _rand((2, 8 * w, 2, 16), 8), _rand((2, 8 * w, 2, dv), 9)
     shard = fd.zigzag_shard if causal else fd.contiguous_shard
     qs, ks, vs = ([shard(t, r, w) for r in range(w)] for t in (q, k, v))
     res = fd.simulate_ring(qs, ks, vs, causal=causal, return_lse=True)

@@ -32,17 +32,17 @@ U = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 EMU = 4e-4
 
 
-def _inputs(b, s, hq, hkv, d, dtype, seed, device):
+def _inputs(b, s, hq, hkv, d, dtype, seed, device, dv=None):
     g = torch.Generator(device="cpu").manual_seed(seed)
-    mk = lambda h: torch.randn(b, s, h, d, generator=g).to(dtype).to(device)  # noqa: E731
-    return mk(hq), mk(hkv), mk(hkv)
+    mk = lambda h, dd=d: torch.randn(b, s, h, dd, generator=g).to(dtype).to(device)  # noqa: E731
+    return mk(hq), mk(hkv), mk(hkv, dv or d)
 
 
 def _reference(q, k, v, causal):
     """fp32 (o, lse, P|V|) of the full problem, one head at a time (bounded memory)."""
     b, s, hq, d = q.shape
     hkv = k.shape[2]
-    o = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    o = torch.empty((*q.shape[:3], v.shape[-1]), dtype=torch.float32, device=q.device)
     pv = torch.empty_like(o)
     lse = torch.empty(b, hq, s, dtype=torch.float32, device=q.device)
     mask = torch.ones(s, k.shape[1], dtype=torch.bool, device=q.device).tril(k.shape[1] - s) if causal else None
@@ -102,12 +102,14 @@ def test_world_size_one_refuses_what_the_kernel_refuses(one_rank_group):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("w,causal,d,hq,hkv,dtype", [
-    (2, True, 128, 8, 8, torch.bfloat16), (4, True, 64, 8, 2, torch.bfloat16), (8, True, 128, 4, 1, torch.float16),
-    (2, False, 128, 8, 2, torch.bfloat16), (4, False, 64, 4, 4, torch.float16)])
-def test_simulated_ring_with_the_kernel(w, causal, d, hq, hkv, dtype):
+@pytest.mark.parametrize("w,causal,d,hq,hkv,dtype,dv", [
+    (2, True, 128, 8, 8, torch.bfloat16, None), (4, True, 64, 8, 2, torch.bfloat16, None),
+    (8, True, 128, 4, 1, torch.float16, None), (2, False, 128, 8, 2, torch.bfloat16, None),
+    (4, False, 64, 4, 4, torch.float16, None),
+    (2, True, 192, 8, 2, torch.bfloat16, 128)])  # DeepSeek's (192, 128): k and v of other head dims in one message
+def test_simulated_ring_with_the_kernel(w, causal, d, hq, hkv, dtype, dv):
     s = 4096
-    q, k, v = _inputs(1, s, hq, hkv, d, dtype, 100 * w + d + hq + causal, "cuda")
+    q, k, v = _inputs(1, s, hq, hkv, d, dtype, 100 * w + d + hq + causal, "cuda", dv)
     shard = fd.zigzag_shard if causal else fd.contiguous_shard
     qs, ks, vs = ([shard(t, r, w) for r in range(w)] for t in (q, k, v))
     with torch.no_grad():

@@ -22,7 +22,7 @@ holds the K/V shard of rank s = (r - t) mod W and computes (`ring_schedule`):
 so every rank computes 2c^2 (query, key) pairs per step (step 0: 2c^2 + c, the diagonal) and the
 whole is the causal mask of the full sequence, each pair once.
 
-Overlap. At each step the send of the current K/V (one packed buffer, k and v stacked) to r+1 and the
+Overlap. At each step the send of the current K/V (one packed buffer, k's elements then v's) to r+1 and the
 receive of the next from r-1 are posted (`torch.distributed.batch_isend_irecv`) before the step's
 attention is launched; on CUDA they are posted from a side stream that first waits for the compute
 stream (the buffer being received into was read by the previous step's attention), and the compute
@@ -204,7 +204,7 @@ def _acc_dtype(torch, dtype):
 def torch_attention(q, k, v, causal: bool = False, softmax_scale: float | None = None):
     """The CPU stand-in for the kernel: (o, lse) of softmax(q k^T * scale) v computed with torch in
     float32 (float64 for float64 inputs), with fa4gen.attention's conventions: q (B, Sq, Hq, D),
-    k/v (B, Skv, Hkv, D), GQA (query head h reads kv head h // (Hq / Hkv)), bottom-right causal mask
+    k (B, Skv, Hkv, D), v (B, Skv, Hkv, DV), GQA (query head h reads kv head h // (Hq / Hkv)), bottom-right causal mask
     (query i sees keys j <= i + Skv - Sq), rows without a key get O = 0 and LSE = -inf. Returns o in
     q's dtype and lse (B, Hq, Sq) in the compute dtype. Works on any device; memory O(Sq * Skv)."""
     import torch
@@ -223,7 +223,7 @@ def torch_attention(q, k, v, causal: bool = False, softmax_scale: float | None =
     lse = torch.logsumexp(s, dim=-1)  # -inf for a row without a key
     base = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
     p = torch.exp(s - base[..., None])
-    o = torch.einsum("bhgij,bjhd->bihgd", p, v.to(acc)).reshape(b, sq, hq, d)
+    o = torch.einsum("bhgij,bjhd->bihgd", p, v.to(acc)).reshape(b, sq, hq, v.shape[-1])
     return o.to(q.dtype), lse.reshape(b, hq, sq)
 
 
@@ -255,8 +255,8 @@ def _default_attn(torch, device_type: str):
 
 # ---- validation ----------------------------------------------------------------------------------------
 _DTYPE_CODES = {"float16": 1, "bfloat16": 2, "float32": 3, "float64": 4}
-_DESC = ("ok", "batch", "seqlen_q", "heads_q", "head_dim", "seqlen_k", "heads_kv", "dtype", "causal", "scale",
-         "return_lse", "device_type")
+_DESC = ("ok", "batch", "seqlen_q", "heads_q", "head_dim", "seqlen_k", "heads_kv", "head_dim_v", "dtype", "causal",
+         "scale", "return_lse", "device_type")
 
 
 def _local_checks(torch, q, k, v, causal, softmax_scale, return_lse, custom_attn: bool):
@@ -274,8 +274,9 @@ def _local_checks(torch, q, k, v, causal, softmax_scale, return_lse, custom_attn
             if len(m.shape) != 4:
                 raise InputValueError(f"{m.name} must have 4 dims (batch, seqlen_local, heads, head_dim), got "
                                       f"shape {m.shape}")
-        if mk.shape != mv.shape:
-            raise InputValueError(f"k and v must have the same shape, got k {mk.shape} and v {mv.shape}")
+        if mk.shape[:3] != mv.shape[:3]:
+            raise InputValueError(f"k and v must have the same batch, length and heads (their head dims may differ), "
+                                  f"got k {mk.shape} and v {mv.shape}")
         b, sq, hq, d = mq.shape
         bk, skv, hkv, dk = mk.shape
         if b != bk:
@@ -291,7 +292,7 @@ def _local_checks(torch, q, k, v, causal, softmax_scale, return_lse, custom_attn
             if sq % 2:
                 raise InputValueError(f"causal ring attention needs an even local sequence length (the two zigzag "
                                       f"chunks of zigzag_shard), got {sq}")
-        return b, sq, hq, d, skv, hkv
+        return b, sq, hq, d, skv, hkv, mv.shape[3]
 
     def devices():
         devs = {m.device for m in metas}
@@ -385,11 +386,25 @@ def _comm_stream(torch, device):
     return s
 
 
+def kv_message(torch, k, v):
+    """One ring step's message: k's elements then v's in one contiguous 1-D tensor (k and v may have
+    different head dims: DeepSeek's (192, 128)). v's part starts k.numel() elements in: a multiple of
+    D * 2 bytes, so its view keeps TMA's 16-byte alignment."""
+    return torch.cat((k.reshape(-1), v.reshape(-1)))
+
+
+def kv_views(msg, k_shape: tuple, v_shape: tuple):
+    """(k, v) as views of a kv_message."""
+    nk = math.prod(k_shape)
+    return msg[:nk].view(k_shape), msg[nk:nk + math.prod(v_shape)].view(v_shape)
+
+
 def _attend(out, lse, q, kv, st: RingStep, attn, scale, first: bool) -> None:
-    """One ring step: q's rows of `st` against kv's (kv: k and v stacked, (2, B, S_kv, Hkv, D)),
-    merged into out/lse (the first full-row step is copied in)."""
+    """One ring step: q's rows of `st` against the K/V shard kv = (k, v) (kv_views), merged into
+    out/lse (the first full-row step is copied in)."""
     qs = q[:, st.q_start:st.q_stop]
-    o_i, lse_i = attn(qs, kv[0, :, st.kv_start:st.kv_stop], kv[1, :, st.kv_start:st.kv_stop], st.causal, scale)
+    k, v = kv
+    o_i, lse_i = attn(qs, k[:, st.kv_start:st.kv_stop], v[:, st.kv_start:st.kv_stop], st.causal, scale)
     if first and st.q_start == 0 and st.q_stop == q.shape[1]:
         out.copy_(o_i)
         lse.copy_(lse_i)
@@ -413,12 +428,14 @@ def simulate_ring(q_shards, k_shards, v_shards, causal: bool = False, softmax_sc
         scale = validate.check_softmax_scale(softmax_scale, q.shape[-1])
         attn = attn_fn if attn_fn is not None else _default_attn(torch, q.device.type)
         acc = _acc_dtype(torch, q.dtype)
-        b, sq, hq, d = q.shape
-        out = torch.zeros((b, sq, hq, d), dtype=acc, device=q.device)
+        b, sq, hq = q.shape[:3]
+        out = torch.zeros((b, sq, hq, v_shards[r].shape[-1]), dtype=acc, device=q.device)
         lse = torch.full((b, hq, sq), float("-inf"), dtype=acc, device=q.device)
         for st in ring_schedule(r, w, sq, causal):
-            _attend(out, lse, q, torch.stack((k_shards[st.source], v_shards[st.source])), st, attn, scale,
-                    st.step == 0)
+            k, v = k_shards[st.source], v_shards[st.source]
+            # the K/V shard as the ring passes it: one message, read through views
+            kv = kv_views(kv_message(torch, k, v), tuple(k.shape), tuple(v.shape))
+            _attend(out, lse, q, kv, st, attn, scale, st.step == 0)
         o = out.to(q.dtype)
         res.append((o, lse) if return_lse else o)
     return res
@@ -429,14 +446,16 @@ def ring_attention(q, k, v, group=None, causal: bool = False, softmax_scale: flo
     """Attention of this rank's query shard over the whole sequence, whose K/V shards are spread over
     the ranks of `group` (None: the default group); every rank of the group calls it.
 
-    q: (B, S_local, Hq, D), k/v: (B, S_local_kv, Hkv, D), the same shapes on every rank. On CUDA
-    (fa4gen.attention locally): float16/bfloat16, D 64 or 128, Hq a multiple of Hkv, one GPU per rank.
+    q: (B, S_local, Hq, D), k: (B, S_local_kv, Hkv, D), v: (B, S_local_kv, Hkv, DV), the same shapes
+    on every rank. On CUDA (fa4gen.attention locally): float16/bfloat16, (D, DV) any pair
+    fa4gen.attention takes ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256)), Hq a multiple of
+    Hkv, one GPU per rank.
     On CPU (gloo): the `torch_attention` stand-in, also float32/float64. causal=True needs zigzag
     shards (`zigzag_shard`) of one sequence, S_local_kv == S_local even; the result is then exactly the
     causal attention of the full sequence (top-left = bottom-right aligned: Sq == Skv globally).
     softmax_scale defaults to 1/sqrt(D).
 
-    Returns o (B, S_local, Hq, D) in q's dtype, or with return_lse (o, lse), lse (B, Hq, S_local)
+    Returns o (B, S_local, Hq, DV) in q's dtype, or with return_lse (o, lse), lse (B, Hq, S_local)
     float32 (float64 for float64 inputs), rows in the shard's order. `attn_fn` replaces the local
     attention (q, k, v, causal, softmax_scale) -> (o, lse); `check_ranks=False` skips the descriptor
     exchange (one small all_gather and a host sync; the ranks must then agree on their own).
@@ -476,11 +495,12 @@ def _ring(q, k, v, group, causal, softmax_scale, return_lse, *, attn_fn=None, ch
 
     steps = ring_schedule(rank, w, q.shape[1], causal)
     acc = _acc_dtype(torch, q.dtype)
-    b, sq, hq, d = q.shape
-    out = torch.zeros((b, sq, hq, d), dtype=acc, device=q.device)
+    b, sq, hq = q.shape[:3]
+    out = torch.zeros((b, sq, hq, v.shape[-1]), dtype=acc, device=q.device)
     lse = torch.full((b, hq, sq), float("-inf"), dtype=acc, device=q.device)
-    kv_cur = torch.stack((k, v))  # one message per step: (2, B, S_kv, Hkv, D), contiguous
+    kv_cur = kv_message(torch, k, v)  # one message per step: k's elements, then v's, contiguous
     kv_next = torch.empty_like(kv_cur) if w > 1 else None
+    shapes = (tuple(k.shape), tuple(v.shape))
     send_to = dist.get_global_rank(g, (rank + 1) % w)
     recv_from = dist.get_global_rank(g, (rank - 1) % w)
     side = _comm_stream(torch, q.device) if cuda else None
@@ -496,7 +516,7 @@ def _ring(q, k, v, group, causal, softmax_scale, return_lse, *, attn_fn=None, ch
                 ops = [dist.P2POp(dist.isend, kv_cur, send_to, g), dist.P2POp(dist.irecv, kv_next, recv_from, g)]
                 reqs = dist.batch_isend_irecv(ops)
         if compute:
-            _attend(out, lse, q, kv_cur, st, attn, scale, first)
+            _attend(out, lse, q, kv_views(kv_cur, *shapes), st, attn, scale, first)
             first = False
         for r in reqs:
             r.wait()  # CUDA: the current stream waits for the transfer (no host sync); gloo: blocks
