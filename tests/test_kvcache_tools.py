@@ -367,7 +367,8 @@ def test_kvcache_mutations_are_in_the_corpus():
     names = {m.name for m in PTX_MUTATIONS if m.config.get("kvcache")}
     for needed in ("kv_page_index_clamp", "kv_page_clamp", "kv_page_table_row", "kv_split_lo", "kv_split_floor",
                    "kv_partial_row", "kv_lse_partial", "kv_single_split_branch", "combine_weight", "combine_max",
-                   "combine_store_offset", "kv_seqlen_clamp", "combine_split_step", "combine_weight_lane"):
+                   "combine_store_offset", "kv_seqlen_clamp", "combine_split_step", "combine_weight_lane",
+                   "combine_first_chunk_lse"):
         assert needed in names
 
 
@@ -405,3 +406,37 @@ def test_review_configs_include_the_kvcache_variants():
     assert set(codegen.KVCACHE_REVIEW_CONFIGS) <= set(codegen.GENERATED_MATRIX)
     for c in codegen.KVCACHE_REVIEW_CONFIGS:
         assert c.kvcache and c.page_size == 64 and c.causal and c.gqa_ratio == 4 and c.head_dim == 128
+
+
+# ---- fa4_combine: one entry per (head_dim_v, sinks, dtype), every one assembled without a spill ------
+def _combine_alone(ptx: str) -> str:
+    """The module's header and its fa4_combine entry alone (ptxas compiles each entry apart)."""
+    head = "".join(line + "\n" for line in ptx.splitlines() if line.startswith((".version", ".target", ".address_size")))
+    return head + ptx[ptx.index(".visible .entry fa4_combine("):]
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_every_combine_variant_assembles_without_spills(arch):
+    """ptxas spilled fa4_combine on some variants of its unrolled merge (8 live predicates; 16 splits
+    of D 64 a round; an LSE kept across pass 1): the build refuses spills, so each distinct combine
+    (it depends on DV, sinks and the dtype only) is assembled here. About 2 s per arch."""
+    from fa4gen import codegen
+    from fa4gen.assemble.assemble import AssemblePolicy, assemble, available_backends
+
+    if not available_backends():
+        pytest.skip("no assembler (ptxas or nvJitLink)")
+    seen = []
+    for hd in ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256)):
+        for dtype in ("bf16", "fp16"):
+            for sinks in (False, True):
+                cfg = KernelConfig(arch=arch, head_dim=hd[0], head_dim_v=hd[1], dtype=dtype, sinks=sinks, kvcache=True)
+                key = (hd[1], dtype, sinks)
+                if key in seen:
+                    continue
+                seen.append(key)
+                ptx = codegen.build(cfg, emit=("ptx",), verify=False).ptx
+                res = assemble(_combine_alone(ptx), arch, name=f"combine_{hd[1]}_{dtype}_{int(sinks)}",
+                               policy=AssemblePolicy(allow_spills=True))  # reported, judged below
+                (comb,) = [r for r in res.resources if r.name == "fa4_combine"]
+                assert comb.spills == 0 and comb.stack_frame == 0, (key, comb)
+    assert len(seen) == 16

@@ -200,6 +200,7 @@ COMBINE_ROWS_PER_CTA = COMBINE_THREADS // 32
 # columns) before it adds them: the loads of a row's splits are in flight together instead of one
 # L2 latency per split (the merge took 0.35 us per split before: 7.5 us at 16 splits on the H200)
 COMBINE_UNROLL_FLOATS = 32
+COMBINE_UNROLL_SPLITS = 8  # and at most this many splits a round (DV = 64: 16 spilled a register)
 
 
 def abi_params(cfg: KernelConfig, o_from_registers: bool = False) -> tuple[tuple[str, str], ...]:
@@ -293,7 +294,7 @@ def combine_context(cfg: KernelConfig) -> dict:
     vec = 1 << (cfg.head_dim_v // 32 - 1).bit_length()
     return {"entry": COMBINE_ENTRY, "param_decls": [d for _, d in combine_abi_params(cfg)], "threads": COMBINE_THREADS,
             "rows_per_cta": COMBINE_ROWS_PER_CTA, "head_dim": cfg.head_dim_v, "vec": vec, "lanes": cfg.head_dim_v // vec,
-            "sinks": cfg.sinks, "unroll": COMBINE_UNROLL_FLOATS // vec, "programmatic": COMBINE_PROGRAMMATIC}
+            "sinks": cfg.sinks, "unroll": min(COMBINE_UNROLL_SPLITS, COMBINE_UNROLL_FLOATS // vec), "programmatic": COMBINE_PROGRAMMATIC}
 
 
 def block_n(cfg: KernelConfig) -> int:

@@ -486,6 +486,9 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
                 "weight from the round's first lane (shfl.sync.idx of %cj, not of the split's index)", ("mismatch",),
                 _combine_sub(r"shfl\.sync\.idx\.b32 %cu1, %cw, %cs, 31, -1;", "shfl.sync.idx.b32 %cu1, %cw, %cj, 31, -1;"),
                 protocol=False),
+    PtxMutation("combine_first_chunk_lse", _SM90K, "fa4_combine: pass 2's first chunk does not take the LSE pass 1 "
+                "loaded for its lane's split (its weights come from -inf: O = 0)", ("mismatch",),
+                _combine_sub(r"^\s*@%cp2 mov\.f32 %cx, %cfirst;\n", ""), protocol=False),
     PtxMutation("combine_store_offset", _SM90K, "fa4_combine: O rows are stored D bytes apart instead of 2 D "
                 "(rows overlap)", ("WRITTEN_TWICE", "mismatch"),
                 _combine_sub(r"mul\.wide\.u32 %cix, %crow, 256;", "mul.wide.u32 %cix, %crow, 128;"), protocol=False),
