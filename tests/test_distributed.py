@@ -221,11 +221,16 @@ def _worker(rank, world, init_file, out_dir):
         res["errors"] = errs
         dist.barrier()
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.destroy_process_group()
     except BaseException:
         with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:
             f.write(traceback.format_exc())
         raise
+    # Every collective is done (the barrier) and the results are saved: leave at once. A rank of this
+    # worker died with SIGABRT ("terminate called without an active exception": a C++ thread
+    # destroyed while joinable) after the barrier, in destroy_process_group or the interpreter's
+    # teardown of gloo, about 1 run in 20 on the 2-core CPU machine, while its peers exited cleanly;
+    # os._exit skips both (gloo's destroy is local: the peers need nothing more from this rank).
+    os._exit(0)
 
 
 @pytest.fixture(scope="module", params=[2, 4])
