@@ -208,9 +208,6 @@ class _Entry:
         except KeyError as e:
             raise RuntimeSetupError(f"{self.name}: no value for parameter {e.args[0]!r}") from None
 
-    def launch(self, named: dict, grid: int, threads: int, smem: int, device: int) -> None:
-        self.launch_values(self.values(named), grid, threads, smem, device)
-
     def launch_values(self, vals: list, grid: int, threads: int, smem: int, device: int) -> None:
         """Launch with the parameters' values in signature order on torch's current stream of `device`."""
         stream = _stream(device)
