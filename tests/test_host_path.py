@@ -180,3 +180,16 @@ def test_param_buffer_layout_follows_the_ptx_abi():
     assert plan.param_buffer_layout([".param .u32 a", ".param .u64 b"]) == ("<IxxxxQ", (0, 8))
     with pytest.raises(ValueError, match="this runtime can pack"):
         plan.param_buffer_layout([".param .v2 .u32 x"])
+
+
+def test_launch_config_structs_match_the_driver_abi():
+    """cuLaunchKernelEx's CUlaunchConfig and CUlaunchAttribute as runtime.py lays them out (cuda.h:
+    seven unsigned ints, the stream pointer 8-aligned at 32, the attribute pointer, their count; an
+    attribute is its 4-byte id padded to 8 and a 64-byte value union)."""
+    import ctypes
+
+    from fa4gen.runtime.runtime import _LaunchAttribute, _LaunchConfig
+
+    assert ctypes.sizeof(_LaunchAttribute) == 72 and _LaunchAttribute.value.offset == 8
+    assert [(_LaunchConfig.hStream.offset, _LaunchConfig.attrs.offset, _LaunchConfig.numAttrs.offset)] == [(32, 40, 48)]
+    assert ctypes.sizeof(_LaunchConfig) == 56
