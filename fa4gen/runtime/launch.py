@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from . import bundle, validate
 from ..assemble.cache import KERNELS, CubinCache, EntryState
-from .runtime import run_kvcache
+from .runtime import dense_ptrs, kvcache_ptrs, out_ptrs, run_kvcache, varlen_ptrs  # noqa: F401 (api.py reads them here)
 from ..spec.config import KernelConfig
 from ..spec.tiles import q_tile_rows
 from .validate import RUNTIME_ARCH, Fa4genInputError, Problem
@@ -359,6 +359,19 @@ def partials_layout(num_splits: int, rows: int, head_dim_v: int) -> tuple[int, i
     return o_elems + num_splits * rows, 4 * o_elems
 
 
+def with_partials(torch, ptrs: dict, ws_elems: int, lse_offset: int, dev):
+    """A split launch's fp32 partials (partials_layout) allocated and their pointers added to ptrs
+    (0 without splits); returns the buffer, which the caller keeps until the launch is enqueued (torch's
+    allocator then reuses it in the stream's order)."""
+    if not ws_elems:
+        ptrs["o_partial"] = ptrs["lse_partial"] = 0
+        return None
+    ws = torch.empty(ws_elems, dtype=torch.float32, device=dev)
+    ptrs["o_partial"] = base = ws.data_ptr()
+    ptrs["lse_partial"] = base + lse_offset
+    return ws
+
+
 def fast_answer(torch, fast: _Fast, q, ptrs: dict, t0: float | None):
     """The outputs of a fast-path call: allocated, their pointers added to ptrs, the launch run on q's
     device, the call recorded (last_call_info) unless t0 is None."""
@@ -366,15 +379,7 @@ def fast_answer(torch, fast: _Fast, q, ptrs: dict, t0: float | None):
     dev = q.device
     o = torch.empty(problem.out_shape, dtype=q.dtype, device=dev)
     lse = torch.empty(problem.lse_shape, dtype=torch.float32, device=dev) if problem.return_lse else None
-    ptrs["tmap_o"] = ptrs["o_ptr"] = o.data_ptr()
-    ptrs["lse_ptr"] = 0 if lse is None else lse.data_ptr()
-    ws = None
-    if fast.ws_elems:  # freed after the launch: torch's allocator reuses it in the stream's order
-        ws = torch.empty(fast.ws_elems, dtype=torch.float32, device=dev)
-        ptrs["o_partial"] = base = ws.data_ptr()
-        ptrs["lse_partial"] = base + fast.lse_offset
-    else:
-        ptrs["o_partial"] = ptrs["lse_partial"] = 0
+    ws = with_partials(torch, out_ptrs(ptrs, o, lse), fast.ws_elems, fast.lse_offset, dev)
     if dev.index == torch.cuda.current_device():
         fast.run(ptrs)
     else:
@@ -384,24 +389,6 @@ def fast_answer(torch, fast: _Fast, q, ptrs: dict, t0: float | None):
     if t0 is not None:
         _local.info = (problem, True, fast.kinfo, (), time.perf_counter() - t0)
     return (o, lse) if problem.return_lse else o
-
-
-def out_ptrs(ptrs: dict, o, lse) -> dict:
-    ptrs["tmap_o"] = ptrs["o_ptr"] = o.data_ptr()
-    ptrs["lse_ptr"] = 0 if lse is None else lse.data_ptr()
-    return ptrs
-
-
-def dense_ptrs(q, k, v, sink) -> dict:
-    """The per-call pointers of a dense launch but its outputs'."""
-    return {"tmap_q": q.data_ptr(), "tmap_k": k.data_ptr(), "tmap_v": v.data_ptr(),
-            "sink_ptr": 0 if sink is None else sink.data_ptr()}
-
-
-def varlen_ptrs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, sink) -> dict:
-    """The per-call pointers of a varlen launch but its outputs'."""
-    return {**dense_ptrs(q, k, v, sink), "cu_seqlens_q": cu_seqlens_q.data_ptr(),
-            "cu_seqlens_k": cu_seqlens_k.data_ptr(), "seqused_k": 0 if seqused_k is None else seqused_k.data_ptr()}
 
 
 def nothing(ptrs) -> None:  # a Bound of None: nothing to launch
@@ -600,12 +587,6 @@ def attention_with_kvcache_eager(torch, q, k_cache, v_cache, cache_seqlens, page
     return _record(problem, t0, o, lse, launched, kinfo, copied)
 
 
-def kvcache_ptrs(q, k_cache, v_cache, cache_seqlens, page_table, sink) -> dict:
-    """The per-call pointers of a KV-cache launch but its outputs' and partials'."""
-    return {**dense_ptrs(q, k_cache, v_cache, sink), "cache_seqlens": cache_seqlens.data_ptr(),
-            "page_table": 0 if page_table is None else page_table.data_ptr()}
-
-
 def kvcache_metas(q, k_cache, v_cache, cache_seqlens, page_table, meta=None):
     """TensorMetas of the KV-cache arguments (None for an absent page_table), every argument that is
     not a dense tensor reported in one error."""
@@ -639,9 +620,7 @@ def kvcache_answer(torch, problem, get_kernel, q, k_cache, v_cache, cache_seqlen
         ws_elems, lse_offset = (partials_layout(S, problem.batch * problem.seqlen_q * problem.heads_q,
                                                 problem.head_dim_v) if S > 1 else (0, 0))
         ptrs = out_ptrs(kvcache_ptrs(q, k, v, cache_seqlens, page_table, sink), o, lse)
-        ws = torch.empty(ws_elems, dtype=torch.float32, device=dev) if ws_elems else None
-        ptrs["o_partial"] = 0 if ws is None else ws.data_ptr()
-        ptrs["lse_partial"] = 0 if ws is None else ws.data_ptr() + lse_offset
+        ws = with_partials(torch, ptrs, ws_elems, lse_offset, dev)  # noqa: F841 (alive until enqueued)
         run(ptrs)
         if made is not None:
             made.append((run, ws_elems, lse_offset))

@@ -220,6 +220,31 @@ class _Entry:
 _MAP_PLACEHOLDER = bytes(128)
 
 
+def out_ptrs(ptrs: dict, o, lse) -> dict:
+    """ptrs with a launch's outputs' pointers added (O's map and row pointer, the LSE's or 0)."""
+    ptrs["tmap_o"] = ptrs["o_ptr"] = o.data_ptr()
+    ptrs["lse_ptr"] = 0 if lse is None else lse.data_ptr()
+    return ptrs
+
+
+def dense_ptrs(q, k, v, sink) -> dict:
+    """The per-call pointers of a dense launch but its outputs' (Kernel.DENSE_PER_CALL)."""
+    return {"tmap_q": q.data_ptr(), "tmap_k": k.data_ptr(), "tmap_v": v.data_ptr(),
+            "sink_ptr": 0 if sink is None else sink.data_ptr()}
+
+
+def varlen_ptrs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, sink) -> dict:
+    """The per-call pointers of a varlen launch but its outputs' (Kernel.VARLEN_PER_CALL)."""
+    return {**dense_ptrs(q, k, v, sink), "cu_seqlens_q": cu_seqlens_q.data_ptr(),
+            "cu_seqlens_k": cu_seqlens_k.data_ptr(), "seqused_k": 0 if seqused_k is None else seqused_k.data_ptr()}
+
+
+def kvcache_ptrs(q, k_cache, v_cache, cache_seqlens, page_table, sink) -> dict:
+    """The per-call pointers of a KV-cache launch but its outputs' and partials' (Kernel.KVCACHE_PER_CALL)."""
+    return {**dense_ptrs(q, k_cache, v_cache, sink), "cache_seqlens": cache_seqlens.data_ptr(),
+            "page_table": 0 if page_table is None else page_table.data_ptr()}
+
+
 class Bound:
     """One entry's launch with every parameter its call's metadata decides already in place (shapes,
     strides, scale, modifiers, grid): a call gives only the parameters that change from call to call
@@ -419,11 +444,14 @@ def score_mod_scalars(config: dict, softmax_scale: float, mods=None, sink=None) 
     return out
 
 
+_MISS = object()
+
+
 def _memoised(cache: dict, key, limit: int, compute):
-    """cache[key], computed once; a cache past `limit` entries starts over (shapes seen by one process
-    are few, but nothing bounds them)."""
-    hit = cache.get(key)
-    if hit is None:
+    """cache[key], computed once (None included); a cache past `limit` entries starts over (shapes seen
+    by one process are few, but nothing bounds them)."""
+    hit = cache.get(key, _MISS)
+    if hit is _MISS:
         hit = compute()
         if len(cache) > limit:
             cache.clear()
@@ -529,13 +557,7 @@ class Kernel:
 
     def _bound(self, key, make):
         """The Bound (or None: nothing to launch) of a call shape, made once per key."""
-        hit = self._bound_cache.get(key, self._bound_cache)
-        if hit is self._bound_cache:
-            hit = make()
-            if len(self._bound_cache) >= 256:
-                self._bound_cache.clear()
-            self._bound_cache[key] = hit
-        return hit
+        return _memoised(self._bound_cache, key, 256, make)
 
     def _main_bound(self, named: dict, per_call: tuple, maps: dict, num_tasks: int, device) -> Bound:
         return Bound(self._entry, named, per_call, maps, self.grid(num_tasks), int(self.manifest["threads_per_cta"]),
@@ -619,11 +641,7 @@ class Kernel:
         b = self.bind_varlen(q, k, v, o, cu_seqlens_q, max_seqlen_q, max_seqlen_k, lse, seqused_k, softmax_scale, mods,
                              sink)
         if b is not None:
-            b.run({"tmap_q": q.data_ptr(), "tmap_k": k.data_ptr(), "tmap_v": v.data_ptr(), "tmap_o": o.data_ptr(),
-                   "lse_ptr": 0 if lse is None else lse.data_ptr(), "o_ptr": o.data_ptr(),
-                   "sink_ptr": 0 if sink is None else sink.data_ptr(),
-                   "cu_seqlens_q": cu_seqlens_q.data_ptr(), "cu_seqlens_k": cu_seqlens_k.data_ptr(),
-                   "seqused_k": 0 if seqused_k is None else seqused_k.data_ptr()})
+            b.run(out_ptrs(varlen_ptrs(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, sink), o, lse))
 
     def kvcache_num_splits(self, batch: int, num_heads_kv: int, seqlen_q: int, kv_len: int) -> int:
         """num_splits = 0's choice (fa4gen.spec.schedule.choose_num_splits) for this device's SM count:
@@ -708,12 +726,9 @@ class Kernel:
         bounds = self.bind_kvcache(q, k_cache, v_cache, o, page_table, num_splits, lse, softmax_scale, mods, sink)
         if bounds is None:
             return
-        ptrs = {"tmap_q": q.data_ptr(), "tmap_k": k_cache.data_ptr(), "tmap_v": v_cache.data_ptr(),
-                "tmap_o": o.data_ptr(), "o_ptr": o.data_ptr(), "lse_ptr": 0 if lse is None else lse.data_ptr(),
-                "sink_ptr": 0 if sink is None else sink.data_ptr(), "cache_seqlens": cache_seqlens.data_ptr(),
-                "page_table": 0 if page_table is None else page_table.data_ptr(),
-                "o_partial": 0 if o_partial is None else o_partial.data_ptr(),
-                "lse_partial": 0 if lse_partial is None else lse_partial.data_ptr()}
+        ptrs = out_ptrs(kvcache_ptrs(q, k_cache, v_cache, cache_seqlens, page_table, sink), o, lse)
+        ptrs["o_partial"] = 0 if o_partial is None else o_partial.data_ptr()
+        ptrs["lse_partial"] = 0 if lse_partial is None else lse_partial.data_ptr()
         run_kvcache(bounds, ptrs)
 
     def bind(self, q, k, v, o, lse=None, softmax_scale: float | None = None, l2_group: int | None = None, mods=None,
@@ -758,9 +773,7 @@ class Kernel:
         derives from the device's L2 (any value is safe: the kernel clamps it to [1, B*Hkv])."""
         b = self.bind(q, k, v, o, lse, softmax_scale, l2_group, mods, sink)
         if b is not None:
-            b.run({"tmap_q": q.data_ptr(), "tmap_k": k.data_ptr(), "tmap_v": v.data_ptr(), "tmap_o": o.data_ptr(),
-                   "lse_ptr": 0 if lse is None else lse.data_ptr(), "o_ptr": o.data_ptr(),
-                   "sink_ptr": 0 if sink is None else sink.data_ptr()})
+            b.run(out_ptrs(dense_ptrs(q, k, v, sink), o, lse))
 
 
 def run_kvcache(bounds: tuple, ptrs: dict) -> None:
