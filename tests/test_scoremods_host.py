@@ -15,7 +15,7 @@ from fa4gen.spec.config import KernelConfig
 from fa4gen.lower.manifest import score_mods_record
 from fa4gen.spec.plan import (ALL_ABI_DECLS, COMBINE_ABI_DECLS, WINDOW_UNBOUNDED, abi_params, kvcache_manifest,
                               varlen_manifest)
-from fa4gen.runtime.runtime import Kernel, RuntimeSetupError, score_mod_scalars
+from fa4gen.runtime.runtime import Kernel, MapSpec, RuntimeSetupError, score_mod_scalars
 from fa4gen.runtime.validate import (DeviceError, InputErrors, InputTypeError, InputValueError, ScoreMods, TensorMeta,
                                      check_kvcache_problem, check_problem, check_varlen_problem)
 
@@ -157,8 +157,8 @@ class _FakeLibcuda:
         self.launches.append((call, argv.value))
         self.programmatic.append(programmatic)
 
-    def encode_tiled(self, role, dtype, swizzle, addr, geo):
-        return role.encode().ljust(128, b"\0")
+    def encode_tiled(self, spec, addr):
+        return spec.role.encode().ljust(128, b"\0")
 
 
 _CODE = {n: {".u64": "Q", ".u32": "I", ".s32": "i", ".f32": "f"}.get(d.split()[-2], "")
@@ -177,7 +177,7 @@ def _launched(monkeypatch, cfg, mods, sink=None, scale=0.125):
     monkeypatch.setattr(runtime, "_libcuda", lambda: lib)
     monkeypatch.setattr(runtime, "_stream", lambda device: 0)
     # the fake manifest has no tensor maps: each map's spec is its role alone (the fake encodes that)
-    monkeypatch.setattr(Kernel, "_map_spec", lambda self, role, shape, strides, elem: (role, None, None, None))
+    monkeypatch.setattr(Kernel, "_map_spec", lambda self, role, shape, strides, elem: MapSpec(role, None, None, None, None))
     d, g = cfg.head_dim, cfg.gqa_ratio
     if cfg.varlen:
         q, k = torch.zeros(10, 2 * g, d), torch.zeros(12, 2, d)
@@ -346,14 +346,14 @@ def test_a_bound_launch_takes_each_calls_pointers(monkeypatch):
     lib = _FakeLibcuda()
     encoded = []
 
-    def encode(role, dtype, swizzle, addr, geo):
-        encoded.append((role, addr))
-        return f"{role}@{addr}".encode().ljust(128, b"\0")
+    def encode(spec, addr):
+        encoded.append((spec.role, addr))
+        return f"{spec.role}@{addr}".encode().ljust(128, b"\0")
 
     lib.encode_tiled = encode
     monkeypatch.setattr(runtime, "_libcuda", lambda: lib)
     monkeypatch.setattr(runtime, "_stream", lambda device: 0)
-    monkeypatch.setattr(Kernel, "_map_spec", lambda self, role, shape, strides, elem: (role, None, None, None))
+    monkeypatch.setattr(Kernel, "_map_spec", lambda self, role, shape, strides, elem: MapSpec(role, None, None, None, None))
     q, kc = torch.zeros(2, 1, 4, 128), torch.zeros(8, 64, 2, 128)
     table = torch.zeros(2, 4, dtype=torch.int32)
     main, combine = kernel.bind_kvcache(q, kc, kc, q, table, num_splits=3, softmax_scale=0.125)

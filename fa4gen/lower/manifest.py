@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..spec.config import GENERATOR_VERSION, KernelConfig
 from ..ir.core import Pipeline
 from ..spec.plan import (KVCACHE_ORDER, VARLEN_ORDER, abi_params, gqa_manifest, kv_box_rows, kvcache_manifest, qk_panels, qo_map_dims, varlen_manifest,
-                         score_mods_record, vo_panels)
+                         score_mods_record, tma_l2_promotion, vo_panels)
 
 __all__ = ["ENTRY", "GridFacts", "entry_params", "grid_section", "manifest", "score_mods_record",
            "smem_layout_section", "tensor_maps"]
@@ -86,7 +86,8 @@ def tensor_maps(cfg: KernelConfig, o_rows: int) -> dict:
     """The four TMA maps: Q/O 5-D over (D, heads of a tile, head groups, Sq, B), K/V 4-D (a paged
     cache: one box per page, or per K/V block of block_n keys). The Q box is one block_m-row tile, the O box
     o_rows rows (a whole tile, or the 64 rows one sm_90a consumer warpgroup stores); one panel's
-    columns wide with its swizzle (plan.Panels: 64 columns, 128B; D = 96: 32 columns, 64B)."""
+    columns wide with its swizzle (plan.Panels: 64 columns, 128B; D = 96: 32 columns, 64B), and the
+    L2 promotion the runtime encodes it with (plan.tma_l2_promotion)."""
     p = cfg.gqa_pack
     qk, vo = qk_panels(cfg), vo_panels(cfg)
 
@@ -94,7 +95,8 @@ def tensor_maps(cfg: KernelConfig, o_rows: int) -> dict:
         return [pn.panel_cols, min(p, rows), 1, max(rows // p, 1), 1]
 
     def tmap(dims: list[str], box: list[int], pn) -> dict:
-        return {"dims": dims, "box": box, "swizzle": f"{pn.swizzle.span_bytes}B", "dtype": cfg.dtype}
+        return {"dims": dims, "box": box, "swizzle": f"{pn.swizzle.span_bytes}B", "dtype": cfg.dtype,
+                "l2_promotion": tma_l2_promotion(cfg)}
 
     qo_dims = qo_map_dims(cfg)
     kv_dims = ["D", "Hkv", "Page", "Pages"] if cfg.page_size else ["D", "Hkv", "Skv", "B"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..spec.encodings import swizzle_from_name
 from ..spec.schedule import L2Choice, choose_l2_group, varlen_l2_rows
@@ -23,6 +24,7 @@ __all__ = ["CudaError", "Kernel", "RuntimeSetupError", "tensor_map_geometry"]
 
 # docs/ABI.md's parameters (fa4gen.spec.plan.ABI_PARAMS); the manifest's "params" gives their order.
 from ..spec.plan import ABI_PARAM_NAMES as _PARAM_NAMES  # noqa: E402
+from ..spec.plan import TMA_L2_PROMOTIONS  # noqa: E402
 
 
 class CudaError(RuntimeError):
@@ -109,8 +111,12 @@ class _Libcuda:
         self.swizzles = {"128B": int(drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B),
                          "64B": int(drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B),
                          "none": int(drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE)}
+        promotion = drv.CUtensorMapL2promotion
+        self.promotions = {"none": int(promotion.CU_TENSOR_MAP_L2_PROMOTION_NONE),
+                           "64B": int(promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_64B),
+                           "128B": int(promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B),
+                           "256B": int(promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B)}
         self._fixed = (int(drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE),
-                       int(drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B),
                        int(drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
 
     def _raise(self, call: str, err: int):
@@ -120,15 +126,16 @@ class _Libcuda:
         raise CudaError(call, name.value.decode() if name.value else str(err),
                         text.value.decode() if text.value else "no message")
 
-    def encode_tiled(self, role: str, dtype: str, swizzle: str, addr: int, geo: "MapGeometry") -> bytes:
+    def encode_tiled(self, spec: "MapSpec", addr: int) -> bytes:
         """The 128-byte CUtensorMap of one tensor (encoded into a 64-byte-aligned scratch buffer)."""
+        role, geo = spec.role, spec.geo
         rank = len(geo.dims)
         buf = ctypes.create_string_buffer(128 + 64)
         at = ctypes.addressof(buf) + (-ctypes.addressof(buf) % 64)
-        err = self._encode(at, self.dtypes[dtype], rank, addr, (ctypes.c_uint64 * rank)(*geo.dims),
+        err = self._encode(at, self.dtypes[spec.dtype], rank, addr, (ctypes.c_uint64 * rank)(*geo.dims),
                            (ctypes.c_uint64 * max(rank - 1, 1))(*geo.strides), (ctypes.c_uint32 * rank)(*geo.box),
-                           (ctypes.c_uint32 * rank)(*([1] * rank)), self._fixed[0], self.swizzles[swizzle],
-                           self._fixed[1], self._fixed[2])
+                           (ctypes.c_uint32 * rank)(*([1] * rank)), self._fixed[0], self.swizzles[spec.swizzle],
+                           self.promotions[spec.l2_promotion], self._fixed[1])
         if err:
             self._raise(f"cuTensorMapEncodeTiled({role})", err)
         return ctypes.string_at(at, 128)
@@ -265,15 +272,14 @@ class Bound:
         self.dynamic = entry.params.index("task_counter") if "task_counter" in entry.params else -1
         fill = {n: (_MAP_PLACEHOLDER if n in maps else 0) for n in per_call}
         self._vals = entry.values({**named, **fill, "task_counter": 0})
-        # (index, name, the map's (role, dtype, swizzle, geometry) or None) per per-call parameter it has
+        # (index, name, the map's MapSpec or None) per per-call parameter it has
         self._slots = tuple((i, p, maps.get(p)) for i, p in enumerate(entry.params) if p in fill)
         self._maps: dict = {}
 
     def _map(self, name: str, spec, ptr: int) -> bytes:
         hit = self._maps.get((name, ptr))
         if hit is None:
-            role, dtype, swizzle, geo = spec
-            hit = _libcuda().encode_tiled(role, dtype, swizzle, ptr, geo)
+            hit = _libcuda().encode_tiled(spec, ptr)
             if len(self._maps) >= 64:
                 self._maps.clear()
             self._maps[(name, ptr)] = hit
@@ -301,6 +307,27 @@ class MapGeometry:
     dims: tuple[int, ...]  # elements, innermost first
     strides: tuple[int, ...]  # bytes, for dims[1:]
     box: tuple[int, ...]
+
+
+class MapSpec(NamedTuple):
+    """One tensor map as cuTensorMapEncodeTiled takes it: the manifest's static fields and the call's geometry."""
+    role: str
+    dtype: str
+    swizzle: str
+    l2_promotion: str  # one of plan.TMA_L2_PROMOTIONS
+    geo: MapGeometry
+
+
+# every map was encoded with 256B promotion before the manifest recorded it (generator 2026-12-04)
+_UNRECORDED_L2_PROMOTION = "256B"
+
+
+def map_l2_promotion(role: str, spec: dict) -> str:
+    """The L2 promotion of a manifest tensor map (plan.tma_l2_promotion wrote it)."""
+    value = spec.get("l2_promotion", _UNRECORDED_L2_PROMOTION)
+    if value not in TMA_L2_PROMOTIONS:
+        raise RuntimeSetupError(f"{role}: the manifest's l2_promotion {value!r} is not one of {', '.join(TMA_L2_PROMOTIONS)}")
+    return value
 
 
 def manifest_gqa(manifest: dict) -> tuple[int, int]:
@@ -535,11 +562,11 @@ class Kernel:
         return cls(module, function, manifest, int(sm_count), device, int(l2_bytes), combine)
 
     # ---- launching -----------------------------------------------------------------------------
-    def _map_spec(self, role: str, shape: tuple, strides: tuple, elem_bytes: int) -> tuple:
-        """What a Bound encodes role's tensor map from: (role, dtype, swizzle, geometry)."""
+    def _map_spec(self, role: str, shape: tuple, strides: tuple, elem_bytes: int) -> "MapSpec":
+        """What a Bound encodes role's tensor map from."""
         spec = self.manifest["tensor_maps"][role]
         geo = tensor_map_geometry(role, spec, tuple(shape), tuple(strides), elem_bytes, manifest_gqa(self.manifest)[1])
-        return (role, spec["dtype"], spec["swizzle"], geo)
+        return MapSpec(role, spec["dtype"], spec["swizzle"], map_l2_promotion(role, spec), geo)
 
     def _maps(self, tensors) -> dict:
         """{tmap_<role>: its map spec} of (role, tensor) pairs in [B, S, H, D]."""

@@ -601,6 +601,18 @@ class TmaL2Promotion(IntEnum):
     L2_128B = 2
     L2_256B = 3
 
+    @property
+    def label(self) -> str:
+        """The manifest's name of the mode: "none", "64B", "128B", "256B"."""
+        return "none" if self is TmaL2Promotion.NONE else self.name[len("L2_"):]
+
+    @classmethod
+    def from_label(cls, label: str) -> "TmaL2Promotion":
+        for mode in cls:
+            if mode.label == label:
+                return mode
+        raise EncodingError(f"L2 promotion {label!r}: one of {', '.join(m.label for m in cls)}")
+
 
 class TmaOobFill(IntEnum):
     NONE = 0  # out-of-bound elements read as zero

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import KernelConfig
-from .encodings import TMEM_COLUMNS, Swizzle
+from .encodings import TMEM_COLUMNS, Swizzle, TmaL2Promotion
 from .tiles import ROWS, PlanError, gqa_pack
 
 
@@ -305,6 +305,25 @@ def block_n(cfg: KernelConfig) -> int:
 def kv_box_rows(cfg: KernelConfig) -> int:
     """Rows of one K/V TMA box: a whole block_n-key block, or one page when pages are smaller."""
     return min(cfg.page_size, block_n(cfg)) if cfg.page_size else block_n(cfg)
+
+
+# TMA L2 promotion (cuTensorMapEncodeTiled's l2Promotion; PTX-invisible, recorded per map in the
+# manifest's tensor_maps and read by the runtime): how much the L2 fetches from DRAM around a box row.
+# A K/V box row is one 128-byte panel row of a 256-byte (D = 128) key row; 256B promotion brings the
+# row's other panel in with it. A KV-cache kernel streams every K/V byte once from DRAM, and 256B
+# costs it a tenth of its rate; the dense and varlen kernels, whose K/V blocks many CTAs read through
+# the L2, keep 256B. H200, 2026-12-04, every map of a launch at one promotion (two rounds each,
+# bench/README.md "TMA L2 promotion"): decode 64 x 4k 4.09-4.11 TB/s at 256B, 4.49-4.56 at 128B, none
+# or 64B (cuDNN 4.52); 33 x 32k 4.20 -> 4.65; dense D 64 causal 1 x 16k 497 TFLOP/s at 256B,
+# 485-490 at the others; D 128 causal 1 x 32k 627-634 at 256B, 618-626 at 128B; D 128 non-causal even.
+TMA_L2_PROMOTIONS = tuple(mode.label for mode in TmaL2Promotion)  # "none", "64B", "128B", "256B"
+TMA_L2_PROMOTION_STREAMED = "128B"  # KV-cache kernels
+TMA_L2_PROMOTION_REUSED = "256B"  # dense and varlen kernels
+
+
+def tma_l2_promotion(cfg: KernelConfig) -> str:
+    """The L2 promotion of every tensor map of cfg's kernel (one of TMA_L2_PROMOTIONS)."""
+    return TMA_L2_PROMOTION_STREAMED if cfg.kvcache else TMA_L2_PROMOTION_REUSED
 
 
 def kvcache_num_tasks(batch: int, num_heads_kv: int, groups: int, num_m_blocks: int, num_splits: int) -> int:
