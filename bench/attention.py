@@ -3,8 +3,12 @@
     python -m bench.attention            (or: python bench/attention.py)  [--dtype bf16] [--only 0,3]
 
 TFLOP/s = 4 * B * Hq * Sq * Skv * D / time, halved for causal (half the score matrix is skipped);
-time = the median of triton.testing.do_bench (its own warm-up, L2 flushed between runs) after one
-untimed call of each implementation. Shapes are /work/shared/BASELINES.md's. Two fa4gen columns:
+time = the median of triton.testing.do_bench (its own warm-up, L2 flushed between runs), taken in
+`--rounds` rounds (default 3) with the contenders interleaved and the order rotated each round, the
+median over the rounds; every implementation makes its untimed first call (builds, JIT compiles)
+before any timing. (Until 2026-12-04 each contender was timed once, right after its first call: the
+first timed after an idle spell, such as FA4-CuTe after its compile, ran on a cooler, faster-clocked
+GPU; the same fa4gen kernel measured up to 6% apart between two columns.) Shapes are /work/shared/BASELINES.md's. Two fa4gen columns:
 `fa4gen` times the public `fa4gen.attention` (validation, output allocation and launch included),
 `fa4gen_kernel` the loaded Kernel called directly into a preallocated output (the kernel alone,
 as the SDPA numbers nearly are). Each result is also compared with cuDNN's output (max abs diff),
@@ -17,8 +21,8 @@ first call of each variant JIT-compiles (seconds; recorded per row as `fa4cute_f
 kept out of the timing. "best peer" = fa4gen_kernel / max(cudnn, flash, fa4cute).
 
 Time: the whole run must fit the GPU check's device call (~180 s beside the GPU tests): do_bench
-keeps 25 ms warm-up / 100 ms repetitions (about 0.15 s per timed column and shape, ~10 s for all;
-the peer's JIT compiles dominate), and `--budget-s` (default 160) skips the shapes left once that
+keeps 25 ms warm-up / 100 ms repetitions (about 0.15 s per timed column, shape and round, ~30 s for
+all; the peer's JIT compiles dominate), and `--budget-s` (default 160) skips the shapes left once that
 much wall time has gone, so a slow run still ends with its rows written (`complete: false`).
 
 `previous` (with `--baseline DIR`, or $FA4GEN_BENCH_BASELINE): the kernels of an earlier generator,
@@ -162,14 +166,17 @@ def _median_ms(fn, warmup_ms, rep_ms):
     return statistics.median(times)
 
 
-def interleaved_ms(fns: dict, rounds: int, warmup_ms: int, rep_ms: int, timer=None) -> dict:
+def interleaved_ms(fns: dict, rounds: int, warmup_ms: int, rep_ms: int, timer=None, rotate: bool = False) -> dict:
     """Time several callables alternately (A, B, C, A, B, C ...) for `rounds` rounds of
-    `_median_ms` each, so that drift (clocks, heat) falls on all of them alike. Returns
+    `_median_ms` each, so that drift (clocks, heat) falls on all of them alike; with `rotate`, round r
+    starts at the r-th callable (B, C, A ...), so that no one is always first after an idle spell. Returns
     name -> (median over the rounds in ms, (min / median, max / median) over the rounds)."""
     timer = timer or _median_ms
     per = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
+    order = list(fns.items())
+    for r in range(rounds):
+        shift = r % len(order) if rotate and order else 0
+        for name, fn in order[shift:] + order[:shift]:
             per[name].append(timer(fn, warmup_ms, rep_ms))
     out = {}
     for name, times in per.items():
@@ -226,7 +233,7 @@ def _fa4cute(flash_attn_func, q, k, v, causal):
     return fn, out, first_s
 
 
-def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None):
+def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None, rounds=1):
     import torch
 
     from fa4gen.runtime import api
@@ -236,8 +243,10 @@ def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None)
     gen = torch.Generator(device=DEVICE).manual_seed(1234)
     q, k, v = (torch.randn(b, s, h, d, device=DEVICE, dtype=dt, generator=gen) for h in (hq, hkv, hkv))
     row = dict(B=b, Sq=s, Skv=s, Hq=hq, Hkv=hkv, D=d, dtype=dtype_name, causal=causal)
-    outputs, notes, ms = {}, {}, {}
+    outputs, notes, fns = {}, {}, {}
 
+    # every contender's first call (builds, loads, JIT compiles) comes before any timing, so that no
+    # contender's timing follows its own idle compile (a cooler, faster-clocked GPU) alone
     with torch.no_grad():
         try:
             outputs["fa4gen"] = api.attention(q, k, v, causal=causal)
@@ -247,11 +256,11 @@ def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None)
                 row["fa4gen_first_call"] = dict(source=info.kernel.source, build_s=round(info.kernel.build_s, 4),
                                                 cache_s=round(info.kernel.cache_s, 4),
                                                 load_s=round(info.kernel.load_s, 4))
-            ms["fa4gen"] = _median_ms(lambda: api.attention(q, k, v, causal=causal), warmup_ms, rep_ms)
+            fns["fa4gen"] = lambda: api.attention(q, k, v, causal=causal)
             kernel, _ = api.get_kernel(api.config_for(info.problem), q.device)
             o = torch.empty_like(q)
             scale = d ** -0.5
-            ms["fa4gen_kernel"] = _median_ms(lambda: kernel(q, k, v, o, softmax_scale=scale), warmup_ms, rep_ms)
+            fns["fa4gen_kernel"] = lambda: kernel(q, k, v, o, softmax_scale=scale)
             chosen = api.config_for(info.problem)
             row["fa4gen_block_m"] = chosen.block_m
             if chosen.block_m != 128:  # the same generator's 128-row (two-consumer) kernel beside it
@@ -260,7 +269,7 @@ def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None)
                 k128(q, k, v, o128, softmax_scale=scale)
                 torch.cuda.synchronize()
                 outputs["fa4gen_m128"] = o128
-                ms["fa4gen_m128"] = _median_ms(lambda: k128(q, k, v, o128, softmax_scale=scale), warmup_ms, rep_ms)
+                fns["fa4gen_m128"] = lambda: k128(q, k, v, o128, softmax_scale=scale)
         except Exception as e:
             notes["fa4gen"] = _one_line(e)
         if baseline:
@@ -274,8 +283,7 @@ def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None)
                 prev.kernel(q, k, v, o_prev, softmax_scale=d ** -0.5)
                 torch.cuda.synchronize()
                 outputs["previous"] = o_prev
-                ms["previous"] = _median_ms(lambda: prev.kernel(q, k, v, o_prev, softmax_scale=d ** -0.5),
-                                            warmup_ms, rep_ms)
+                fns["previous"] = lambda: prev.kernel(q, k, v, o_prev, softmax_scale=d ** -0.5)
             except Exception as e:
                 notes["previous"] = _one_line(e)
         for name in ("cudnn", "flash"):
@@ -284,16 +292,21 @@ def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None)
                 notes[name] = note
             if fn is not None:
                 outputs[name] = out
-                ms[name] = _median_ms(fn, warmup_ms, rep_ms)
+                fns[name] = fn
         if fa4cute is not None:  # (when it is None, the JSON's top-level `fa4cute.status` says why)
             try:
                 fn, out, first_s = _fa4cute(fa4cute, q, k, v, causal)
                 row["fa4cute_first_call_s"] = round(first_s, 3)
                 outputs["fa4cute"] = out
-                ms["fa4cute"] = _median_ms(fn, warmup_ms, rep_ms)
+                fns["fa4cute"] = fn
             except Exception as e:  # a variant the peer does not take: say so, keep the run going
                 notes["fa4cute"] = _one_line(e)
                 torch.cuda.synchronize()
+        ms = {}
+        for name, (med, spread) in interleaved_ms(fns, rounds, warmup_ms, rep_ms, rotate=True).items():
+            ms[name] = med
+            if rounds > 1:
+                row[f"{name}_round_spread"] = spread
 
     for name in IMPLS:
         row[f"{name}_ms"] = round(ms[name], 5) if name in ms else None
@@ -402,6 +415,9 @@ def main(argv=None):
                     help="main: SHAPES (BASELINES.md's table and the tracker's rows); gqa: GQA_SHAPES; d64: D64_SHAPES")
     ap.add_argument("--warmup-ms", type=int, default=25)
     ap.add_argument("--rep-ms", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="timing rounds per shape, the contenders interleaved, each round starting one "
+                         "contender later; each figure is the median over the rounds (default 3)")
     ap.add_argument("--budget-s", type=float, default=160.0,
                     help="start no new shape after this many seconds of wall time (default 160)")
     ap.add_argument("--no-fa4cute", action="store_true", help="leave the FA4-CuTe peer out even if installed")
@@ -432,7 +448,9 @@ def main(argv=None):
     gpu = re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"]).strip("-")
     path = out_dir / (f"{stamp}_{gpu}.json" if args.suite == "main" else f"{stamp}_{gpu}_{args.suite}.json")
     result = {**env, "suite": args.suite, "dtype": args.dtype, "fa4cute": fa4info, "baseline": args.baseline,
-              "timing": f"triton do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms",
+              "timing": (f"triton do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms; median of "
+                         f"{args.rounds} interleaved round(s), the order rotated each round, after every "
+                         f"contender's first call"),
               "complete": False, "results": []}
     for i, shape in enumerate(shapes):
         elapsed = time.perf_counter() - t_start
@@ -443,7 +461,7 @@ def main(argv=None):
             print(f"  budget spent after {elapsed:.0f} s: {len(shapes) - i} shape(s) skipped", flush=True)
             break
         row = run_shape(shape, shape_dtype(shape, args.dtype), args.warmup_ms, args.rep_ms, fa4cute=fa4cute,
-                        baseline=args.baseline)
+                        baseline=args.baseline, rounds=max(args.rounds, 1))
         result["results"].append(row)
         result["complete"] = i == len(shapes) - 1
         result["wall_s"] = round(time.perf_counter() - t_start, 1)

@@ -194,6 +194,44 @@ def test_interleaved_ms_alternates_and_reports_median_and_spread():
     assert out["a"] == (2.0, (0.5, 1.5)) and out["b"] == (20.0, (0.5, 1.5))
 
 
+def test_interleaved_ms_rotates_the_first_contender_when_asked():
+    calls = []
+
+    def timer(fn, warmup_ms, rep_ms):
+        calls.append(fn)
+        return {"A": 1.0, "B": 2.0, "C": 3.0}[fn]
+
+    out = bench.interleaved_ms({"a": "A", "b": "B", "c": "C"}, 4, 5, 50, timer=timer, rotate=True)
+    assert calls == ["A", "B", "C", "B", "C", "A", "C", "A", "B", "A", "B", "C"]
+    assert {k: v[0] for k, v in out.items()} == {"a": 1.0, "b": 2.0, "c": 3.0}
+
+
+def test_run_shape_makes_every_first_call_before_any_timing(monkeypatch, clean_import_state):
+    """No contender is timed right after its own first call (a JIT compile leaves the GPU idle and
+    cooler: the next timing runs faster): every first call comes first, then the interleaved rounds."""
+    torch = pytest.importorskip("torch")
+    events = []
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+
+    def sdpa(name, q, k, v, causal):
+        events.append(f"first {name}")
+        return (lambda: events.append(f"call {name}")), q * 1, ""
+
+    def peer(q, k, v, causal=False):
+        events.append("peer")
+        return q * 1
+
+    monkeypatch.setattr(bench, "_sdpa", sdpa)
+    monkeypatch.setattr(bench, "_median_ms", lambda fn, warmup_ms, rep_ms: (events.append("time"), fn(), 1.0)[-1])
+    row = bench.run_shape((1, 64, 2, 2, 64, False), "bf16", 5, 50, fa4cute=peer, rounds=2)
+    first_time = events.index("time")
+    assert {"first cudnn", "first flash"} <= set(events[:first_time]) and events[:first_time].count("peer") == 2
+    assert "first cudnn" not in events[first_time:] and events.count("time") == 2 * 3  # 3 contenders x 2 rounds
+    assert row["cudnn_ms"] == 1.0 and row["fa4cute_round_spread"] == (1.0, 1.0)
+
+
 def test_head_dims_shapes_flops_and_help(capsys):
     """bench/head_dims.py's CPU side: its pairs, shape list, FLOP count, cuDNN refusal text and --help."""
     from bench import head_dims as hd
