@@ -11,10 +11,12 @@ TFLOP/s count only the real work: sum over sequences of 4 * Lq * Lk * H * D (cau
 pairs, Lq * Lk - Lq * (Lq - 1) / 2 for Lq = Lk). `dense (equal work)` runs fa4gen's dense kernel on
 B x S with the same tokens and the same FLOPs: S = sum L^2 / sum L rounded to 64, B = tokens / S.
 `fa4gen` times fa4gen.attention_varlen (validation, allocation, launch); `fa4gen_kernel` the loaded
-kernel into a preallocated output. Every implementation's O is compared with fa4gen's (max |diff|).
-Timing: triton do_bench median (bench.attention._median_ms), warm-up first; the varlen kernel, the
-dense kernel and FA4-CuTe alternate for --rounds rounds (bench.attention.interleaved_ms: median
-over the rounds, min/max over median recorded as `*_spread`).
+kernel it runs (its Q tile rows, tiles.q_tile_rows with the mix's longest sequence, in `tile`) into a
+preallocated output; beside a 192-row kernel, `fa4gen_m128` the same generator's 128-row one. The
+dense kernel at equal work is the one fa4gen.attention runs at B x S. Every implementation's O is compared with fa4gen's (max |diff|).
+Timing: triton do_bench median (bench.attention._median_ms), every contender's first call first; then
+they alternate for --rounds rounds, each round starting one contender later
+(bench.attention.interleaved_ms: median over the rounds, min/max over median recorded as `*_spread`).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.attention import ROOT, _median_ms, _one_line, _write, environment, interleaved_ms, load_fa4cute
+from bench.attention import ROOT, _one_line, _write, environment, interleaved_ms, load_fa4cute
 
 TOKENS = 32768
 HEADS = 16
@@ -71,6 +73,7 @@ def run_mix(kind, d, causal, warmup_ms, rep_ms, fa4_varlen=None, rounds=3):
 
     from fa4gen.runtime import api
     from fa4gen.spec.config import KernelConfig
+    from fa4gen.spec.tiles import q_tile_rows
 
     lens = mix_lengths(kind)
     total = sum(lens)
@@ -88,19 +91,29 @@ def run_mix(kind, d, causal, warmup_ms, rep_ms, fa4_varlen=None, rounds=3):
 
     try:
         outs["fa4gen"] = api.attention_varlen(q, k, v, cu, cu, maxlen, maxlen, causal=causal)
-        ms["fa4gen"] = _median_ms(lambda: api.attention_varlen(q, k, v, cu, cu, maxlen, maxlen, causal=causal),
-                                  warmup_ms, rep_ms)
-        cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, dtype="bf16", varlen=True)
+        fns["fa4gen"] = lambda: api.attention_varlen(q, k, v, cu, cu, maxlen, maxlen, causal=causal)
+        # the tile fa4gen.attention_varlen runs (tiles.q_tile_rows), and the 128-row kernel beside a 192-row one
+        rows = q_tile_rows("sm_90a", d, 1, varlen=True, causal=causal, seqlen_q=maxlen)
+        row["fa4gen_block_m"] = rows
+        cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, dtype="bf16", varlen=True, block_m=rows)
         kernel, _ = api.get_kernel(cfg)
         o = torch.empty_like(q)
         fns["fa4gen_kernel"] = lambda: kernel.varlen(q, k, v, o, cu, cu, maxlen, maxlen, softmax_scale=d ** -0.5)
+        if rows != 128:
+            k128, _ = api.get_kernel(cfg.replace(block_m=128))
+            o128 = torch.empty_like(q)
+            k128.varlen(q, k, v, o128, cu, cu, maxlen, maxlen, softmax_scale=d ** -0.5)
+            outs["fa4gen_m128"] = o128
+            fns["fa4gen_m128"] = lambda: k128.varlen(q, k, v, o128, cu, cu, maxlen, maxlen, softmax_scale=d ** -0.5)
     except Exception as e:  # noqa: BLE001 - a failing row is reported, the others still run
         notes["fa4gen"] = _one_line(e)
     b_eq, s_eq = equal_work_dense(lens)
     row["dense_shape"] = [b_eq, s_eq]
     try:
         qd, kd, vd = (torch.randn(b_eq, s_eq, HEADS, d, device="cuda", dtype=dt) for _ in range(3))
-        cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, dtype="bf16")
+        cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, dtype="bf16",
+                           block_m=q_tile_rows("sm_90a", d, 1, causal=causal, seqlen_q=s_eq))
+        row["dense_block_m"] = cfg.block_m
         dk, _ = api.get_kernel(cfg)
         od = torch.empty_like(qd)
         fns["dense"] = lambda: dk(qd, kd, vd, od, softmax_scale=d ** -0.5)
@@ -122,20 +135,25 @@ def run_mix(kind, d, causal, warmup_ms, rep_ms, fa4_varlen=None, rounds=3):
             fns["fa4cute"] = fn
         except Exception as e:  # noqa: BLE001
             notes["fa4cute"] = _one_line(e)
-    # the kernel, the dense kernel and the peer alternate, so that clock drift falls on all alike
-    for name, (med, spread) in interleaved_ms(fns, rounds, warmup_ms, rep_ms).items():
+    # every contender's first call is made; now they alternate, each round starting one later, so that
+    # clock drift and the idle spells before a round fall on all alike
+    for name, (med, spread) in interleaved_ms(fns, rounds, warmup_ms, rep_ms, rotate=True).items():
         ms[name] = med
         row[f"{name}_spread"] = spread
     if "dense" in ms:
         row["dense_kernel_tflops"] = round(dflop / (ms["dense"] * 1e-3) / 1e12, 1)
-    for name in ("fa4gen", "fa4gen_kernel", "fa4cute"):
+    for name in ("fa4gen", "fa4gen_kernel", "fa4gen_m128", "fa4cute"):
         row[f"{name}_ms"] = round(ms[name], 4) if name in ms else None
         row[f"{name}_tflops"] = tf(ms.get(name))
+    if "fa4gen_m128" in outs and "fa4gen" in outs:
+        row["max_diff_m128"] = round((outs["fa4gen"].float() - outs["fa4gen_m128"].float()).abs().max().item(), 5)
     if "fa4gen" in outs and "fa4cute" in outs:
         row["max_diff_vs_fa4cute"] = round((outs["fa4gen"].float() - outs["fa4cute"].float()).abs().max().item(), 5)
     kt, dt_, ft = row["fa4gen_kernel_tflops"], row.get("dense_kernel_tflops"), row["fa4cute_tflops"]
     row["vs_dense"] = round(kt / dt_, 3) if kt and dt_ else None
     row["vs_fa4cute"] = round(kt / ft, 3) if kt and ft else None
+    mt = row["fa4gen_m128_tflops"]
+    row["vs_m128"] = round(kt / mt, 3) if kt and mt else None
     if notes:
         row["notes"] = notes
     return row
@@ -145,11 +163,12 @@ def markdown(rows) -> str:
     def c(x):
         return "-" if x is None else f"{x}"
 
-    lines = ["| mix | D | causal | seqs (max) | fa4gen | fa4gen kernel | dense, equal work (B x S) | FA4-CuTe varlen | "
-             "kernel / dense | kernel / FA4-CuTe |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| mix | D | causal | seqs (max) | tile | fa4gen | fa4gen kernel | 128-row kernel | dense, equal work (B x S) | "
+             "FA4-CuTe varlen | kernel / dense | kernel / FA4-CuTe |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['mix']} | {r['head_dim']} | {'yes' if r['causal'] else 'no'} | {r['sequences']} "
-                     f"({r['max_len']}) | {c(r['fa4gen_tflops'])} | {c(r['fa4gen_kernel_tflops'])} | "
+                     f"({r['max_len']}) | {c(r.get('fa4gen_block_m'))} | {c(r['fa4gen_tflops'])} | "
+                     f"{c(r['fa4gen_kernel_tflops'])} | {c(r.get('fa4gen_m128_tflops'))} | "
                      f"{c(r.get('dense_kernel_tflops'))} ({r['dense_shape'][0]} x {r['dense_shape'][1]}) | "
                      f"{c(r['fa4cute_tflops'])} | {c(r['vs_dense'])} | {c(r['vs_fa4cute'])} |")
     return "\n".join(lines)

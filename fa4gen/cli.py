@@ -60,8 +60,8 @@ def _config_options(f):
                           "(B, max_pages) int32, N a power of two in [16, 256]; 0 = contiguous."),
         click.option("--block-m", "block_m", type=click.Choice(["auto", "128", "192"]), default="auto", show_default=True,
                      help="Q tile rows. auto: what fa4gen.attention runs (fa4gen.spec.tiles.q_tile_rows: 192 for dense "
-                          "sm_90a D = 64, three consumer warpgroups; 128 otherwise). 192 is sm_90a-only, dense, "
-                          "GQA packs of at most 64 heads."),
+                          "and varlen sm_90a D = 64 and 96, three consumer warpgroups; 128 otherwise). 192 is "
+                          "sm_90a-only, not KV cache, GQA packs of at most 64 heads."),
         click.option("--window", is_flag=True,
                      help="Sliding window (docs/ABI.md \"Windows, softcap, sinks\"): a kernel variant whose window "
                           "sides are run-time arguments (window_left, window_right; fa4gen.attention's window_size="

@@ -13,6 +13,7 @@ from fa4gen.spec.config import KernelConfig
 from fa4gen.spec.plan import varlen_task_bound
 from fa4gen.evidence.ptxemu import harness
 from fa4gen.evidence.ptxemu.harness import run_raw
+from fa4gen.lower.walk import exact_log2
 from fa4gen.render.jinja import environment
 from fa4gen.spec.schedule import varlen_spans, varlen_tasks
 from fa4gen.runtime.validate import (DeviceError, Fa4genInputError, InputErrors, InputTypeError, InputValueError,
@@ -35,7 +36,7 @@ def _decode_kernel(ng: int, causal: bool, unit_rows: int) -> str:
            '    add.u32 %task, %task, 32;\n    bra.uni $L_loop;\n'
            '$L_none:\n    mov.u32 %r0, 2;\n    st.global.u32 [%rdo], %r0;\n$L_end:\n')
     body = environment().from_string(src).render(NG=ng, causal=causal, unit_rows=unit_rows,
-                                                 unit_shift=unit_rows.bit_length() - 1)
+                                                 unit_shift=exact_log2(unit_rows))
     params = ["cu_seqlens_q", "cu_seqlens_k", "seqused_k", "out"]
     decl = ",\n    ".join([f".param .u64 {p}" for p in params] + [f".param .u32 {p}" for p in
                                                                   ("total_q", "total_k", "batch", "hkv_n", "ntasks", "l2_group")])
@@ -83,6 +84,10 @@ def _run_decode(cu_q, cu_k, total_q, total_k, hkv, ng, causal, unit_rows, sequse
     ([33, 17, 0, 100], [50, 0, 20, 100], 3, 1, False, 32, [40, 5, 30, 0], 1),  # GQA 4 tiles, seqused_k
     ([33, 17, 0, 100], [50, 0, 20, 100], 3, 1, True, 32, [40, 5, 30, 0], 0),
     ([], [], 1, 1, False, 128, None, 1),
+    # the sm_90a 192-row tile: 192 positions a unit (GQA 1, 3, ...) or 48 (4 packed heads): a division, not a shift
+    ([70, 0, 192, 193, 5, 385, 1], [10, 3, 0, 200, 300, 400, 128], 2, 1, False, 192, None, 1),
+    ([70, 0, 192, 193, 5, 385, 1], [70, 3, 192, 200, 300, 400, 128], 2, 3, True, 192, None, 300),
+    ([33, 48, 49, 0, 100], [50, 48, 20, 7, 100], 3, 1, True, 48, [40, 5, 30, 0, 90], 1),
 ])
 def test_ptx_decode_equals_the_python_order(lens_q, lens_k, hkv, ng, causal, unit_rows, seqused, l2_rows):
     cu_q = [0, *itertools.accumulate(lens_q)]
@@ -141,15 +146,22 @@ def test_task_bound_covers_every_real_task():
 
 
 # ---- the emitted sm_90a varlen kernels, executed ----------------------------------------------------
-@pytest.mark.parametrize("d,causal,g,dtype", [(128, False, 1, "bf16"), (128, True, 4, "fp16"), (64, True, 3, "bf16"),
-                                              (64, False, 8, "fp16")])
-def test_sm90_varlen_ptx_passes_emulate_and_check(d, causal, g, dtype):
+@pytest.mark.parametrize("d,causal,g,dtype,rows", [(128, False, 1, "bf16", 128), (128, True, 4, "fp16", 128),
+                                                   (64, True, 3, "bf16", 128), (64, False, 8, "fp16", 128),
+                                                   # the 192-row tile fa4gen.attention_varlen runs at D 64 / 96
+                                                   (64, False, 1, "bf16", 192), (64, True, 4, "fp16", 192),
+                                                   (96, True, 3, "bf16", 192)])
+def test_sm90_varlen_ptx_passes_emulate_and_check(d, causal, g, dtype, rows):
     from fa4gen.evidence.check import check_ptx
 
-    cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, gqa_ratio=g, dtype=dtype, varlen=True)
+    cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, gqa_ratio=g, dtype=dtype, varlen=True, block_m=rows)
     r = codegen.build(cfg, emit=("ptx",))
     rep = harness.emulate_file("x.ptx", ptx_text=r.ptx, manifest=r.manifest, seeds=1)
     assert rep.ok, rep.summary()
+    if rows == 192:  # the default shapes reach every basic block of the new tile's kernel
+        for entry, cov in rep.coverage.entries.items():
+            hit, total = cov.block_fraction()
+            assert hit == total, f"{entry}: {hit}/{total} basic blocks\n" + "\n".join(cov.summary())
     assert any(0 in s.lens_q for s in harness.default_shapes(r.manifest))  # a zero-length sequence ran
     chk = check_ptx(r.ptx, r.manifest)
     assert chk.ok, chk.summary() if hasattr(chk, "summary") else chk
@@ -243,7 +255,7 @@ def test_cli_builds_and_emulates_a_varlen_variant(tmp_path):
     r = CliRunner().invoke(main, ["build", "--arch", "sm_90a", "--varlen", "--gqa", "4", "--head-dim", "64",
                                   "--out", str(tmp_path), "--emit", "ptx"])
     assert r.exit_code == 0, r.output
-    ptx = tmp_path / "fa4_sm90a_d64_bf16_noncausal_gqa4_varlen.ptx"
+    ptx = tmp_path / "fa4_sm90a_d64_bf16_noncausal_gqa4_varlen_m192.ptx"  # block-m auto: the 192-row tile
     assert ptx.exists()
     r = CliRunner().invoke(main, ["emulate", str(ptx), "--seeds", "1", "--quiet", "--lens", "20:40,0:5,9:0;4,1"])
     assert r.exit_code == 0 and "PASS" in r.output, r.output

@@ -23,9 +23,9 @@ from fa4gen.runtime.runtime import launch_geometry
 WIDE = dict(arch="sm_90a", head_dim=64, block_m=192)
 
 
-def test_the_plan_picks_192_rows_for_dense_sm90_d64_and_d96_only():
+def test_the_plan_picks_192_rows_for_dense_and_varlen_sm90_d64_and_d96_only():
     assert SM90_Q_ROWS == {64: 192, 96: 192, 128: 128}
-    assert q_tile_rows("sm_90a", 96, 4) == 192 and q_tile_rows("sm_90a", 96, 1, varlen=True) == 128
+    assert q_tile_rows("sm_90a", 96, 4) == 192 and q_tile_rows("sm_90a", 96, 1, varlen=True) == 192
     assert q_tile_rows("sm_90a", 96, 1, causal=True, seqlen_q=1024) == 128  # short causal calls keep 128
     assert q_tile_rows("sm_90a", 192, 1) == 128 and q_tile_rows("sm_90a", 256, 1) == 128
     assert q_tile_rows("sm_90a", 64, 1) == 192
@@ -34,13 +34,16 @@ def test_the_plan_picks_192_rows_for_dense_sm90_d64_and_d96_only():
     assert q_tile_rows("sm_90a", 64, 128) == 128  # a 128-head pack does not divide 192 rows
     assert q_tile_rows("sm_90a", 128, 1) == 128
     assert q_tile_rows("sm_100a", 64, 1) == 128
-    assert q_tile_rows("sm_90a", 64, 1, varlen=True) == 128
+    assert q_tile_rows("sm_90a", 64, 1, varlen=True) == 192
+    assert q_tile_rows("sm_90a", 128, 1, varlen=True) == 128
+    # varlen causal: the longest sequence (max_seqlen_q) stands for the call's query length
+    assert q_tile_rows("sm_90a", 64, 1, varlen=True, causal=True, seqlen_q=1024) == 128
+    assert q_tile_rows("sm_90a", 64, 1, varlen=True, causal=True, seqlen_q=8192) == 192
     assert q_tile_rows("sm_90a", 64, 1, kvcache=True) == 128
 
 
 @pytest.mark.parametrize("kw, words", [
     (dict(arch="sm_100a", head_dim=64), "sm_100a"),
-    (dict(arch="sm_90a", head_dim=64, varlen=True), "varlen"),
     (dict(arch="sm_90a", head_dim=64, kvcache=True), "KV-cache"),
     (dict(arch="sm_90a", head_dim=64, gqa_ratio=128), "64 heads"),
 ])
@@ -76,6 +79,22 @@ def test_api_config_follows_the_plan():
     assert api.config_for(prob(64, sq=511)).block_m == 128
     assert api.config_for(prob(64, sq=512)).block_m == 192
     assert api.config_for(prob(64, sq=10, causal=False)).block_m == 192
+
+
+def test_api_varlen_config_reads_the_longest_sequence():
+    from fa4gen.runtime import api, launch, validate
+
+    def prob(max_q, causal=True, d=64):
+        return validate.VarlenProblem(batch=3, total_q=3 * max_q, total_k=3 * max_q, max_seqlen_q=max_q,
+                                      max_seqlen_k=max_q, heads_q=4, heads_kv=1, head_dim=d, dtype="bf16",
+                                      causal=causal, softmax_scale=0.125, return_lse=False, device="cuda:0",
+                                      has_seqused_k=False)
+    assert api.config_for(prob(8192)).block_m == 192
+    assert api.config_for(prob(8192)).name == "fa4_sm90a_d64_bf16_causal_gqa4_varlen_m192"
+    assert api.config_for(prob(511)).block_m == 128  # causal, 511 x 4 packed rows < 2048
+    assert api.config_for(prob(100, causal=False)).block_m == 192
+    assert api.config_for(prob(8192, d=128)).block_m == 128
+    assert dict(launch.config_fields(prob(511)))["block_m"] == 128
 
 
 def test_fast_path_gives_each_call_the_kernel_config_for_chooses(monkeypatch):

@@ -34,7 +34,7 @@ from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Commit, Compute, 
                        StoreO, StorePartial, StoreRows, TmaLoad, TmaStore, TmaStoreWait, TmemLd, TmemSt, Wait,
                        WaitLd, WaitSt, walk_ops)
 from .manifest import DYNAMIC_DEAL, ENTRY, GridFacts, entry_params, manifest, smem_layout_section
-from .walk import LoweringError, SmemLayout, WalkCtx, Walker, dispatch, f32, pairwise, refuse_planned, smem_layout
+from .walk import LoweringError, SmemLayout, WalkCtx, Walker, dispatch, exact_log2, f32, pairwise, refuse_planned, smem_layout
 
 __all__ = ["ENTRY", "OP_PTX", "Ptx", "SPELLING", "Sm100LoweringError", "SmemLayout", "lower_sm100",
            "lowered_sm100", "manifest_sm100", "smem_layout"]
@@ -241,7 +241,7 @@ class _RoleEmitter(Walker):
                  if nt > 1 else [("mov.u32", "%npairs", "%nmb")])
         self.emit("task_begin", head=head, done=done, causal=cfg.causal, sqt=cfg.seq_q_per_tile, units=units, tiles=nt,
                   unit_name="m block pair" if nt == 2 else "m block", unit_words="a pair of Q tiles" if nt == 2 else "one Q tile",
-                  varlen=cfg.varlen, unit_rows=unit, unit_shift=unit.bit_length() - 1, uid=self.p,
+                  varlen=cfg.varlen, unit_rows=unit, unit_shift=exact_log2(unit), uid=self.p,
                   blocks=blocks, **({"kvcache": True} if cfg.kvcache else {}))
         self.task_prologue()
 
@@ -456,7 +456,7 @@ class _RoleEmitter(Walker):
                   pn=_panel_swizzle(vo), row_bytes=row_bytes,
                   pos0=cfg.seq_q_per_task, pos_tile=qtile * cfg.seq_q_per_tile, p=p,
                   log2_p=p.bit_length() - 1, g=cfg.gqa_ratio,
-                  row_shift=row_bytes.bit_length() - 1 if row_bytes & (row_bytes - 1) == 0 else None,
+                  row_shift=exact_log2(row_bytes),
                   loop=self.label("rows"), qtile=qtile)
 
     def op_StorePartial(self, op: StorePartial) -> None:

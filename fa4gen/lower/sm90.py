@@ -34,7 +34,7 @@ from ..spec.plan import (ARCH_LIMITS, block_info_ptx, block_n, MASK_AS_WORDS, MA
                          WINDOW_UNBOUNDED, combine_context, dynamic_tasks, sm90_regs, key_limits_ptx, kv_box_rows,
                          later_blocks_need_mask, mask_words, qk_panels, sm90_consumers, vo_panels)
 from .manifest import DYNAMIC_DEAL, ENTRY, GridFacts, entry_params, manifest, smem_layout_section
-from .walk import LoweringError, WalkCtx, Walker, dispatch, f32, pairwise, refuse_planned, smem_layout
+from .walk import LoweringError, WalkCtx, Walker, dispatch, exact_log2, f32, pairwise, refuse_planned, smem_layout
 
 __all__ = ["OP_PTX", "SPELLING", "Sm90LoweringError", "Sm90Options", "entry_regs_of", "lower_sm90",
            "lowered_sm90", "manifest_sm90", "threads_of"]
@@ -224,7 +224,7 @@ class Sm90Walker(Walker):
                 limits += [("shl.b32", "%tmp0", "%q4", "1"), ("sub.s32", end, end, "%tmp0")]
                 limits += [("sub.s32", begin, begin, "%tmp0")] if begin else []
         self.emit("task_begin", head=head, done=done, uid=self.p[0], consumer=consumer, blocks=blocks,
-                  sqt=cfg.seq_q_per_tile, log2_sqt=cfg.seq_q_per_tile.bit_length() - 1,
+                  sqt=cfg.seq_q_per_tile, log2_sqt=exact_log2(cfg.seq_q_per_tile),
                   log2_p=cfg.gqa_pack.bit_length() - 1, p=cfg.gqa_pack, limits=limits,
                   o_regs=self.ctx.o_regs if consumer else [], neg_inf=NEG_INF)
 
@@ -380,8 +380,7 @@ class Sm90Walker(Walker):
         row_bytes = 2 * D
         self.emit("store_rows_o", vl={"cpr": cpr, "cpr_shift": cpr.bit_length() - 1, "chunks": chunks,
                                       "row_step": 128 // cpr, "iters": WG_ROWS // (128 // cpr),
-                                      "row_shift": row_bytes.bit_length() - 1 if row_bytes & (row_bytes - 1) == 0
-                                      else None, "row_bytes": row_bytes},
+                                      "row_shift": exact_log2(row_bytes), "row_bytes": row_bytes},
                   pn={"shift": (vo.row_bytes // 16).bit_length() - 1, "mask": vo.row_bytes // 16 - 1,
                       "row_bytes": vo.row_bytes, "sw_shift": vo.row_swizzle_shift},
                   q_half_bytes=vo.bytes(cfg.block_m), o_off=self.ctx.layout.region_offset("O_smem"),
@@ -583,7 +582,7 @@ def lower_sm90(pipe: Pipeline) -> dict:
         "consumers": pipe.replicated[0].instances,
         "causal": cfg.causal, "varlen": cfg.varlen, "kvcache": cfg.kvcache, "page_size": cfg.page_size,
         "head_dim": cfg.head_dim, "head_dim_v": cfg.head_dim_v, "G": cfg.gqa_ratio, "P": P, "NG": cfg.head_groups,
-        "sqt": cfg.seq_q_per_tile, "log2_P": P.bit_length() - 1, "log2_sqt": cfg.seq_q_per_tile.bit_length() - 1,
+        "sqt": cfg.seq_q_per_tile, "log2_P": P.bit_length() - 1,
         "kv_stages": pipe.barrier("k_full").slots,
         "box_rows": kv_box_rows(cfg), "log2_page": cfg.page_size.bit_length() - 1,
         "block_n": block_n(cfg), "log2_bn": block_n(cfg).bit_length() - 1,

@@ -46,6 +46,13 @@ def refuse_planned(cfg: KernelConfig, error: type[LoweringError]) -> None:
         raise error(f"{why}: the IR may plan it, no lowering emits it")
 
 
+def exact_log2(n: int) -> int | None:
+    """k when n == 2**k (a division by n can be a shift), else None (the PTX divides: a 192-row
+    tile's 192 positions, a 96-dim row's bytes)."""
+    n = int(n)
+    return n.bit_length() - 1 if n > 0 and n & (n - 1) == 0 else None
+
+
 def f32(x: float) -> str:
     """A PTX .f32 immediate (0fXXXXXXXX) of x rounded to fp32."""
     return "0f" + struct.pack(">f", x).hex().upper()

@@ -76,7 +76,7 @@ def config_fields(problem) -> tuple[tuple[str, object], ...]:
             ("gqa_ratio", problem.gqa_ratio), ("dtype", problem.dtype), ("varlen", varlen), ("kvcache", kv),
             ("page_size", problem.page_size if kv else 0),
             ("block_m", q_tile_rows(RUNTIME_ARCH, problem.head_dim, problem.gqa_ratio, varlen, kv, problem.causal,
-                                    getattr(problem, "seqlen_q", None)))) + problem.mods.flags
+                                    problem.max_seqlen_q if varlen else getattr(problem, "seqlen_q", None)))) + problem.mods.flags
 
 
 def config_for(problem) -> KernelConfig:

@@ -146,6 +146,8 @@ def score_mods_record(cfg: KernelConfig) -> dict | None:
     params = ((WINDOW_ABI_PARAMS if cfg.window else ()) + (SOFTCAP_ABI_PARAMS if cfg.softcap else ())
               + (SINKS_ABI_PARAMS if cfg.sinks else ()))
     return {"window": cfg.window, "softcap": cfg.softcap, "sinks": cfg.sinks, "params": [n for n, _ in params]}
+
+
 ABI_PARAM_NAMES: tuple[str, ...] = tuple(n for n, _ in ABI_PARAMS + VARLEN_ABI_PARAMS + KVCACHE_ABI_PARAMS + DYNAMIC_ABI_PARAMS
                                          + WINDOW_ABI_PARAMS + SOFTCAP_ABI_PARAMS + SINKS_ABI_PARAMS)
 
@@ -167,23 +169,6 @@ COMBINE_ABI_PARAMS: tuple[tuple[str, str], ...] = (
 # merge, lse = log(sum_s exp(lse_s) + exp(sink[head])), O = sum_s exp(lse_s - lse) O_s (head = r % Hq);
 # with S == 1 fa4_fwd normalises with the sink itself (the partials are untouched).
 COMBINE_SINKS_ABI_PARAMS: tuple[tuple[str, str], ...] = (("sink_ptr", ".param .u64 sink_ptr"),)
-
-# Appended (after varlen's, before the score modifiers') for kernels whose tasks are dealt dynamically
-# (dynamic_tasks): a u32 in global memory that is 0 at launch; each CTA's loading role (ir/tasks.py) takes
-# task indices from it with atom.global.add (docs/ABI.md "The dynamic deal"). The runtime passes a fresh zeroed
-# word per launch, so launches never share one.
-DYNAMIC_ABI_PARAMS: tuple[tuple[str, str], ...] = (("task_counter", ".param .u64 task_counter"),)
-
-
-def dynamic_tasks(cfg: KernelConfig) -> bool:
-    """Whether the kernel's CTAs take tasks from a counter as they free up (the dynamic deal: each
-    CTA's loading role fetches the next index and hands it to the other roles through SMEM, ir/tasks.py) instead of the
-    static persistent deal (round * CTAs + a CTA's slot). Varlen kernels, on both targets: their tasks'
-    costs differ by sequence, so a static deal leaves the most loaded CTA 1.03-1.12x the ideal in the
-    block-count model (scripts/varlen_balance_model.py), the dynamic one 1.00-1.01x (measured on the
-    H200: 1.006-1.072x the static deal's time on bench.varlen's mixes). Dense kernels keep the static deal: over their
-    LPT-ordered tasks it measured the same (bench/README.md "The dynamic deal")."""
-    return cfg.varlen
 
 # Programmatic dependent launch of fa4_combine (sm_90+): the runtime launches it with the
 # programmatic-stream-serialization attribute (cuLaunchKernelEx), every CTA of fa4_fwd signals

@@ -35,7 +35,9 @@ def gqa_pack(gqa_ratio: int) -> int:
 # core fed (two softmaxes under each GEMM). sm_100a keeps 128 (one TMEM lane per row).
 # D = 96 too (H200, 2026-12-04: +8.6-12% over the 128-row tile on long shapes; its consumers issue PV
 # then QK, plan.sm90_overlap, for want of registers).
-SM90_Q_ROWS = {64: 192, 96: 192, 128: 128}  # dense sm_90a kernels, by head_dim
+# Varlen kernels take the same tile (their m unit: 192 / P positions of a sequence; causal varlen
+# calls read max_seqlen_q as Sq below); KV-cache kernels keep 128 (a decode tile's real rows are few).
+SM90_Q_ROWS = {64: 192, 96: 192, 128: 128}  # dense and varlen sm_90a kernels, by head_dim
 Q_ROWS_CHOICES = (128, 192)
 
 
@@ -50,8 +52,9 @@ SM90_WIDE_CAUSAL_MIN_ROWS = 2048
 def q_tile_rows(arch: str, head_dim: int, gqa_ratio: int, varlen: bool = False, kvcache: bool = False,
                 causal: bool = False, seqlen_q: int | None = None) -> int:
     """The Q tile rows (KernelConfig.block_m) fa4gen.attention and `fa4gen build` choose for a kernel.
-    seqlen_q (the call's query length; None for a kernel built for any shape) decides causal calls."""
-    rows = SM90_Q_ROWS.get(head_dim, ROWS) if arch == "sm_90a" and not (varlen or kvcache) else ROWS
+    seqlen_q (the call's query length, a varlen call's max_seqlen_q; None for a kernel built for any
+    shape) decides causal calls."""
+    rows = SM90_Q_ROWS.get(head_dim, ROWS) if arch == "sm_90a" and not kvcache else ROWS
     if rows != ROWS and causal and seqlen_q is not None and seqlen_q * gqa_pack(gqa_ratio) < SM90_WIDE_CAUSAL_MIN_ROWS:
         return ROWS
     return rows if q_tile_rows_refusal(arch, head_dim, gqa_ratio, varlen, kvcache, rows) is None else ROWS
@@ -65,8 +68,8 @@ def q_tile_rows_refusal(arch: str, head_dim: int, gqa_ratio: int, varlen: bool, 
         return f"one of {', '.join(map(str, Q_ROWS_CHOICES))} (Q tile rows)"
     if arch != "sm_90a":
         return "128 on sm_100a (one TMEM lane per Q row); 192 is sm_90a's three-consumer tile"
-    if varlen or kvcache:
-        return "128 for varlen and KV-cache kernels (their tiles are 128 rows); 192 is for dense kernels"
+    if kvcache:
+        return "128 for KV-cache kernels (a decode tile's rows are few); 192 is for dense and varlen kernels"
     if 64 % gqa_pack(gqa_ratio):
         return (f"128 at GQA ratio {gqa_ratio}: a 192-row tile packs at most 64 heads (the packed heads of one "
                 f"position must sit in one consumer warpgroup's 64 rows)")

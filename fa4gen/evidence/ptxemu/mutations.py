@@ -532,6 +532,18 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
                 _sub(r"mul\.lo\.u32 %c3, %cw, 16;", "mul.lo.u32 %c3, %cw, 0;"), protocol=False),
 )
 
+# ---- varlen over the 192-row tile (sm_90a D = 64 / 96): 192 positions per m unit, not a power of two.
+# The decode once counted a sequence's m units with a shift by log2 of the unit's rows (bit_length - 1:
+# 7 for 192): later sequences' tasks decoded to wrong (sequence, m) pairs, the last one never stored.
+_SM90VW = dict(arch="sm_90a", head_dim=64, causal=True, gqa_ratio=1, dtype="bf16", varlen=True, block_m=192)
+
+PTX_MUTATIONS = PTX_MUTATIONS + (
+    PtxMutation("varlen192_unit_shift", _SM90VW, "varlen task decode of a 192-row tile: each sequence's m units "
+                "as (len + 191) >> 7 in every role, a division by 128 where the tile holds 192 positions (the "
+                "shift a power-of-two rule takes for 192)", ("mismatch", "WRITTEN_TWICE", "GMEM_OOB"),
+                _sub(r"div\.u32 %nmb, %nmb, 192;", "shr.u32 %nmb, %nmb, 7;", count=0), protocol=False),
+)
+
 # ---- sm_90a conditional rescale (O *= acc after the PV wait, outside the tensor-core turn) ----
 PTX_MUTATIONS = PTX_MUTATIONS + (
     PtxMutation("sm90_rescale_skipped", _SM90C, "O is never rescaled when a row's reference max moves "
