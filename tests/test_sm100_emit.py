@@ -99,7 +99,7 @@ def test_manifest_follows_the_abi(cfg):
                            "num_heads_kv", "scale_log2", "num_m_blocks", "num_tasks", "l2_group"]
     g, sqt = cfg.gqa_ratio, cfg.seq_q_per_tile
     assert m["tensor_maps"]["q"] == {"dims": ["D", "G", "Hkv", "Sq", "B"], "box": [64, g, 1, sqt, 1],
-                                     "swizzle": "128B", "dtype": cfg.dtype}
+                                     "swizzle": "128B", "dtype": cfg.dtype, "l2_promotion": "256B"}
     assert m["tensor_maps"]["o"] == m["tensor_maps"]["q"]
     for t in ("k", "v"):
         assert m["tensor_maps"][t] == {"dims": ["D", "Hkv", "Skv", "B"], "box": [64, 1, 128, 1], "swizzle": "128B",

@@ -79,7 +79,7 @@ def test_abi_signature_and_manifest():
     assert re.search(r"\.maxntid 384, 1, 1\n\.minnctapersm 1", ptx)
     assert man["threads_per_cta"] == 384 and man["entry"] == "fa4_fwd"
     assert man["tensor_maps"]["q"] == {"dims": ["D", "G", "Hkv", "Sq", "B"], "box": [64, 4, 1, 32, 1],
-                                       "swizzle": "128B", "dtype": "bf16"}
+                                       "swizzle": "128B", "dtype": "bf16", "l2_promotion": "256B"}
     assert man["tensor_maps"]["k"]["box"] == [64, 1, 128, 1]
     # O is stored per consumer warpgroup: 64 rows = 16 positions x 4 heads
     assert man["tensor_maps"]["o"]["box"] == [64, 4, 1, 16, 1]
