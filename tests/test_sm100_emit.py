@@ -103,7 +103,7 @@ def test_manifest_follows_the_abi(cfg):
     assert m["tensor_maps"]["o"] == m["tensor_maps"]["q"]
     for t in ("k", "v"):
         assert m["tensor_maps"][t] == {"dims": ["D", "Hkv", "Skv", "B"], "box": [64, 1, 128, 1], "swizzle": "128B",
-                                       "dtype": cfg.dtype}
+                                       "dtype": cfg.dtype, "l2_promotion": "256B"}
     # the box is one 128-row tile of 64 columns: what one TMA copy moves (expect_tx counts D/64 of them)
     assert 64 * g * sqt * 2 * (cfg.head_dim // 64) == 128 * cfg.head_dim * 2
     assert m["grid"]["policy"] == ("one_per_task" if cfg.causal else "persistent")
