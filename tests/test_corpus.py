@@ -70,12 +70,12 @@ def test_sm90_mutation_rejected_with_culprit(mut):
     assert hits, f"{mut.name}: expected {mut.code} on {mut.culprit}, got:\n{rep.text()}"
 
 
-# The dynamic deal's task hand-off (varlen, both targets: ir/tasks.py): each broken hand-off rejected
+# The dynamic deal's task hand-off (varlen on both targets, sm_90a causal: ir/tasks.py): each broken hand-off rejected
 # naming its culprit; a statically dealt pipeline has no hand-off to break
 DYNAMIC = {"sm_90a": build_pipeline(KernelConfig(arch="sm_90a", head_dim=64, causal=True, varlen=True)),
            "sm_100a": build_pipeline(KernelConfig(arch="sm_100a", head_dim=64, causal=True, varlen=True)),
            "sm_100a one tile": build_pipeline(KernelConfig(arch="sm_100a", head_dim=256, varlen=True))}
-STATIC = build_pipeline(KernelConfig(arch="sm_90a", head_dim=64, causal=True, gqa_ratio=2))
+STATIC = build_pipeline(KernelConfig(arch="sm_90a", head_dim=64, gqa_ratio=2))  # non-causal: the static deal
 
 
 @pytest.mark.parametrize("which", list(DYNAMIC))

@@ -248,7 +248,13 @@ def test_l2_group_parameter_is_clamped(build):
         assert out["%l2g"] == clamp_l2_group(raw, batch * hkv)
 
 
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+def test_sm90_causal_kernels_deal_dynamically():
+    """sm_90a causal kernels take their tasks from the launch's counter (plan.dynamic_tasks), not by rounds."""
+    ptx = sm90(True)
+    assert not segments(ptx, "round") and "atom.global.add.u32 %task, [%tctr], 1;" in ptx
+
+
+@pytest.mark.parametrize("causal", [False], ids=["noncausal"])
 def test_sm90_persistent_rounds_equal_persistent_task(causal):
     segs = segments(sm90(causal), "round")
     assert len(segs) == 4  # first_task and next_task, consumers and producer

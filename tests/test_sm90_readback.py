@@ -22,6 +22,7 @@ from fa4gen.ir import build_pipeline
 from fa4gen.ir.core import Cond, If, Loop, NamedArrive, NamedSync
 from fa4gen.ir.sm90 import sm90_stages
 from fa4gen.render.kernels import build_sm90
+from fa4gen.spec.plan import dynamic_tasks
 
 sm90 = pytest.importorskip("fa4gen.lower.sm90")
 
@@ -107,8 +108,11 @@ def test_ir_rings_are_the_kernels(cfg):
     slots = {r.name: r.slots for r in pipe.regions}
     assert (slots["Q"], slots["K"], slots["V"]) == (nq, kv, kv)
     assert (manifest["sm90"]["q_stages"], manifest["sm90"]["kv_stages"]) == (nq, kv)
-    # q_full / q_empty per Q slot, k/v full / empty per stage: one mbarrier.init each
-    assert len(re.findall(r"mbarrier\.init\.shared::cta\.b64", ptx)) == 2 * nq + 4 * kv
+    # q_full / q_empty per Q slot, k/v full / empty per stage (and the dynamic deal's task_full /
+    # task_empty per task slot, plan.dynamic_tasks): one mbarrier.init each
+    tasks = {b.name: b.slots for b in pipe.barriers}.get("task_full", 0)
+    assert (tasks > 0) == dynamic_tasks(cfg)
+    assert len(re.findall(r"mbarrier\.init\.shared::cta\.b64", ptx)) == 2 * nq + 4 * kv + 2 * tasks
 
 
 def test_the_reader_knows_every_instruction_class_of_the_op_tables():

@@ -653,7 +653,8 @@ def manifest_sm90(cfg: KernelConfig, options: Sm90Options | None = None) -> dict
     # the dynamic deal (plan.dynamic_tasks): each CTA takes the next task index from the task counter
     grid = GridFacts(policy="persistent" if opt.persistent else "one_per_task",
                      deal=DYNAMIC_DEAL if dynamic_tasks(cfg) else "",
-                     lpt_deal="; snake deal", varlen_lpt=True, mode_keys=False, launch=False)
+                     lpt_deal=DYNAMIC_DEAL if dynamic_tasks(cfg) else "; snake deal", varlen_lpt=True, mode_keys=False,
+                     launch=False)
     layout = smem_layout(pipe, Sm90LoweringError)
     return manifest(pipe, smem_bytes=layout.total, o_rows=WG_ROWS, grid=grid,
                     variant="" if opt == Sm90Options() else _options_tag(opt),

@@ -616,7 +616,7 @@ class Kernel:
                 l2_bytes=self.l2_bytes, batch=batch, num_heads_kv=num_heads_kv * geo.head_groups, seqlen_q=seqlen_q,
                 seqlen_k=seqlen_k, head_dim=head_dim, elem_bytes=elem_bytes, m_count=m_count,
                 nctas=max(self.grid(geo.num_tasks), 1), seq_q_per_tile=geo.rows_per_tile,
-                tiles_per_task=per_task, block_n=self.block_n)
+                tiles_per_task=per_task, block_n=self.block_n, dynamic="task_counter" in self.manifest["params"])
         return _memoised(self._l2_cache, (batch, num_heads_kv, seqlen_q, seqlen_k, head_dim, elem_bytes), 256, choose)
 
     DENSE_PER_CALL = ("tmap_q", "tmap_k", "tmap_v", "tmap_o", "lse_ptr", "o_ptr", "sink_ptr")

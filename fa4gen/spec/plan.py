@@ -132,9 +132,14 @@ def dynamic_tasks(cfg: KernelConfig) -> bool:
     targets: their tasks' costs differ by sequence, so a static deal leaves the most loaded CTA
     1.03-1.12x the ideal in the block-count model (scripts/varlen_balance_model.py), the dynamic one
     1.00-1.01x; on the H200 the static deal took 1.006-1.072x the dynamic one's time on bench.varlen's
-    mixes. Dense kernels keep the static deal: over their LPT-ordered tasks both measured the same
-    (bench/README.md "The dynamic deal")."""
-    return cfg.varlen
+    mixes. sm_90a causal dense kernels too: the static deal cannot take L2 sections without unbalancing
+    its CTAs (schedule.choose_l2_group refused every section size at 2 x 8192 and 1 x 32k, D 64 and
+    128), so they ran one LPT order over every (batch, head) pair, whose K/V outgrow the L2 (H200 ncu,
+    2 x 8192 x 16 heads D 128: L2 hit 66%, 1.14 GB read from DRAM for 0.2 GB of inputs); a dynamic deal
+    takes sections of the L2 budget and stays balanced. Non-causal dense kernels keep the static deal
+    (their linear order already reuses one head's K/V; both deals measured the same, bench/README.md
+    "The dynamic deal"); sm_100a causal kernels launch one CTA per task, which the hardware deals."""
+    return cfg.varlen or (cfg.arch == "sm_90a" and cfg.causal and not cfg.kvcache)
 
 
 def score_mods_record(cfg: KernelConfig) -> dict | None:

@@ -149,11 +149,12 @@ class L2Choice:
 
 def choose_l2_group(*, causal: bool, persistent: bool, l2_bytes: int, batch: int, num_heads_kv: int,
                     seqlen_q: int, seqlen_k: int, head_dim: int, elem_bytes: int, m_count: int, nctas: int,
-                    seq_q_per_tile: int, tiles_per_task: int = 1, window=None, block_n: int = BLOCK_N) -> L2Choice:
+                    seq_q_per_tile: int, tiles_per_task: int = 1, window=None, block_n: int = BLOCK_N,
+                    dynamic: bool = False) -> L2Choice:
     """The `l2_group` launch parameter for one problem on one device.
 
-    One-CTA-per-task grids take the budget as is (the hardware hands out CTAs as SMs free up, so
-    LPT inside each section keeps the tail short). The persistent grid tries, largest first, the
+    One-CTA-per-task grids and the dynamic deal (`dynamic`: CTAs take the next task as they free up,
+    plan.dynamic_tasks) take the budget as is (LPT inside each section keeps the tail short). The persistent grid tries, largest first, the
     sizes <= budget that make every section a whole number of rounds (boundaries then fall where
     the snake deal pairs two rounds of one slope), then the budget itself and the 3 sizes below
     it, and keeps the first whose most loaded CTA is within the tolerance of the unsectioned order's
@@ -172,6 +173,8 @@ def choose_l2_group(*, causal: bool, persistent: bool, l2_bytes: int, batch: int
         return L2Choice(num_bh, budget, "all K/V fits the budget: one section")
     if not persistent:
         return L2Choice(budget, budget, "one CTA per task: sections of the budget")
+    if dynamic:
+        return L2Choice(budget, budget, "dynamic deal: sections of the budget")
     kw = dict(num_bh=num_bh, m_count=m_count, nctas=nctas, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
               seq_q_per_tile=seq_q_per_tile, tiles_per_task=tiles_per_task, window=window, block_n=block_n)
     tolerance = BALANCE_TOLERANCE_UNSHARED if 2 * num_bh > nctas else BALANCE_TOLERANCE
