@@ -347,15 +347,29 @@ def environment(argv):
         r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                            capture_output=True, text=True, timeout=30)
         env["driver"] = r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
-    try:
-        r = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                           timeout=10)
-        env["fa4gen_commit"] = r.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        env["fa4gen_commit"] = None
-    from fa4gen.spec.config import GENERATOR_VERSION
+    env["fa4gen_commit"] = tree_commit()
+    from fa4gen.spec.config import GENERATOR_VERSION, generator_fingerprint
     env["fa4gen_generator_version"] = GENERATOR_VERSION
+    # the PTX-deciding sources' hash: names the generator even where the commit cannot
+    env["fa4gen_fingerprint"] = generator_fingerprint()
     return env
+
+
+def tree_commit() -> str | None:
+    """The checkout's commit, "+modified" when tracked files differ from it (a copied tree whose .git
+    is older than its files: the lent GPU machine's copy), None without a git checkout of ROOT."""
+    def git(*args):
+        r = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10)
+        return r.stdout.strip() if r.returncode == 0 else None
+    try:
+        top = git("rev-parse", "--show-toplevel")
+        if not top or Path(top).resolve() != ROOT.resolve():
+            return None
+        head = git("rev-parse", "--short", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return None if head is None else head + ("+modified" if changed else "")
 
 
 def best_peer(row) -> tuple[str | None, float | None]:

@@ -232,6 +232,31 @@ def test_run_shape_makes_every_first_call_before_any_timing(monkeypatch, clean_i
     assert row["cudnn_ms"] == 1.0 and row["fa4cute_round_spread"] == (1.0, 1.0)
 
 
+def test_tree_commit_says_when_the_files_are_not_the_commits(tmp_path, monkeypatch):
+    """A bench JSON names the commit only when the tree is that commit's: a copy whose .git is older
+    than its files (the GPU machine's) is marked, and no checkout gives None, never another repo's HEAD."""
+    import subprocess
+
+    assert bench.tree_commit() is None or bench.tree_commit().split("+")[0]  # this checkout (or none)
+    repo = tmp_path / "r"
+    repo.mkdir()
+    for cmd in (["init", "-q"], ["-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "--allow-empty", "-m", "x"]):
+        subprocess.run(["git", "-C", str(repo), *cmd], check=True, capture_output=True)
+    (repo / "f").write_text("1")
+    subprocess.run(["git", "-C", str(repo), "add", "f"], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "-m", "f"],
+                   check=True)
+    monkeypatch.setattr(bench, "ROOT", repo)
+    clean = bench.tree_commit()
+    assert clean and "+" not in clean
+    (repo / "f").write_text("2")
+    assert bench.tree_commit() == clean + "+modified"
+    inner = repo / "sub"
+    inner.mkdir()
+    monkeypatch.setattr(bench, "ROOT", inner)  # inside another checkout: not ours
+    assert bench.tree_commit() is None
+
+
 def test_head_dims_shapes_flops_and_help(capsys):
     """bench/head_dims.py's CPU side: its pairs, shape list, FLOP count, cuDNN refusal text and --help."""
     from bench import head_dims as hd

@@ -380,6 +380,33 @@ def test_choice_by_grid_and_mask():
     assert fits.l2_group == 4 and "fits" in fits.reason
 
 
+def test_choice_under_the_dynamic_deal_takes_the_budget():
+    """CTAs that take the next task as they free up stay balanced over any sections, so the dynamic deal
+    (plan.dynamic_tasks) takes the L2 budget where the static deal's balance model refuses it."""
+    static, _ = choose(shape=(2, 8192, 16, 128))
+    dyn, _ = choose(shape=(2, 8192, 16, 128), dynamic=True)
+    assert static.l2_group == 32 and (dyn.l2_group, dyn.budget) == (6, 6) and "dynamic" in dyn.reason
+    assert choose(shape=(1, 32768, 16, 128), dynamic=True)[0].l2_group == 1  # one 16 MiB pair per section
+    assert choose(shape=(2, 8192, 16, 128), dynamic=True, causal=False)[0].l2_group == 32  # no sections
+
+
+def test_the_runtime_passes_the_kernels_deal(monkeypatch):
+    """Kernel.l2_group reads the deal from the manifest: a kernel with a task counter is dynamic."""
+    from fa4gen.codegen import build
+    from fa4gen.runtime.runtime import Kernel
+    from fa4gen.spec.config import KernelConfig
+    from fa4gen.spec.plan import dynamic_tasks
+
+    cfg = KernelConfig(arch="sm_90a", causal=True)
+    assert dynamic_tasks(cfg)
+    man = build(cfg, emit=(), verify=False).manifest
+    kernel = Kernel(None, None, man, sm_count=132, device=None, l2_bytes=50 * 2 ** 20, combine=None)
+    assert kernel.l2_group(2, 16, 8192, 8192, 128, 2).l2_group == 6
+    old = {**man, "params": [p for p in man["params"] if p != "task_counter"]}  # a statically dealt build
+    assert Kernel(None, None, old, sm_count=132, device=None, l2_bytes=50 * 2 ** 20,
+                  combine=None).l2_group(2, 16, 8192, 8192, 128, 2).l2_group == 32
+
+
 SWEEP = ROOT / "bench" / "results" / "2026-11-30T092139Z_NVIDIA-H200_l2_sweep.json"
 
 

@@ -136,7 +136,8 @@ def dynamic_tasks(cfg: KernelConfig) -> bool:
     its CTAs (schedule.choose_l2_group refused every section size at 2 x 8192 and 1 x 32k, D 64 and
     128), so they ran one LPT order over every (batch, head) pair, whose K/V outgrow the L2 (H200 ncu,
     2 x 8192 x 16 heads D 128: L2 hit 66%, 1.14 GB read from DRAM for 0.2 GB of inputs); a dynamic deal
-    takes sections of the L2 budget and stays balanced. Non-causal dense kernels keep the static deal
+    takes sections of the L2 budget and stays balanced (+4-9% on long causal D 128, bench/README.md
+    "Fair timing, the 192-row varlen tile, the dynamic causal deal"). Non-causal dense kernels keep the static deal
     (their linear order already reuses one head's K/V; both deals measured the same, bench/README.md
     "The dynamic deal"); sm_100a causal kernels launch one CTA per task, which the hardware deals."""
     return cfg.varlen or (cfg.arch == "sm_90a" and cfg.causal and not cfg.kvcache)

@@ -154,10 +154,10 @@ def choose_l2_group(*, causal: bool, persistent: bool, l2_bytes: int, batch: int
     """The `l2_group` launch parameter for one problem on one device.
 
     One-CTA-per-task grids and the dynamic deal (`dynamic`: CTAs take the next task as they free up,
-    plan.dynamic_tasks) take the budget as is (LPT inside each section keeps the tail short). The persistent grid tries, largest first, the
-    sizes <= budget that make every section a whole number of rounds (boundaries then fall where
-    the snake deal pairs two rounds of one slope), then the budget itself and the 3 sizes below
-    it, and keeps the first whose most loaded CTA is within the tolerance of the unsectioned order's
+    plan.dynamic_tasks) take the budget as is (LPT inside each section keeps the tail short). A
+    statically dealt persistent grid tries, largest first, the sizes <= budget that make every
+    section a whole number of rounds (boundaries then fall where the snake deal pairs two rounds of
+    one slope), then the budget itself and the 3 sizes below it, and keeps the first whose most loaded CTA is within the tolerance of the unsectioned order's
     (BALANCE_TOLERANCE, or BALANCE_TOLERANCE_UNSHARED when there are more pairs than half the
     CTAs); none qualifies -> one section (the unsectioned order). window: the sides (plan.window_sides)
     of a windowed launch: the balance counts each tile's window blocks (the L2 budget still counts a
