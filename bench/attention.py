@@ -166,10 +166,11 @@ def _median_ms(fn, warmup_ms, rep_ms):
     return statistics.median(times)
 
 
-def interleaved_ms(fns: dict, rounds: int, warmup_ms: int, rep_ms: int, timer=None, rotate: bool = False) -> dict:
-    """Time several callables alternately (A, B, C, A, B, C ...) for `rounds` rounds of
-    `_median_ms` each, so that drift (clocks, heat) falls on all of them alike; with `rotate`, round r
-    starts at the r-th callable (B, C, A ...), so that no one is always first after an idle spell. Returns
+def interleaved_ms(fns: dict, rounds: int, warmup_ms: int, rep_ms: int, timer=None, rotate: bool = True) -> dict:
+    """Time several callables alternately (A, B, C, B, C, A, C, A, B ...) for `rounds` rounds of
+    `_median_ms` each, so that drift (clocks, heat) falls on all of them alike: round r starts at the
+    r-th callable, so that no one is always the first after an idle spell (a cooler, faster-clocked
+    GPU); `rotate=False` keeps the order fixed (A, B, C, A, B, C). Returns
     name -> (median over the rounds in ms, (min / median, max / median) over the rounds)."""
     timer = timer or _median_ms
     per = {name: [] for name in fns}
@@ -303,7 +304,7 @@ def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None,
                 notes["fa4cute"] = _one_line(e)
                 torch.cuda.synchronize()
         ms = {}
-        for name, (med, spread) in interleaved_ms(fns, rounds, warmup_ms, rep_ms, rotate=True).items():
+        for name, (med, spread) in interleaved_ms(fns, rounds, warmup_ms, rep_ms).items():
             ms[name] = med
             if rounds > 1:
                 row[f"{name}_round_spread"] = spread

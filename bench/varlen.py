@@ -137,7 +137,7 @@ def run_mix(kind, d, causal, warmup_ms, rep_ms, fa4_varlen=None, rounds=3):
             notes["fa4cute"] = _one_line(e)
     # every contender's first call is made; now they alternate, each round starting one later, so that
     # clock drift and the idle spells before a round fall on all alike
-    for name, (med, spread) in interleaved_ms(fns, rounds, warmup_ms, rep_ms, rotate=True).items():
+    for name, (med, spread) in interleaved_ms(fns, rounds, warmup_ms, rep_ms).items():
         ms[name] = med
         row[f"{name}_spread"] = spread
     if "dense" in ms:

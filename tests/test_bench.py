@@ -189,19 +189,19 @@ def test_interleaved_ms_alternates_and_reports_median_and_spread():
         calls.append((fn, warmup_ms, rep_ms))
         return next(times)
 
-    out = bench.interleaved_ms({"a": "A", "b": "B"}, 3, 5, 50, timer=timer)
+    out = bench.interleaved_ms({"a": "A", "b": "B"}, 3, 5, 50, timer=timer, rotate=False)
     assert [c[0] for c in calls] == ["A", "B"] * 3 and {c[1:] for c in calls} == {(5, 50)}
     assert out["a"] == (2.0, (0.5, 1.5)) and out["b"] == (20.0, (0.5, 1.5))
 
 
-def test_interleaved_ms_rotates_the_first_contender_when_asked():
+def test_interleaved_ms_rotates_the_first_contender():
     calls = []
 
     def timer(fn, warmup_ms, rep_ms):
         calls.append(fn)
         return {"A": 1.0, "B": 2.0, "C": 3.0}[fn]
 
-    out = bench.interleaved_ms({"a": "A", "b": "B", "c": "C"}, 4, 5, 50, timer=timer, rotate=True)
+    out = bench.interleaved_ms({"a": "A", "b": "B", "c": "C"}, 4, 5, 50, timer=timer)  # rotation is the default
     assert calls == ["A", "B", "C", "B", "C", "A", "C", "A", "B", "A", "B", "C"]
     assert {k: v[0] for k, v in out.items()} == {"a": 1.0, "b": 2.0, "c": 3.0}
 
