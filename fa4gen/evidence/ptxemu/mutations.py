@@ -338,7 +338,8 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
 
 
 def _task_mutations(prefix: str, cfg: dict) -> tuple:
-    """The dynamic deal's hand-off broken three ways in the varlen kernel of `cfg` (either target)."""
+    """The dynamic deal's hand-off broken three ways in the dynamically dealt kernel of `cfg` (varlen on
+    either target, or sm_90a causal dense)."""
     return (
         PtxMutation(prefix + "task_read_before_full", cfg, "dynamic deal: the first reading role reads the task "
                     "index without waiting for task_full (its wait loop dropped)",
@@ -403,6 +404,8 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
     # the dynamic deal (plan.dynamic_tasks, both targets): the task index's hand-off to the other roles
     *(m for prefix, cfg in (("sm90_", _SM90VC), ("sm100_", _SM100VC)) for m in _task_mutations(prefix, cfg)),
 )
+# ... and in the sm_90a causal dense kernels, which deal the same way since 2026-12-04 (their L2 sections)
+PTX_MUTATIONS = PTX_MUTATIONS + _task_mutations("sm90_causal_", _SM90C)
 
 
 # ---- KV cache (decode over a contiguous or paged cache, split-KV, the combine entry): each edit names
