@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench.l2_promotion: no CUDA GPU", file=sys.stderr)
         return 2
-    runtime.map_l2_promotion = lambda role, spec: mode  # every map the runtime encodes from here on
+    runtime.map_l2_promotion = lambda role, spec, kvcache: mode  # every map the runtime encodes from here on
     from triton.testing import do_bench
 
     from bench.decode_combine import cache, cudnn_us, graph_us

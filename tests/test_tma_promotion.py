@@ -34,7 +34,7 @@ def test_the_two_promotions_differ_and_are_driver_modes():
 def test_every_map_of_a_manifest_records_its_kernels_promotion(arch, kind):
     fields, want = KINDS[kind]
     cfg = KernelConfig(arch=arch, **fields)
-    assert tma_l2_promotion(cfg) == want
+    assert tma_l2_promotion(cfg.kvcache) == want
     maps = build(cfg, emit=(), verify=False).manifest["tensor_maps"]
     assert sorted(maps) == ["k", "o", "q", "v"]
     assert {role: spec["l2_promotion"] for role, spec in maps.items()} == dict.fromkeys(maps, want)
@@ -56,13 +56,17 @@ def test_the_enum_codes_are_cuda_pythons():
             int(TmaL2Promotion.from_label(label))
 
 
-def test_a_manifest_without_the_field_keeps_what_it_was_launched_with():
-    assert map_l2_promotion("k", {"dims": [], "box": []}) == "256B"
+def test_a_manifest_without_the_field_gets_todays_rule():
+    """Manifests written before the field existed (every map was encoded at 256B then): a KV-cache
+    kernel's maps take 128B now, the others keep 256B; a recorded value is followed as it is."""
+    assert map_l2_promotion("k", {"dims": [], "box": []}, kvcache=True) == "128B"
+    assert map_l2_promotion("k", {"dims": [], "box": []}, kvcache=False) == "256B"
+    assert map_l2_promotion("k", {"l2_promotion": "none"}, kvcache=True) == "none"
 
 
 def test_a_bad_recorded_promotion_is_refused_in_words():
     with pytest.raises(RuntimeSetupError, match=r"k: the manifest's l2_promotion '96B' is not one of none, 64B, 128B, 256B"):
-        map_l2_promotion("k", {"l2_promotion": "96B"})
+        map_l2_promotion("k", {"l2_promotion": "96B"}, kvcache=False)
 
 
 class _RecordingLibcuda:
@@ -79,13 +83,18 @@ class _RecordingLibcuda:
 
 
 @pytest.mark.parametrize("kind", ["dense", "kvcache"])
-def test_the_runtime_encodes_each_map_with_its_manifests_promotion(monkeypatch, kind):
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "unrecorded"])
+def test_the_runtime_encodes_each_map_with_its_manifests_promotion(monkeypatch, kind, recorded):
     """The launch path on CPU tensors with libcuda faked: every map reaches cuTensorMapEncodeTiled with
-    the manifest's promotion (a manifest edited to another mode is followed too)."""
+    the manifest's promotion (a manifest edited to another mode is followed too); a manifest written
+    before the field existed gets the rule's promotion for its kind."""
     torch = pytest.importorskip("torch")
     fields, want = KINDS[kind]
     cfg = KernelConfig(arch="sm_90a", **fields)
     man = build(cfg, emit=(), verify=False).manifest
+    if not recorded:
+        for spec in man["tensor_maps"].values():
+            del spec["l2_promotion"]
     man["tensor_maps"]["v"]["l2_promotion"] = "64B"  # one map edited: followed, not the rule re-derived
     lib = _RecordingLibcuda()
     monkeypatch.setattr(runtime, "_libcuda", lambda: lib)

@@ -96,7 +96,7 @@ def tensor_maps(cfg: KernelConfig, o_rows: int) -> dict:
 
     def tmap(dims: list[str], box: list[int], pn) -> dict:
         return {"dims": dims, "box": box, "swizzle": f"{pn.swizzle.span_bytes}B", "dtype": cfg.dtype,
-                "l2_promotion": tma_l2_promotion(cfg)}
+                "l2_promotion": tma_l2_promotion(cfg.kvcache)}
 
     qo_dims = qo_map_dims(cfg)
     kv_dims = ["D", "Hkv", "Page", "Pages"] if cfg.page_size else ["D", "Hkv", "Skv", "B"]

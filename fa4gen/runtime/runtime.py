@@ -24,7 +24,7 @@ __all__ = ["CudaError", "Kernel", "RuntimeSetupError", "tensor_map_geometry"]
 
 # docs/ABI.md's parameters (fa4gen.spec.plan.ABI_PARAMS); the manifest's "params" gives their order.
 from ..spec.plan import ABI_PARAM_NAMES as _PARAM_NAMES  # noqa: E402
-from ..spec.plan import TMA_L2_PROMOTIONS  # noqa: E402
+from ..spec.plan import TMA_L2_PROMOTIONS, tma_l2_promotion  # noqa: E402
 
 
 class CudaError(RuntimeError):
@@ -318,13 +318,11 @@ class MapSpec(NamedTuple):
     geo: MapGeometry
 
 
-# every map was encoded with 256B promotion before the manifest recorded it (generator 2026-12-04)
-_UNRECORDED_L2_PROMOTION = "256B"
-
-
-def map_l2_promotion(role: str, spec: dict) -> str:
-    """The L2 promotion of a manifest tensor map (plan.tma_l2_promotion wrote it)."""
-    value = spec.get("l2_promotion", _UNRECORDED_L2_PROMOTION)
+def map_l2_promotion(role: str, spec: dict, kvcache: bool) -> str:
+    """The L2 promotion of a manifest tensor map of a KV-cache kernel or another: what plan.tma_l2_promotion
+    wrote into it, or, in a manifest written before the field existed (whose maps were all encoded at
+    256B), what the rule gives today."""
+    value = spec.get("l2_promotion") or tma_l2_promotion(kvcache)
     if value not in TMA_L2_PROMOTIONS:
         raise RuntimeSetupError(f"{role}: the manifest's l2_promotion {value!r} is not one of {', '.join(TMA_L2_PROMOTIONS)}")
     return value
@@ -566,7 +564,7 @@ class Kernel:
         """What a Bound encodes role's tensor map from."""
         spec = self.manifest["tensor_maps"][role]
         geo = tensor_map_geometry(role, spec, tuple(shape), tuple(strides), elem_bytes, manifest_gqa(self.manifest)[1])
-        return MapSpec(role, spec["dtype"], spec["swizzle"], map_l2_promotion(role, spec), geo)
+        return MapSpec(role, spec["dtype"], spec["swizzle"], map_l2_promotion(role, spec, "kvcache" in self.manifest), geo)
 
     def _maps(self, tensors) -> dict:
         """{tmap_<role>: its map spec} of (role, tensor) pairs in [B, S, H, D]."""

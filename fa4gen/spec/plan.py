@@ -312,9 +312,11 @@ TMA_L2_PROMOTION_STREAMED = "128B"  # KV-cache kernels
 TMA_L2_PROMOTION_REUSED = "256B"  # dense and varlen kernels
 
 
-def tma_l2_promotion(cfg: KernelConfig) -> str:
-    """The L2 promotion of every tensor map of cfg's kernel (one of TMA_L2_PROMOTIONS)."""
-    return TMA_L2_PROMOTION_STREAMED if cfg.kvcache else TMA_L2_PROMOTION_REUSED
+def tma_l2_promotion(kvcache: bool) -> str:
+    """The L2 promotion of every tensor map of a kernel (one of TMA_L2_PROMOTIONS): a KV-cache kernel's
+    (config.kvcache) or another's. The manifest records it; the runtime applies it to manifests
+    written before it did."""
+    return TMA_L2_PROMOTION_STREAMED if kvcache else TMA_L2_PROMOTION_REUSED
 
 
 def kvcache_num_tasks(batch: int, num_heads_kv: int, groups: int, num_m_blocks: int, num_splits: int) -> int:

@@ -285,7 +285,7 @@ class Launch:
                 strides = tuple(int(s) for s in np.cumprod((1,) + tshape[::-1][:-1])[::-1])
                 geo = tensor_map_geometry(role, spec, tshape, strides, 2, lg.pack)
                 tms = TensorMapSpec(dtype=spec["dtype"], dims=tuple(spec["dims"]), box=geo.box, swizzle=spec["swizzle"],
-                                    l2_promotion=TmaL2Promotion.from_label(map_l2_promotion(role, spec)))
+                                    l2_promotion=TmaL2Promotion.from_label(map_l2_promotion(role, spec, "kvcache" in man)))
                 args = tms.validate(geo.dims, geo.strides, self.addr[role])
                 blob += units.encode_tensor_map(args, self.addr[role])
             elif p.name in scalars:

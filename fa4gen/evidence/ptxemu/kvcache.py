@@ -297,7 +297,7 @@ class KvLaunch:
             strides = tuple(int(s) for s in np.cumprod((1,) + t.shape[::-1][:-1])[::-1])
             geo = tensor_map_geometry(role, spec, t.shape, strides, 2, lg.pack)
             tms = TensorMapSpec(dtype=spec["dtype"], dims=tuple(spec["dims"]), box=geo.box, swizzle=spec["swizzle"],
-                                l2_promotion=TmaL2Promotion.from_label(map_l2_promotion(role, spec)))
+                                l2_promotion=TmaL2Promotion.from_label(map_l2_promotion(role, spec, True)))
             return units.encode_tensor_map(tms.validate(geo.dims, geo.strides, self.addr[role]), self.addr[role])
 
         self.fwd_params, self.fwd_offsets, self.fwd_sizes = _pack(self.fwd, scalars, tmap, UsageError)
