@@ -303,8 +303,21 @@ def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None,
             except Exception as e:  # a variant the peer does not take: say so, keep the run going
                 notes["fa4cute"] = _one_line(e)
                 torch.cuda.synchronize()
-        ms = {}
-        for name, (med, spread) in interleaved_ms(fns, rounds, warmup_ms, rep_ms).items():
+        ms, failed = {}, {}
+        names = {id(fn): name for name, fn in fns.items()}
+
+        def timer(fn, warmup, rep):  # a contender that fails while timed: noted, its column left empty
+            try:
+                return _median_ms(fn, warmup, rep)
+            except Exception as e:  # noqa: BLE001 - a peer's failure must not end the run
+                failed[names[id(fn)]] = _one_line(e)
+                torch.cuda.synchronize()
+                return float("nan")
+
+        for name, (med, spread) in interleaved_ms(fns, rounds, warmup_ms, rep_ms, timer=timer).items():
+            if name in failed:
+                notes[name] = failed[name]
+                continue
             ms[name] = med
             if rounds > 1:
                 row[f"{name}_round_spread"] = spread

@@ -257,6 +257,27 @@ def test_tree_commit_says_when_the_files_are_not_the_commits(tmp_path, monkeypat
     assert bench.tree_commit() is None
 
 
+def test_run_shape_survives_a_contender_failing_while_timed(monkeypatch, clean_import_state):
+    """A contender that raises during the timed rounds loses its column (with a note), not the run."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(bench, "_sdpa", lambda name, q, k, v, causal: ((lambda: q * 1), q * 1, ""))
+    calls = {"n": 0}
+
+    def peer(q, k, v, causal=False):
+        calls["n"] += 1
+        if calls["n"] > 2:  # the two untimed calls pass, the timed ones fail
+            raise RuntimeError("peer broke\nsecond line")
+        return q * 1
+
+    monkeypatch.setattr(bench, "_median_ms", lambda fn, warmup_ms, rep_ms: (fn(), 1.0)[-1])
+    row = bench.run_shape((1, 64, 2, 2, 64, False), "bf16", 5, 50, fa4cute=peer, rounds=2)
+    assert row["fa4cute_ms"] is None and row["notes"]["fa4cute"] == "RuntimeError: peer broke"
+    assert row["cudnn_ms"] == 1.0 and row["flash_ms"] == 1.0
+
+
 def test_head_dims_shapes_flops_and_help(capsys):
     """bench/head_dims.py's CPU side: its pairs, shape list, FLOP count, cuDNN refusal text and --help."""
     from bench import head_dims as hd
