@@ -1,6 +1,6 @@
 """The emulator of one launch: a parsed module compiled into ops (the synchronous instructions of
 ops.py, the asynchronous ones of async_units.py), its parameters and global memory, and the CTAs
-of machine.py run one after another. Above ops, async_units and machine, which never import it.
+of machine.py, two resident at a time and interleaved (Emulator._run). Above ops, async_units and machine, which never import it.
 """
 from __future__ import annotations
 
@@ -123,6 +123,7 @@ class Emulator:
         self.gcta: dict = {}
         self.tma_loads: list | None = None  # a list: every TMA load's (tensor-map parameter, coordinates) appended
         self.trace = None  # a trace.Recorder: every CTA's issue bursts, waits and async operations recorded
+        self.live_ctas = 2  # CTAs resident at once, interleaved (_run)
         if mod.maxntid is not None and nthreads > mod.maxntid:
             raise Fault("LAUNCH", f"{nthreads} threads per CTA exceed .maxntid {mod.maxntid}")
 
@@ -159,18 +160,30 @@ class Emulator:
             self._run(step_limit, ctas, progress)
 
     def _run(self, step_limit, ctas, progress) -> None:
-        for c in (range(self.nctas) if ctas is None else ctas):
-            cta = CTA(self, c)
+        """Up to `live_ctas` CTAs resident at once (SMs), taken in order as earlier ones finish; the
+        resident ones advance a seeded random number of issue bursts at a time, interleaved, so that
+        CTAs that share global memory (a dynamic deal's task counter) meet as they would on a GPU."""
+        waiting = list(range(self.nctas) if ctas is None else ctas)
+        waiting.reverse()
+        live: list = []
+        rng = np.random.default_rng([self.seed, 0x5EED])
+        while waiting or live:
+            while waiting and len(live) < max(self.live_ctas, 1):
+                live.append(CTA(self, waiting.pop()))
+            cta = live[int(rng.integers(len(live)))] if len(live) > 1 else live[0]
+            before = cta.steps
             try:
-                cta.run(step_limit)
+                done = cta.run(step_limit, bursts=int(rng.integers(1, 64)) if len(live) > 1 or waiting else None)
             except Fault as f:
-                f.cta = c
-                f.args = (f"CTA {c}: {f.args[0]}",)
+                f.cta = cta.ctaid
+                f.args = (f"CTA {cta.ctaid}: {f.args[0]}",)
+                self.total_steps += cta.steps - before
                 raise
-            finally:
-                self.total_steps += cta.steps
-            if progress:
-                progress(c, cta)
+            self.total_steps += cta.steps - before
+            if done:
+                live.remove(cta)
+                if progress:
+                    progress(cta.ctaid, cta)
 
 
 DEFAULT_DELAYS = {

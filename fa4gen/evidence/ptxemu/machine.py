@@ -216,7 +216,7 @@ class Op:
 
 
 class CTA:
-    """One CTA. `run()` executes it to completion or raises Fault."""
+    """One CTA. `run()` executes it (to completion, or a number of issue bursts at a time) or raises Fault."""
 
     def __init__(self, emu, ctaid: int):  # emu: the launch (emulator.Emulator)
         self.emu = emu
@@ -248,6 +248,7 @@ class CTA:
         for w in self.warps:
             w.regs = dict(emu.reg_init)
         self.steps = 0
+        self.exit_checked = False  # every warp exited: the check for work still in flight was made
         self.wg_pending: dict = {}  # (wg, seq) -> {warp: contribution}
         self.wg_tail: dict = {}
         self.reg_pool_used = 0
@@ -400,20 +401,22 @@ class CTA:
             return True
         return False
 
-    def run(self, step_limit: int) -> None:
+    def run(self, step_limit: int, bursts: int | None = None) -> bool:
+        """Execute the CTA's warps for at most `bursts` issue bursts (None: to its end); True once it
+        has finished (Emulator runs several CTAs a few bursts at a time, interleaved)."""
         rng = self.rng
         warps = self.warps
         step, runnable = self.step, self.runnable
         prog = self.prog
         nprog = len(prog)
-        exit_checked = False
         trace = self.trace
+        left = bursts
         while True:
             # runnable(w), inline for the warps that are neither blocked nor done (most of them)
             ready = [w for w in warps if (w.block is None and not w.done) or runnable(w)]
             if not ready:
-                if self.events and not exit_checked and all(w.done for w in warps):
-                    exit_checked = True
+                if self.events and not self.exit_checked and all(w.done for w in warps):
+                    self.exit_checked = True
                     self.async_at_exit()
                 if self.events:
                     t = self.events[0][0]
@@ -423,6 +426,10 @@ class CTA:
                 if all(w.done for w in warps):
                     break
                 self.deadlock()
+            if left is not None:
+                if left <= 0:
+                    return False
+                left -= 1
             w = ready[int(rng.integers(len(ready)))] if len(ready) > 1 else ready[0]
             burst = int(rng.integers(1, 64))
             hits = self.hits[w.wid]
@@ -462,6 +469,7 @@ class CTA:
             if self.events and self.events[0][0] <= self.now:
                 self.fire_until(self.now)
         self.finish()
+        return True
 
     def deadlock(self):
         lines = [w.describe() for w in self.warps if not w.done]

@@ -596,8 +596,8 @@ _ATOM_RE = re.compile(r"atom(?:\.(?:relaxed|acquire|release|acq_rel))?(?:\.(?:ct
 def compile_atom(ctx, ins, parts):
     """atom.global.add: each executing lane, in lane order, reads the value at its address (bounds and
     alignment checked like ld.global), writes old + src (modulo 2^width) and gets old in its
-    destination, so lanes naming one address see each other's additions. CTAs run one after another:
-    one CTA's atomics all precede the next one's. The bytes are not recorded with mark_gmem, whose
+    destination, so lanes naming one address see each other's additions. The resident CTAs run
+    interleaved (Emulator._run), so their fetches from one counter interleave. The bytes are not recorded with mark_gmem, whose
     written-once check judges outputs: a counter is legitimately updated by every CTA. Ordering
     against plain GMEM accesses (the .sem qualifier) is not modelled, as for ld/st.global."""
     m_ = _ATOM_RE.fullmatch(ins.opcode)
