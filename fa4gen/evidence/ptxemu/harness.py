@@ -16,8 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import reference
-from ...spec.encodings import TensorMapSpec, TmaL2Promotion
-from ...runtime.runtime import launch_geometry, manifest_block_n, manifest_gqa, manifest_tile_rows, map_l2_promotion, tensor_map_geometry, varlen_num_tasks
+from ...runtime.runtime import launch_geometry, manifest_block_n, manifest_gqa, manifest_tile_rows, varlen_num_tasks
 from . import units
 from .kvcache import KvShape, KvUsageError, default_kv_shapes, run_kvcache_once  # noqa: F401 (KvShape re-exported)
 from .emulator import Emulator
@@ -279,15 +278,9 @@ class Launch:
             sizes[p.name] = p.size
             if p.name.startswith("tmap_"):
                 role = p.name[5:]
-                spec = man["tensor_maps"][role]
                 t = tensors.get(role, o_init)
                 tshape = (1,) + t.shape if varlen else t.shape  # varlen: the packed tensor as a batch of one
-                strides = tuple(int(s) for s in np.cumprod((1,) + tshape[::-1][:-1])[::-1])
-                geo = tensor_map_geometry(role, spec, tshape, strides, 2, lg.pack)
-                tms = TensorMapSpec(dtype=spec["dtype"], dims=tuple(spec["dims"]), box=geo.box, swizzle=spec["swizzle"],
-                                    l2_promotion=TmaL2Promotion.from_label(map_l2_promotion(role, spec, "kvcache" in man)))
-                args = tms.validate(geo.dims, geo.strides, self.addr[role])
-                blob += units.encode_tensor_map(args, self.addr[role])
+                blob += units.manifest_tensor_map(man, role, tshape, lg.pack, self.addr[role])
             elif p.name in scalars:
                 fmt, val = scalars[p.name]
                 blob += struct.pack(fmt, val)

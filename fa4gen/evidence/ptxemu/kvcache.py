@@ -22,9 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import reference
-from ...spec.encodings import TensorMapSpec, TmaL2Promotion
 from ...spec.plan import COMBINE_ABI_PARAMS, kvcache_num_tasks
-from ...runtime.runtime import launch_geometry, manifest_gqa, manifest_tile_rows, map_l2_promotion, tensor_map_geometry
+from ...runtime.runtime import launch_geometry, manifest_gqa, manifest_tile_rows
 from ...spec.schedule import kvcache_k_len, kvcache_page
 from . import units
 from .cases import (RunResult, ScoreMods, Shape, UsageError, _from_dtype_bytes, _np_dtype_bytes, barrier_names,
@@ -292,13 +291,7 @@ class KvLaunch:
         tensors = {"q": inp.q, "k": inp.k_cache, "v": inp.v_cache, "o": o_init}
 
         def tmap(role):
-            spec = man["tensor_maps"][role]
-            t = tensors[role]
-            strides = tuple(int(s) for s in np.cumprod((1,) + t.shape[::-1][:-1])[::-1])
-            geo = tensor_map_geometry(role, spec, t.shape, strides, 2, lg.pack)
-            tms = TensorMapSpec(dtype=spec["dtype"], dims=tuple(spec["dims"]), box=geo.box, swizzle=spec["swizzle"],
-                                l2_promotion=TmaL2Promotion.from_label(map_l2_promotion(role, spec, True)))
-            return units.encode_tensor_map(tms.validate(geo.dims, geo.strides, self.addr[role]), self.addr[role])
+            return units.manifest_tensor_map(man, role, tensors[role].shape, lg.pack, self.addr[role])
 
         self.fwd_params, self.fwd_offsets, self.fwd_sizes = _pack(self.fwd, scalars, tmap, UsageError)
         comb_names = [n for n, _ in COMBINE_ABI_PARAMS]

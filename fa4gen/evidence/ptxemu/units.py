@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...spec.encodings import EncodingError, Swizzle, TcgenInstrDesc, TmaDtype, TensorMapArgs
+from ...runtime.runtime import map_l2_promotion, tensor_map_geometry
+from ...spec.encodings import EncodingError, Swizzle, TcgenInstrDesc, TensorMapArgs, TensorMapSpec, TmaDtype, TmaL2Promotion
 
 
 class UnitError(Exception):
@@ -25,6 +26,19 @@ class UnitError(Exception):
 # ---- tensor maps: the emulator's 128-byte image of cuTensorMapEncodeTiled's arguments ------------
 TMAP_MAGIC = 0x54344146  # "FA4T"
 TMAP_BYTES = 128
+
+
+def manifest_tensor_map(man: dict, role: str, shape: tuple, pack: int, global_address: int) -> bytes:
+    """The encoded tensor map of `role` (the manifest's map: dims, box, swizzle, dtype, L2 promotion) over
+    a contiguous 2-byte tensor of `shape` at global_address, validated as the runtime's would be."""
+    from ...runtime.runtime import map_l2_promotion, tensor_map_geometry
+
+    spec = man["tensor_maps"][role]
+    strides = tuple(int(s) for s in np.cumprod((1,) + tuple(shape)[::-1][:-1])[::-1])
+    geo = tensor_map_geometry(role, spec, tuple(shape), strides, 2, pack)
+    tms = TensorMapSpec(dtype=spec["dtype"], dims=tuple(spec["dims"]), box=geo.box, swizzle=spec["swizzle"],
+                        l2_promotion=TmaL2Promotion.from_label(map_l2_promotion(role, spec, "kvcache" in man)))
+    return encode_tensor_map(tms.validate(geo.dims, geo.strides, global_address), global_address)
 
 
 def encode_tensor_map(args: TensorMapArgs, global_address: int) -> bytes:
