@@ -234,7 +234,12 @@ def _fa4cute(flash_attn_func, q, k, v, causal):
     return fn, out, first_s
 
 
-def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None, rounds=1):
+def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None, rounds=1, sampler=None):
+    """One shape's row. sampler: a started bench.gpu_clocks.GpuSampler: each contender's timing is a
+    window of it, and the row's `clocks` gives the median SM clock and power while each was timed."""
+    import contextlib
+    import time
+
     import torch
 
     from fa4gen.runtime import api
@@ -306,9 +311,12 @@ def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None,
         ms, failed = {}, {}
         names = {id(fn): name for name, fn in fns.items()}
 
+        tag = f"{shape}:"  # this shape's windows
+
         def timer(fn, warmup, rep):  # a contender that fails while timed: noted, its column left empty
             try:
-                return _median_ms(fn, warmup, rep)
+                with sampler.window(tag + names[id(fn)]) if sampler else contextlib.nullcontext():
+                    return _median_ms(fn, warmup, rep)
             except Exception as e:  # noqa: BLE001 - a peer's failure must not end the run
                 failed[names[id(fn)]] = _one_line(e)
                 torch.cuda.synchronize()
@@ -321,6 +329,10 @@ def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None,
             ms[name] = med
             if rounds > 1:
                 row[f"{name}_round_spread"] = spread
+        if sampler is not None:
+            time.sleep(0.2)  # the sampler's last lines of this shape
+            got = sampler.summary()
+            row["clocks"] = {key[len(tag):]: val for key, val in got.items() if key.startswith(tag)}
 
     for name in IMPLS:
         row[f"{name}_ms"] = round(ms[name], 5) if name in ms else None
@@ -449,6 +461,9 @@ def main(argv=None):
     ap.add_argument("--budget-s", type=float, default=160.0,
                     help="start no new shape after this many seconds of wall time (default 160)")
     ap.add_argument("--no-fa4cute", action="store_true", help="leave the FA4-CuTe peer out even if installed")
+    ap.add_argument("--clocks", action="store_true",
+                    help="sample the GPU's SM clock, power and clock-event reasons with nvidia-smi while each "
+                         "contender is timed (bench/gpu_clocks.py); each row's `clocks` gives the medians")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--baseline", default=os.environ.get("FA4GEN_BENCH_BASELINE") or None,
                     help="folder of an earlier generator's sm_90a <name>.cubin + .json: the `previous` column")
@@ -480,6 +495,17 @@ def main(argv=None):
                          f"{args.rounds} interleaved round(s), the order rotated each round, after every "
                          f"contender's first call"),
               "complete": False, "results": []}
+    sampler = None
+    if args.clocks:
+        from bench.gpu_clocks import GpuSampler
+        sampler = GpuSampler()
+        if not sampler.start():
+            print(f"  clocks: {sampler.why}", flush=True)
+            result["clocks_note"], sampler = sampler.why, None
+        else:
+            import atexit
+            atexit.register(sampler.stop)  # a run that fails midway leaves no nvidia-smi behind
+            result["clocks_fields"] = list(sampler.fields)
     for i, shape in enumerate(shapes):
         elapsed = time.perf_counter() - t_start
         if elapsed > args.budget_s:
@@ -489,7 +515,7 @@ def main(argv=None):
             print(f"  budget spent after {elapsed:.0f} s: {len(shapes) - i} shape(s) skipped", flush=True)
             break
         row = run_shape(shape, shape_dtype(shape, args.dtype), args.warmup_ms, args.rep_ms, fa4cute=fa4cute,
-                        baseline=args.baseline, rounds=max(args.rounds, 1))
+                        baseline=args.baseline, rounds=max(args.rounds, 1), sampler=sampler)
         result["results"].append(row)
         result["complete"] = i == len(shapes) - 1
         result["wall_s"] = round(time.perf_counter() - t_start, 1)
@@ -499,6 +525,11 @@ def main(argv=None):
               f"cudnn {row['cudnn_tflops']}, flash {row['flash_tflops']}, fa4cute {row['fa4cute_tflops']} TFLOP/s"
               + (f" (first call {row['fa4cute_first_call_s']} s)" if "fa4cute_first_call_s" in row else "")
               + (f"  notes: {notes}" if notes else ""), flush=True)
+        if row.get("clocks"):
+            print("    SM MHz / W: " + ", ".join(f"{n} {c.get('sm_mhz')} / {c.get('power_w')}"
+                                               for n, c in row["clocks"].items()), flush=True)
+    if sampler is not None:
+        sampler.stop()
     rows = result["results"]
     print()
     print(markdown(rows))

@@ -33,33 +33,57 @@ def _tbps(nbytes, ms):
     return round(nbytes / (ms * 1e-3) / 1e12, 3) if ms else None
 
 
-def _graph_ms(torch, fn, calls, median_ms, warmup_ms, rep_ms, flush):
-    """(ms per call of `fn` replayed from a CUDA graph, None) or (None, why not). The graph holds
-    `calls` x (an L2 flush, fn); a graph of the flushes alone is subtracted, so every call starts
-    from a cold L2 as under do_bench and none of the host's per-call cost is counted."""
+def _capture(torch, fn, calls, flush):
+    """(a CUDA graph of `calls` x (an L2 flush, fn), None) or (None, why not); fn None: the flushes alone."""
     try:
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
+        with torch.cuda.stream(s):  # a warm-up off the capture stream
+            if fn is not None:
+                fn()
         torch.cuda.current_stream().wait_stream(s)
         torch.cuda.synchronize()
-        g, gf = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             for _ in range(calls):
-                flush()
-                fn()
-        with torch.cuda.graph(gf):
-            for _ in range(calls):
-                flush()
+                if flush is not None:
+                    flush()
+                if fn is not None:
+                    fn()
         g.replay()
-        gf.replay()
         torch.cuda.synchronize()
-        both, only = median_ms(g.replay, warmup_ms, rep_ms), median_ms(gf.replay, warmup_ms, rep_ms)
-        return max(both - only, 1e-6) / calls, None
+        return g, None
     except Exception as e:  # a contender that cannot be captured says why
         torch.cuda.synchronize()
         return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+
+
+def timed_rounds(torch, fns, calls, flush, rounds, warmup_ms, rep_ms, timer, interleaved):
+    """Every contender timed eagerly, then replayed from a CUDA graph of `calls` x (an L2 flush, call),
+    both in `rounds` interleaved rounds (bench.attention.interleaved_ms: the order rotates, so no
+    contender always runs first after the previous shape's set-up); a graph of the flushes alone,
+    timed in the same rounds, is subtracted, so every call starts from a cold L2 and none of the
+    host's per-call cost is counted. Returns (eager ms, graph ms per call, notes) by name; calls = 0:
+    no graph timing."""
+    eager = {name: med for name, (med, _) in interleaved(fns, rounds, warmup_ms, rep_ms, timer=timer).items()}
+    graph, notes, graphs = {}, {}, {}
+    if calls:
+        for name, fn in fns.items():
+            g, why = _capture(torch, fn, calls, flush)
+            if g is None:
+                notes[name] = why
+            else:
+                graphs[name] = g
+        flush_only, why = _capture(torch, None, calls, flush)
+        if graphs and flush_only is not None:
+            replays = {name: g.replay for name, g in graphs.items()}
+            replays["_flush_only"] = flush_only.replay
+            got = interleaved(replays, rounds, warmup_ms, rep_ms, timer=timer)
+            only = got.pop("_flush_only")[0]
+            graph = {name: max(med - only, 1e-6) / calls for name, (med, _) in got.items()}
+        elif graphs:
+            notes = {name: f"the flush-only graph failed: {why}" for name in fns}
+    return eager, graph, notes
 
 
 def main(argv=None):
@@ -71,13 +95,16 @@ def main(argv=None):
     ap.add_argument("--splits", type=int, default=0, help="num_splits for fa4gen (0 = its choice)")
     ap.add_argument("--warmup-ms", type=int, default=25)
     ap.add_argument("--rep-ms", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="timing rounds per row, the contenders interleaved, each round starting one contender "
+                         "later; each figure is the median over the rounds (default 3)")
     ap.add_argument("--graph-calls", type=int, default=20,
                     help="also time each contender replayed from a CUDA graph of this many calls (0: skip): "
                          "the GPU time without the host's per-call cost, which bounds the small shapes")
     args = ap.parse_args(argv)
     import torch
 
-    from bench.attention import _median_ms, _sdpa, environment, load_fa4cute
+    from bench.attention import _median_ms, _sdpa, environment, interleaved_ms, load_fa4cute
     from fa4gen.runtime import api
     from fa4gen.spec.config import KernelConfig
 
@@ -108,6 +135,8 @@ def main(argv=None):
 
     def write():  # after every row: a late failure keeps the rows measured before it
         path.write_text(json.dumps({**env, "fa4cute": info, "torch_read_TBps": torch_read, "hq": HQ, "hkv": HKV,
+                                    "timing": f"median of {args.rounds} interleaved round(s), the order rotated "
+                                              f"each round, after every contender's first call",
                                     "head_dim": D, "rows": rows}, indent=1))
     for b, length in shapes:
         for layout in layouts:
@@ -180,20 +209,19 @@ def main(argv=None):
                     torch.ones(sq, length, device="cuda", dtype=torch.bool).tril(length - sq))
                 got = api.attention_with_kvcache(q, kc, vc, seqlens, page_table=pt, num_splits=args.splits)
                 row["max_diff_vs_fp32"] = round((got[:1].float() - ref.transpose(1, 2)).abs().max().item(), 5)
-                for name, f in fns.items():
+                for f in fns.values():  # every first call before any timing
                     f()
-                    torch.cuda.synchronize()
-                    ms = _median_ms(f, args.warmup_ms, args.rep_ms)
-                    row[f"{name}_us"] = round(ms * 1e3, 2)
-                    row[f"{name}_TBps"] = _tbps(nbytes, ms)
-                    if args.graph_calls:
-                        gms, why = _graph_ms(torch, f, args.graph_calls, _median_ms, args.warmup_ms, args.rep_ms,
-                                             flush)
-                        if gms is None:
-                            row[f"{name}_graph_note"] = why
-                        else:
-                            row[f"{name}_graph_us"] = round(gms * 1e3, 2)
-                            row[f"{name}_graph_TBps"] = _tbps(nbytes, gms)
+                torch.cuda.synchronize()
+                eager, graph, gnotes = timed_rounds(torch, fns, args.graph_calls, flush, max(args.rounds, 1),
+                                                    args.warmup_ms, args.rep_ms, _median_ms, interleaved_ms)
+                for name in fns:
+                    row[f"{name}_us"] = round(eager[name] * 1e3, 2)
+                    row[f"{name}_TBps"] = _tbps(nbytes, eager[name])
+                    if name in graph:
+                        row[f"{name}_graph_us"] = round(graph[name] * 1e3, 2)
+                        row[f"{name}_graph_TBps"] = _tbps(nbytes, graph[name])
+                    elif name in gnotes:
+                        row[f"{name}_graph_note"] = gnotes[name]
                 for sfx in ("", "_graph"):
                     peers = [row.get(f"{k}{sfx}_TBps") for k in ("cudnn", "fa4cute") if row.get(f"{k}{sfx}_TBps")]
                     if peers and row.get(f"fa4gen_kernel{sfx}_TBps"):

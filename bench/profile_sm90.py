@@ -3,7 +3,7 @@
 
     ncu --kernel-name fa4_fwd --launch-skip 1 --launch-count 1 --section SpeedOfLight \\
         --section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats \\
-        python3 -m bench.profile_sm90 4,4096,32,32,64 [--causal] [--dtype bf16] [--emu-pairs N] [--cubin F]
+        python3 -m bench.profile_sm90 4,4096,32,32,64 [--causal] [--dtype bf16] [--emu-pairs N] [--block-m R] [--cubin F]
         python3 -m bench.profile_sm90 --varlen heavy --head-dim 64 [--causal] [--cubin F]
 
 Builds (or takes from the cache) the kernel, runs it twice (the first launch warms up and is
@@ -25,6 +25,8 @@ def main() -> int:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--emu-pairs", type=int, default=None)
+    ap.add_argument("--block-m", default="auto", choices=("auto", "128", "192"),
+                    help="Q tile rows; auto (default): what fa4gen.attention runs for the shape (tiles.q_tile_rows)")
     ap.add_argument("--cubin", help="launch this prebuilt cubin (fa4gen.load: <stem>.cubin + <stem>.json, e.g. an "
                                     "earlier generator's) in place of this generator's kernel")
     a = ap.parse_args()
@@ -36,6 +38,7 @@ def main() -> int:
 
     from fa4gen.runtime import api
     from fa4gen.spec.config import KernelConfig
+    from fa4gen.spec.tiles import q_tile_rows
 
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
     if a.varlen:
@@ -48,8 +51,11 @@ def main() -> int:
     else:
         b, s, hq, hkv, d = (int(x) for x in a.shape.split(","))
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for h in (hq, hkv, hkv))
+    seqlen_q = max(lens) if a.varlen else s
+    rows = (q_tile_rows("sm_90a", d, hq // hkv, varlen=bool(a.varlen), causal=a.causal, seqlen_q=seqlen_q)
+            if a.block_m == "auto" else int(a.block_m))
     cfg = KernelConfig(arch="sm_90a", head_dim=d, dtype=a.dtype, causal=a.causal, gqa_ratio=hq // hkv,
-                       emu_pairs=a.emu_pairs, varlen=bool(a.varlen))
+                       emu_pairs=a.emu_pairs, varlen=bool(a.varlen), block_m=rows)
     if a.cubin:
         kern = api.load(a.cubin).kernel
         cfg = KernelConfig.from_dict(kern.manifest["config"])

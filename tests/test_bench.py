@@ -304,3 +304,71 @@ def test_head_dims_shapes_flops_and_help(capsys):
     with pytest.raises(SystemExit) as e:
         hd.main(["--pairs", "192"])
     assert e.value.code == 2 and "expected D,DV" in capsys.readouterr().err
+
+
+def test_run_shape_gives_each_contender_its_clock_window(monkeypatch, clean_import_state):
+    """With a sampler, every timing of a contender is one window under that shape's tag, and the row's
+    `clocks` holds this shape's summary per contender (not another shape's windows)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(bench, "_sdpa", lambda name, q, k, v, causal: ((lambda: q * 1), q * 1, ""))
+    monkeypatch.setattr(bench, "_median_ms", lambda fn, warmup_ms, rep_ms: (fn(), 1.0)[-1])
+    monkeypatch.setattr("time.sleep", lambda s: None)  # run_shape's wait for the sampler's last lines
+
+    class Sampler:
+        def __init__(self):
+            self.windows = [("other shape:cudnn", 0, 0)]
+
+        def window(self, name):
+            import contextlib
+            self.windows.append((name, 0, 0))
+            return contextlib.nullcontext()
+
+        def summary(self):
+            return {n: {"samples": sum(w[0] == n for w in self.windows)} for n, _, _ in self.windows}
+
+    s = Sampler()
+    row = bench.run_shape((1, 64, 2, 2, 64, False), "bf16", 5, 50, fa4cute=lambda q, k, v, causal=False: q * 1,
+                          rounds=3, sampler=s)
+    assert set(row["clocks"]) == {"cudnn", "flash", "fa4cute"}
+    assert all(c == {"samples": 3} for c in row["clocks"].values())  # one window per round
+
+
+def test_kvcache_times_in_interleaved_rounds_and_subtracts_the_flushes(monkeypatch):
+    """bench.kvcache: the eager timings and the graph replays are both interleaved rounds (rotated), and
+    the flush-only graph, timed in the same rounds, is subtracted per call; a contender whose capture
+    fails keeps its eager figure and says why."""
+    from bench import kvcache
+
+    class Graph:
+        def __init__(self, label):
+            self.label = label
+
+        def replay(self):
+            return self.label
+
+    def capture(torch, fn, calls, flush):
+        if fn is None:
+            return Graph("flush"), None
+        if fn == "bad":
+            return None, "RuntimeError: capture refused"
+        return Graph(f"g:{fn}"), None
+
+    monkeypatch.setattr(kvcache, "_capture", capture)
+    order = []
+    ms = {"a": 1.0, "b": 2.0, "bad": 3.0, "g:a": 30.0, "g:b": 50.0, "flush": 10.0}
+
+    def timer(fn, warmup, rep):
+        label = fn() if callable(fn) else fn
+        order.append(label)
+        return ms[label]
+
+    eager, graph, notes = kvcache.timed_rounds(None, {"a": "a", "b": "b", "bad": "bad"}, 10, object(), 2, 1, 1,
+                                               timer, bench.interleaved_ms)
+    assert eager == {"a": 1.0, "b": 2.0, "bad": 3.0}
+    assert graph == {"a": pytest.approx(2.0), "b": pytest.approx(4.0)}  # (30 - 10) / 10, (50 - 10) / 10
+    assert notes == {"bad": "RuntimeError: capture refused"}
+    assert order[:6] == ["a", "b", "bad", "b", "bad", "a"]  # rotated eager rounds
+    assert order[6:] == ["g:a", "g:b", "flush", "g:b", "flush", "g:a"]  # then rotated graph rounds

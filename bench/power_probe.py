@@ -1,0 +1,160 @@
+"""Sustained load, clocks and power (issue 27's D = 128 non-causal >= 700 TFLOP/s question): each
+workload runs back to back for --seconds (launches queued without a host sync in between, so the GPU
+never idles) while bench/gpu_clocks.py samples the SM clock, the power draw and the clock-event
+reasons; then TFLOP/s over the whole span, the median clock and power inside it, and the dense FLOP
+the workload retired per SM clock, as a share of the bf16 tensor peak per clock (4096 FLOP per SM
+per clock on Hopper: 989 TFLOP/s at 1830 MHz x 132 SMs). That share does not depend on the clock,
+so it separates "the kernel leaves the tensor pipe idle" from "the GPU runs at a lower clock".
+
+    python3 -m bench.power_probe [--seconds 3] [--only fa4gen,cublas,cudnn,fa4cute] [--shape 2,8192,16,16,128]
+
+Workloads: `fa4gen` (the loaded kernel into a preallocated output), `cudnn` (SDPA's cuDNN backend),
+`fa4cute` (FA4-CuTe's flash_attn_func, when staged: scripts/fa4_peer.sh), all on the same non-causal
+bf16 shape; `cublas`, an 8192^3 bf16 matmul (torch.mm): the dense ceiling of the same chip. They run
+in the order given, each after a 1 s idle, then again in reverse order (a second pass: heat and clock
+drift fall on all). Writes bench/results/<UTC>_<gpu>_power_probe.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+FLOP_PER_CLOCK_PER_SM = 4096  # dense bf16 / fp16 wgmma on sm_90 (H100/H200 datasheet: 989.4 TFLOP/s, 1830 MHz)
+
+
+def pipe_share(tflops: float, sm_mhz: float, sms: int) -> float | None:
+    """The dense FLOP retired per SM clock as a share of the tensor peak per clock."""
+    if not tflops or not sm_mhz or not sms:
+        return None
+    return tflops * 1e12 / (sm_mhz * 1e6 * sms * FLOP_PER_CLOCK_PER_SM)
+
+
+def sustained(torch, fn, seconds: float, batch: int = 20) -> tuple[float, int]:
+    """Run fn back to back for about `seconds`: `batch` launches queued per host check. Returns
+    (elapsed seconds measured with CUDA events, calls)."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    calls, t0 = 0, time.perf_counter()
+    start.record()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(batch):
+            fn()
+        calls += batch
+        if calls % (batch * 8) == 0:
+            torch.cuda.synchronize()  # keep the host at most 8 batches ahead
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e-3, calls
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=3.0, help="sustained span per workload and pass (default 3)")
+    ap.add_argument("--only", default="fa4gen,cudnn,fa4cute,cublas", help="workloads, in order")
+    ap.add_argument("--shape", default="2,8192,16,16,128", help="B,S,Hq,Hkv,D of the attention workloads")
+    ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
+    args = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench.power_probe: no CUDA GPU visible to torch; nothing measured", file=sys.stderr)
+        return 2
+    from bench.attention import _fa4cute, _sdpa, environment, load_fa4cute
+    from bench.gpu_clocks import GpuSampler
+    from fa4gen.runtime import api
+    from fa4gen.spec.config import KernelConfig
+
+    env = environment(["-m", "bench.power_probe", *(argv if argv is not None else sys.argv[1:])])
+    b, s, hq, hkv, d = (int(x) for x in args.shape.split(","))
+    attn_flop = 4.0 * b * hq * s * s * d
+    gen = torch.Generator(device="cuda").manual_seed(1234)
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=gen) for h in (hq, hkv, hkv))
+    work, notes = {}, {}
+    names = [n for n in args.only.split(",") if n]
+    for name in names:
+        try:
+            if name == "fa4gen":
+                kern, _ = api.get_kernel(KernelConfig(arch="sm_90a", head_dim=d, gqa_ratio=hq // hkv), q.device)
+                o = torch.empty_like(q)
+                work[name] = (lambda kern=kern, o=o: kern(q, k, v, o, softmax_scale=d ** -0.5), attn_flop)
+            elif name == "cudnn":
+                fn, _, why = _sdpa("cudnn", q, k, v, False)
+                if fn is None:
+                    raise RuntimeError(why)
+                work[name] = (fn, attn_flop)
+            elif name == "fa4cute":
+                f4, info = load_fa4cute()
+                if f4 is None:
+                    raise RuntimeError(info["status"])
+                fn, _, _ = _fa4cute(f4, q, k, v, False)
+                work[name] = (fn, attn_flop)
+            elif name == "cublas":
+                n = 8192
+                a_, b_ = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+                c_ = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+                work[name] = (lambda a_=a_, b_=b_, c_=c_: torch.mm(a_, b_, out=c_), 2.0 * n ** 3)
+            else:
+                raise ValueError(f"unknown workload {name!r} (fa4gen, cudnn, fa4cute, cublas)")
+        except Exception as e:  # noqa: BLE001 - a missing peer loses its row, not the run
+            notes[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            print(f"  {name}: {notes[name]}", flush=True)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    sampler = GpuSampler()
+    if not sampler.start():
+        print(f"  clocks: {sampler.why}", flush=True)
+    try:
+        order = [n for n in names if n in work]
+        for pas, seq in enumerate((order, order[::-1])):
+            for name in seq:
+                fn, flop = work[name]
+                time.sleep(1.0)  # the same idle before each workload
+                with sampler.window(f"{pas}:{name}"):
+                    secs, calls = sustained(torch, fn, args.seconds)
+                tf = flop * calls / secs / 1e12
+                rows.append({"pass": pas, "name": name, "calls": calls, "seconds": round(secs, 3),
+                             "tflops": round(tf, 1)})
+                print(f"  pass {pas} {name}: {tf:.1f} TFLOP/s over {secs:.2f} s", flush=True)
+    finally:
+        time.sleep(0.3)
+        sampler.stop()
+    summ = sampler.summary()
+    for r in rows:
+        c = summ.get(f"{r['pass']}:{r['name']}", {"samples": 0})
+        r["clocks"] = c
+        share = pipe_share(r["tflops"], c.get("sm_mhz"), sms)
+        r["tensor_share_per_clock"] = round(share, 4) if share else None
+        print(f"  pass {r['pass']} {r['name']}: {r['tflops']} TFLOP/s at {c.get('sm_mhz')} MHz, {c.get('power_w')} W "
+              f"(limit {c.get('power_limit_w')}), reasons {c.get('reasons')}, "
+              f"{r['tensor_share_per_clock']} of the tensor peak per clock", flush=True)
+    by_name = {}
+    for r in rows:
+        by_name.setdefault(r["name"], []).append(r)
+    summary = {n: {"tflops_median": statistics.median(x["tflops"] for x in rs),
+                   "sm_mhz_median": statistics.median(x["clocks"].get("sm_mhz") or 0 for x in rs) or None,
+                   "tensor_share_median": statistics.median(x["tensor_share_per_clock"] or 0 for x in rs) or None}
+               for n, rs in by_name.items()}
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%dT%H%M%SZ", time.gmtime())
+    gpu = "".join(ch if ch.isalnum() else "-" for ch in env["gpu"]).strip("-")
+    path = out / f"{stamp}_{gpu}_power_probe.json"
+    path.write_text(json.dumps({**env, "shape": [b, s, hq, hkv, d], "seconds": args.seconds, "sm_count": sms,
+                                "clocks_fields": list(sampler.fields), "clocks_note": sampler.why, "notes": notes,
+                                "rows": rows, "summary": summary}, indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+    print("wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
