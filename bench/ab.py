@@ -46,12 +46,16 @@ def dense_cases(suite: str):
 
 
 def varlen_cases():
-    """(mix, KernelConfig) of bench/varlen.py's MIXES."""
-    from bench.varlen import MIXES
+    """(mix, KernelConfig) of bench/varlen.py's MIXES: the tile fa4gen.attention_varlen runs for the mix
+    (tiles.q_tile_rows with its longest sequence)."""
+    from bench.varlen import MIXES, mix_lengths
     from fa4gen.spec.config import KernelConfig
+    from fa4gen.spec.tiles import q_tile_rows
 
     for kind, d, causal in MIXES:
-        yield (kind, d, causal), KernelConfig(arch="sm_90a", head_dim=d, causal=causal, dtype="bf16", varlen=True)
+        rows = q_tile_rows("sm_90a", d, 1, varlen=True, causal=causal, seqlen_q=max(mix_lengths(kind)))
+        yield (kind, d, causal), KernelConfig(arch="sm_90a", head_dim=d, causal=causal, dtype="bf16", varlen=True,
+                                              block_m=rows)
 
 
 KV_SHAPES = ((1, 32768), (1, 131072), (8, 32768), (64, 4096))  # (batch, cache length), Sq 1, 32/8 heads, D 128

@@ -14,6 +14,12 @@ GPU; the same fa4gen kernel measured up to 6% apart between two columns.) Shapes
 as the SDPA numbers nearly are). Each result is also compared with cuDNN's output (max abs diff),
 so a fast wrong kernel shows.
 
+`--clocks` samples the GPU (bench/gpu_clocks.py) while each contender is timed: a row's `clocks` holds
+the median SM clock, power and utilization per contender. Every row has `<name>_busy_share`: its calls
+x its median time over the wall time of its timing (do_bench's flushes and host included), so a
+contender whose calls leave the GPU idle between them (a lower average power, so higher clocks in its
+kernels under the power cap) shows a lower share.
+
 `fa4cute` is flash-attn-4's CuTe-DSL forward (its sm_90 path), a peer only: present when its
 unpacked wheels are at $FA4_PEER_SITE or /tmp/fa4/site (scripts/fa4_peer.sh puts them there in two
 device calls), else the column is empty and the JSON's `fa4cute.status` says why in one line. Its
@@ -312,11 +318,22 @@ def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None,
         names = {id(fn): name for name, fn in fns.items()}
 
         tag = f"{shape}:"  # this shape's windows
+        busy = {name: [0, 0.0, 0.0] for name in fns}  # calls, wall seconds, GPU ms (calls x median) while timed
 
         def timer(fn, warmup, rep):  # a contender that fails while timed: noted, its column left empty
+            name = names[id(fn)]
+            acc = busy[name]
+
+            def counted():
+                acc[0] += 1
+                return fn()
             try:
-                with sampler.window(tag + names[id(fn)]) if sampler else contextlib.nullcontext():
-                    return _median_ms(fn, warmup, rep)
+                calls0, t0 = acc[0], time.perf_counter()
+                with sampler.window(tag + name) if sampler else contextlib.nullcontext():
+                    ms = _median_ms(counted, warmup, rep)
+                acc[1] += time.perf_counter() - t0
+                acc[2] += (acc[0] - calls0) * ms
+                return ms
             except Exception as e:  # noqa: BLE001 - a peer's failure must not end the run
                 failed[names[id(fn)]] = _one_line(e)
                 torch.cuda.synchronize()
@@ -329,6 +346,9 @@ def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None,
             ms[name] = med
             if rounds > 1:
                 row[f"{name}_round_spread"] = spread
+        for name, (calls, wall, gpu_ms) in busy.items():  # the share of its timing the GPU spent in its calls
+            if calls and wall and name not in failed:
+                row[f"{name}_busy_share"] = round(gpu_ms * 1e-3 / wall, 3)
         if sampler is not None:
             time.sleep(0.2)  # the sampler's last lines of this shape
             got = sampler.summary()

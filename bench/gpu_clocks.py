@@ -25,7 +25,7 @@ from contextlib import contextmanager
 
 # the fields asked for, in order; a driver that lacks one (older names) loses only that field
 FIELDS = ("timestamp", "clocks.sm", "clocks.max.sm", "power.draw.instant", "power.draw", "enforced.power.limit",
-          "temperature.gpu", "clocks_event_reasons.active")
+          "temperature.gpu", "utilization.gpu", "clocks_event_reasons.active")
 REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
            0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
            0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting"}
@@ -64,7 +64,7 @@ def parse_line(fields: tuple[str, ...], line: str) -> dict | None:
     power = _number(got.get("power.draw.instant", "")) or _number(got.get("power.draw", ""))
     return {"t": ts, "sm_mhz": _number(got.get("clocks.sm", "")), "max_sm_mhz": _number(got.get("clocks.max.sm", "")),
             "power_w": power, "power_limit_w": _number(got.get("enforced.power.limit", "")),
-            "temp_c": _number(got.get("temperature.gpu", "")),
+            "temp_c": _number(got.get("temperature.gpu", "")), "util_pct": _number(got.get("utilization.gpu", "")),
             "reasons": decode_reasons(got.get("clocks_event_reasons.active", ""))}
 
 
@@ -154,7 +154,7 @@ class GpuSampler:
                 out[name] = {"samples": 0}
                 continue
             med = {}
-            for key in ("sm_mhz", "power_w", "temp_c", "power_limit_w", "max_sm_mhz"):
+            for key in ("sm_mhz", "power_w", "temp_c", "util_pct", "power_limit_w", "max_sm_mhz"):
                 vals = [s[key] for s in inside if s[key] is not None]
                 med[key] = round(statistics.median(vals), 1) if vals else None
             counts: dict[str, int] = {}

@@ -206,11 +206,13 @@ def verify(arch, head_dim, dtype, causal, gqa, varlen, kvcache, page_size, block
     from .codegen import pipeline_summary
     from .ir import build_pipeline
     from .verify import verify as run_verify
-    from .verify.mutations import CORPUS, DYNAMIC_CORPUS, SM90_CORPUS, SM100_DV_CORPUS
+    from .verify.mutations import CORPUS, DYNAMIC_CORPUS, SM90_CORPUS, SM90_KV_CORPUS, SM100_DV_CORPUS
 
-    corpus = {"sm_100a": CORPUS + SM100_DV_CORPUS + DYNAMIC_CORPUS, "sm_90a": SM90_CORPUS + DYNAMIC_CORPUS}
+    corpus = {"sm_100a": CORPUS + SM100_DV_CORPUS + DYNAMIC_CORPUS,
+              "sm_90a": SM90_CORPUS + SM90_KV_CORPUS + DYNAMIC_CORPUS}
     # mutations that edit what only some pipelines have: the option that builds one
     needs = {**{m.name: "K and V tiles of two sizes: --head-dim 192,128" for m in SM100_DV_CORPUS},
+             **{m.name: "a KV-cache kernel: --kvcache" for m in SM90_KV_CORPUS},
              **{m.name: "the dynamic deal: --varlen" for m in DYNAMIC_CORPUS}}
     if list_mutations:
         for m in corpus[arch]:

@@ -334,6 +334,8 @@ def test_run_shape_gives_each_contender_its_clock_window(monkeypatch, clean_impo
                           rounds=3, sampler=s)
     assert set(row["clocks"]) == {"cudnn", "flash", "fa4cute"}
     assert all(c == {"samples": 3} for c in row["clocks"].values())  # one window per round
+    # the share of each contender's timing its calls kept the GPU busy: calls counted through the timer
+    assert all(row[f"{n}_busy_share"] > 0 for n in ("cudnn", "flash", "fa4cute"))
 
 
 def test_kvcache_times_in_interleaved_rounds_and_subtracts_the_flushes(monkeypatch):

@@ -88,6 +88,10 @@ def test_power_probe_tensor_share_and_help(capsys):
     assert power_probe.pipe_share(989.4, 1830, 132) == pytest.approx(1.0, abs=1e-3)
     assert power_probe.pipe_share(700, 1500, 132) == pytest.approx(700e12 / (1500e6 * 132 * 4096))
     assert power_probe.pipe_share(700, None, 132) is None
+    assert power_probe.parse_shape("2,8192,16,16,128") == (2, 8192, 16, 16, 128, False)
+    assert power_probe.parse_shape("1,16384,32,8,64,1") == (1, 16384, 32, 8, 64, True)
+    with pytest.raises(ValueError, match="multiple of Hkv"):
+        power_probe.parse_shape("1,64,6,4,64")
     with pytest.raises(SystemExit):
         power_probe.main(["--help"])
     assert "tensor peak per clock" in capsys.readouterr().out.replace("\n", " ")

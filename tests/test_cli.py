@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from fa4gen import codegen
 from fa4gen.cli import main
 from fa4gen.spec.config import KernelConfig
-from fa4gen.verify.mutations import CORPUS, DYNAMIC_CORPUS, SM90_CORPUS, SM100_DV_CORPUS
+from fa4gen.verify.mutations import CORPUS, DYNAMIC_CORPUS, SM90_CORPUS, SM90_KV_CORPUS, SM100_DV_CORPUS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -76,7 +76,8 @@ def test_read_only_out_is_a_usage_error(tmp_path):
 
 # ---- item 3: mutations are per arch ------------------------------------------------------------
 @pytest.mark.parametrize("arch,mine,theirs", [("sm_100a", CORPUS + SM100_DV_CORPUS + DYNAMIC_CORPUS, SM90_CORPUS),
-                                              ("sm_90a", SM90_CORPUS + DYNAMIC_CORPUS, CORPUS + SM100_DV_CORPUS)])
+                                              ("sm_90a", SM90_CORPUS + SM90_KV_CORPUS + DYNAMIC_CORPUS,
+                                               CORPUS + SM100_DV_CORPUS)])
 def test_list_mutations_is_filtered_by_arch(arch, mine, theirs):
     r = CliRunner().invoke(main, ["verify", "--arch", arch, "--list-mutations"])
     assert r.exit_code == 0

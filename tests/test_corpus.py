@@ -59,7 +59,7 @@ def test_data_breaking_mutations_fail_in_the_simulator(mut):
     assert failed, f"{mut.name}: the simulator neither diverged nor reported a hazard"
 
 
-from fa4gen.verify.mutations import DYNAMIC_CORPUS, SM90_CORPUS  # noqa: E402
+from fa4gen.verify.mutations import DYNAMIC_CORPUS, SM90_CORPUS, SM90_KV_CORPUS  # noqa: E402
 
 
 @pytest.mark.parametrize("mut", SM90_CORPUS, ids=lambda m: m.name)
@@ -68,6 +68,19 @@ def test_sm90_mutation_rejected_with_culprit(mut):
     rep = verify(mut.apply(base))
     hits = [f for f in rep.findings if f.code == mut.code and mut.culprit in f.subject.split(", ")]
     assert hits, f"{mut.name}: expected {mut.code} on {mut.culprit}, got:\n{rep.text()}"
+
+
+# The KV-cache pipeline's idle consumer path (If ROWS_IN_SQ, plan.sm90_idle_consumers): each broken path
+# rejected naming its culprit; a dense pipeline has no such path (the edit changes nothing)
+@pytest.mark.parametrize("mut", SM90_KV_CORPUS, ids=lambda m: m.name)
+def test_sm90_kv_mutation_rejected_with_culprit(mut):
+    base = build_pipeline(KernelConfig(arch="sm_90a", head_dim=128, causal=True, gqa_ratio=4, kvcache=True))
+    assert verify(base).ok
+    rep = verify(mut.apply(base))
+    hits = [f for f in rep.findings if f.code == mut.code and mut.culprit in f.subject.split(", ")]
+    assert hits, f"{mut.name}: expected {mut.code} on {mut.culprit}, got:\n{rep.text()}"
+    dense = build_pipeline(KernelConfig(arch="sm_90a", head_dim=128, causal=True, gqa_ratio=4))
+    assert mut.apply(dense) == dense
 
 
 # The dynamic deal's task hand-off (varlen on both targets, sm_90a causal: ir/tasks.py): each broken hand-off rejected

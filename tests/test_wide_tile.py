@@ -255,14 +255,16 @@ def test_consumers_overlap_qk_with_pv_only_where_the_registers_allow():
     """plan.sm90_overlap: block t's QK beside block t-1's PV where SM90_MIN_REG_HEADROOM registers stay
     beside S, P and O; else (D 96 on 192 rows: 16 left) the PV first, then the QK, in the same turn."""
     from fa4gen.ir import build_pipeline
-    from fa4gen.ir.core import Loop, LoopKind, Mma
+    from fa4gen.ir.core import If, Loop, LoopKind, Mma
     from fa4gen.spec.config import KernelConfig
     from fa4gen.spec.plan import SM90_MIN_REG_HEADROOM, sm90_overlap, sm90_reg_floor, sm90_regs
 
     def rest_loop_mmas(cfg):
         prog = build_pipeline(cfg).role("consumer0").program
         task = next(st for st in prog if isinstance(st, Loop) and st.kind is LoopKind.TASKS)
-        loop = next(st for st in task.body if isinstance(st, Loop) and st.kind is LoopKind.KV_REST)
+        # the blocks of a consumer with rows: the task body's, or the then-branch of If ROWS_IN_SQ
+        body = [b for st in task.body for b in (st.then if isinstance(st, If) else (st,))]
+        loop = next(st for st in body if isinstance(st, Loop) and st.kind is LoopKind.KV_REST)
         return [op.kind for op in loop.body if isinstance(op, Mma)]
 
     for d, rows, overlap in ((64, 192, True), (96, 192, False), (96, 128, True), (128, 128, True), (256, 128, True)):

@@ -548,6 +548,16 @@ def instantiate(role: Role, i: int) -> Role:
                 _instantiate_stmts(role.program, i, n), _inst_value(role.qtile, i, n))
 
 
+def uses_cond(program: tuple, cond) -> bool:
+    """Whether a program has an If on `cond` (at any depth: loop heads and bodies, both branches)."""
+    for st in program:
+        if isinstance(st, If) and (st.cond is cond or uses_cond(st.then, cond) or uses_cond(st.orelse, cond)):
+            return True
+        if isinstance(st, Loop) and (uses_cond(st.head, cond) or uses_cond(st.body, cond)):
+            return True
+    return False
+
+
 def walk_ops(program: tuple):
     """Every op of a program, in textual order (both branches of an If)."""
     for st in program:

@@ -17,7 +17,7 @@ pre-arrives once so consumer 0 goes first, and consumer 0 takes the last hand-of
 from __future__ import annotations
 
 from ..spec.config import K_SPLIT_DEFAULT, KV_STAGES_MAX, KV_STAGES_MIN, ConfigError, KernelConfig
-from ..spec.plan import (ARCH_LIMITS, SM90_CONSUMER_REGS, dynamic_tasks, sm90_overlap, sm90_regs, SM90_PRODUCER_REGS, SM90_SCHED_BAR_ID, block_n, q_tile_bytes,
+from ..spec.plan import (ARCH_LIMITS, SM90_CONSUMER_REGS, dynamic_tasks, sm90_idle_consumers, sm90_overlap, sm90_regs, SM90_PRODUCER_REGS, SM90_SCHED_BAR_ID, block_n, q_tile_bytes,
                          sm90_consumers, sm90_epi_bar_id, tile_bytes, v_tile_bytes)
 from ..spec.tiles import PlanError
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync,
@@ -198,9 +198,10 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
         Wait("v_full", "v"), NamedSync("sched", me), pv(BlockRef.LAST), NamedArrive("sched", nxt),
         MmaWait(0), Arrive("v_empty", "v", Scope.WARP), Advance("v"),
     )
-    if cfg.kvcache:
-        # a consumer whose 64 rows are all past Sq (decode: Sq * G rows fit the first) keeps every
-        # barrier step of the blocks, in order, without the GEMMs and the softmax (its O stays 0)
+    if sm90_idle_consumers(cfg):
+        # a consumer whose 64 rows are all past Sq (the last tile of a sequence; decode: Sq * G rows
+        # fit the first) keeps every barrier step of the blocks, in order, without the GEMMs and the
+        # softmax (its O stays 0; no row of it is stored)
         idle = (
             Wait("k_full", "k"), NamedSync("sched", me), NamedArrive("sched", nxt),
             Arrive("k_empty", "k", Scope.WARP), Advance("k"), release_q,

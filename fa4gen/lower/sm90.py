@@ -22,12 +22,12 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from ..spec.plan import PTX_VERSION_FOR_ARCH
+from ..spec.plan import PTX_VERSION_FOR_ARCH, SM90_WG_ROWS
 from ..spec.config import GENERATOR_VERSION, KernelConfig
 from ..spec.exp2 import EXP2_POLY, hopper_emulated
 from ..ir.core import (Advance, Arrive, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync, FetchTask, If,
                        InstSlot, Mma, PublishTask, ReadTask, MmaWait, NamedArrive, NamedSync, PageLookup, Pipeline, Role, Scope, SmemSt, StoreRows,
-                       TmaLoad, TmaStore, TmaStoreWait, Wait, instantiate, walk_ops)
+                       TmaLoad, TmaStore, TmaStoreWait, Wait, instantiate, uses_cond, walk_ops)
 from ..ir.sm90 import build_sm90_pipeline
 from ..spec.encodings import DescArch, SmemMatrixDesc
 from ..spec.plan import (ARCH_LIMITS, block_info_ptx, block_n, MASK_AS_WORDS, MASK_WORD_BITS, SM90_REGS,
@@ -40,7 +40,7 @@ __all__ = ["OP_PTX", "SPELLING", "Sm90LoweringError", "Sm90Options", "entry_regs
            "lowered_sm90", "manifest_sm90", "threads_of"]
 
 TARGET = "sm_90a"
-WG_ROWS = 64  # rows per consumer warpgroup (wgmma M)
+WG_ROWS = SM90_WG_ROWS  # rows per consumer warpgroup (wgmma M): the plan's
 NEG_INF = "0fFF800000"
 LN2 = math.log(2.0)
 REGS_PER_SM = ARCH_LIMITS[TARGET].regs_per_sm
@@ -223,7 +223,11 @@ class Sm90Walker(Walker):
                                          begin=begin, window=window)
                 limits += [("shl.b32", "%tmp0", "%q4", "1"), ("sub.s32", end, end, "%tmp0")]
                 limits += [("sub.s32", begin, begin, "%tmp0")] if begin else []
-        self.emit("task_begin", head=head, done=done, uid=self.p[0], consumer=consumer, blocks=blocks,
+        # a consumer with a barrier-only path (If ROWS_IN_SQ) learns per task whether its rows are past Sq
+        idle = consumer and uses_cond(self.role.program, Cond.ROWS_IN_SQ)
+        if idle:
+            self.r("pred", "p_idle")  # declared by the lowering; read by if_begin's rows_in_sq
+        self.emit("task_begin", head=head, done=done, uid=self.p[0], consumer=consumer, blocks=blocks, idle=idle,
                   sqt=cfg.seq_q_per_tile, log2_sqt=exact_log2(cfg.seq_q_per_tile),
                   log2_p=cfg.gqa_pack.bit_length() - 1, p=cfg.gqa_pack, limits=limits,
                   o_regs=self.ctx.o_regs if consumer else [], neg_inf=NEG_INF)

@@ -472,9 +472,12 @@ SM100_STATS_BAR_ID = 1  # softmax -> correction statistics hand-off (ids 1..8 wh
 SM90_SCHED_BAR_ID = 1  # ids 1 .. C: ping-pong turn on the tensor core for consumer i (C consumers)
 
 
+SM90_WG_ROWS = 64  # Q tile rows per sm_90a consumer warpgroup (the wgmma M)
+
+
 def sm90_consumers(block_m: int) -> int:
-    """Consumer warpgroups of the sm_90a kernel: one per 64 Q rows."""
-    return block_m // 64
+    """Consumer warpgroups of the sm_90a kernel: one per SM90_WG_ROWS Q rows."""
+    return block_m // SM90_WG_ROWS
 
 
 def sm90_epi_bar_id(consumers: int) -> int:
@@ -510,6 +513,17 @@ def sm90_overlap(cfg: KernelConfig) -> bool:
     192-row tile goes without: 160 - 144 = 16 registers (measured on the H200, 192-row serial against
     128-row overlapped: +8.6-12% on long shapes, docs/HEAD_DIMS.md "D = 96 on the 192-row tile")."""
     return sm90_regs(cfg)[1] - sm90_reg_floor(cfg.head_dim_v, block_n(cfg)) >= SM90_MIN_REG_HEADROOM
+
+
+def sm90_idle_consumers(cfg: KernelConfig) -> bool:
+    """Whether an sm_90a consumer warpgroup whose 64 rows all lie past Sq skips its GEMMs and softmax,
+    keeping only the barrier steps of its blocks (ir/sm90.py, If ROWS_IN_SQ): KV-cache kernels, whose
+    decode tiles hold Sq x P rows in the first consumer. Not dense or varlen kernels: there the idle
+    path (the last tile of a sequence whose rows leave its last consumers none) measured slower on the
+    H200, 0.922-1.026 of the same kernels without it, median 0.996 over 42 cases, 2-4% slower on D 128
+    shapes that never idle (bench/results/2026-12-04_NVIDIA-H200_ab_idle_consumers_vs_base_all.json),
+    and it made ptxas spill 8 bytes in the 192-row window + sinks kernel at 128 registers."""
+    return cfg.arch == "sm_90a" and cfg.kvcache
 
 
 # The dynamic deal's producer (dynamic_tasks) holds the task ring's state and fetches the index

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..spec.plan import ARCH_LIMITS
-from ..ir.core import (Arrive, Commit, ExpectTx, FetchTask, If, Loop, ReadTask, LoopKind, MmaWait, NamedArrive, NamedSync, Pipeline, Role, SmemSt,
+from ..ir.core import (Arrive, Commit, Cond, ExpectTx, FetchTask, If, Loop, ReadTask, LoopKind, MmaWait, NamedArrive, NamedSync, Pipeline, Role, SmemSt,
                        State, TmaLoad, Wait, WaitLd, WaitSt, walk_ops)
 
 
@@ -172,6 +172,9 @@ def _sm90_pack_early(pipe: Pipeline) -> Pipeline:
                                                       if not (isinstance(op, MmaWait) and op.pending == 0)))
         if isinstance(st, Loop):
             return dataclasses.replace(st, body=tuple(in_loop(b) for b in st.body))
+        if isinstance(st, If):  # the blocks of a consumer with rows (If ROWS_IN_SQ)
+            return dataclasses.replace(st, then=tuple(in_loop(b) for b in st.then),
+                                       orelse=tuple(in_loop(b) for b in st.orelse))
         return st
 
     return with_role(pipe, "consumer0", program=tuple(in_loop(st) for st in pipe.role("consumer0").program))
@@ -187,6 +190,21 @@ def _sm90_release_k_early(pipe: Pipeline) -> Pipeline:
     return edit_program(pipe, "consumer1", fn)
 
 
+def _sm90_idle_keeps_v(pipe: Pipeline) -> Pipeline:
+    # consumer 1's barrier-only path (its rows all past Sq: If ROWS_IN_SQ's orelse) never hands a V
+    # stage back: every v_empty arrival of that branch dropped
+    def fn(st):
+        return () if isinstance(st, Arrive) and st.barrier == "v_empty" else (st,)
+
+    def branch(program):
+        return tuple(dataclasses.replace(st, orelse=rewrite(st.orelse, fn)) if isinstance(st, If)
+                     and st.cond is Cond.ROWS_IN_SQ else
+                     dataclasses.replace(st, body=branch(st.body)) if isinstance(st, Loop) else st
+                     for st in program)
+
+    return with_role(pipe, "consumer1", program=branch(pipe.role("consumer1").program))
+
+
 SM90_CORPUS: tuple[Mutation, ...] = (
     Mutation("sm90_pack_p_before_pv_done", "consumer0 rewrites the P registers while the PV wgmma reads them",
              _sm90_pack_early, "HAZARD_WAR", "P"),
@@ -198,6 +216,13 @@ SM90_CORPUS: tuple[Mutation, ...] = (
              "DEADLOCK", "sched"),
     Mutation("sm90_q_empty_count", "q_empty declared with 4 arrivals (two consumers x 4 warps bring 8)",
              lambda p: with_barrier(p, "q_empty", count=4), "ARRIVAL_COUNT", "q_empty"),
+)
+
+# sm_90a mutations of what only KV-cache pipelines have (plan.sm90_idle_consumers: a consumer with no
+# row before Sq keeps only the barrier steps); on another pipeline they change nothing
+SM90_KV_CORPUS: tuple[Mutation, ...] = (
+    Mutation("sm90_idle_keeps_v", "consumer1's path for a tile whose rows it has none of (all past Sq) never "
+             "hands a V stage back", _sm90_idle_keeps_v, "DEADLOCK", "v_empty"),
 )
 
 
@@ -245,11 +270,11 @@ DYNAMIC_CORPUS: tuple[Mutation, ...] = (
 
 
 def by_name(name: str) -> Mutation:
-    every = CORPUS + SM90_CORPUS + DYNAMIC_CORPUS + SM100_DV_CORPUS
+    every = CORPUS + SM90_CORPUS + SM90_KV_CORPUS + DYNAMIC_CORPUS + SM100_DV_CORPUS
     for m in every:
         if m.name == name:
             return m
     raise KeyError(f"no mutation {name!r}; known: {', '.join(m.name for m in every)}")
 
 
-__all__ = ["CORPUS", "DYNAMIC_CORPUS", "SM100_DV_CORPUS", "SM90_CORPUS", "Mutation", "by_name", "rewrite", "Role"]
+__all__ = ["CORPUS", "DYNAMIC_CORPUS", "SM100_DV_CORPUS", "SM90_CORPUS", "SM90_KV_CORPUS", "Mutation", "by_name", "rewrite", "Role"]

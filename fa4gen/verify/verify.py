@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir.core import (Arrive, BarrierKind, Commit, Cond, ExpectTx, If, Loop, Mma, NamedArrive, NamedSync, Pipeline,
-                       Space, TmaLoad, TmemLd, TmemSt, Wait, walk_ops)
+from ..ir.core import (Arrive, BarrierKind, Commit, Cond, ExpectTx, Mma, NamedArrive, NamedSync, Pipeline,
+                       Space, TmaLoad, TmemLd, TmemSt, Wait, uses_cond, walk_ops)
 from ..spec.encodings import TMEM_ALLOC_MIN_COLUMNS, TMEM_LANES
 from ..ir.layout import layout_of
 from ..spec.plan import ARCH_LIMITS, q_tile_bytes, tile_bytes, v_tile_bytes
@@ -208,14 +208,7 @@ def static_findings(pipe: Pipeline) -> list[Finding]:
 
 def _roles_using(pipe: Pipeline, cond: Cond) -> set:
     """Names of the roles whose program has an If on `cond`."""
-    def uses(stmts):
-        for st in stmts:
-            if isinstance(st, If) and (st.cond is cond or uses(st.then) or uses(st.orelse)):
-                return True
-            if isinstance(st, Loop) and uses(st.body):
-                return True
-        return False
-    return {r.name for r in pipe.roles if uses(r.program)}
+    return {r.name for r in pipe.roles if uses_cond(r.program, cond)}
 
 
 def verify(pipe: Pipeline, scenarios=DEFAULT_SCENARIOS, random_schedules: int = 6) -> Report:
