@@ -520,8 +520,8 @@ def sm90_idle_consumers(cfg: KernelConfig) -> bool:
     keeping only the barrier steps of its blocks (ir/sm90.py, If ROWS_IN_SQ): KV-cache kernels, whose
     decode tiles hold Sq x P rows in the first consumer. Not dense or varlen kernels: there the idle
     path (the last tile of a sequence whose rows leave its last consumers none) measured slower on the
-    H200, 0.922-1.026 of the same kernels without it, median 0.996 over 42 cases, 2-4% slower on D 128
-    shapes that never idle (bench/results/2026-12-04_NVIDIA-H200_ab_idle_consumers_vs_base_all.json),
+    H200, 0.922-1.026 of the same kernels without it, median 0.996 over 42 cases, 0.959-0.987 on
+    D 128 shapes that never idle but one (bench/results/2026-12-04_NVIDIA-H200_ab_idle_consumers_vs_base_all.json),
     and it made ptxas spill 8 bytes in the 192-row window + sinks kernel at 128 registers."""
     return cfg.arch == "sm_90a" and cfg.kvcache
 
