@@ -106,8 +106,8 @@ def load_fa4cute(site_dir: str | None = None):
     info = {"site": site_dir, "status": None, "import_s": None, "module": None}
     info.update({pkg: None for pkg in FA4_PACKAGES})
     if not Path(site_dir).is_dir():
-        info["status"] = (f"not installed: no {site_dir} (bash scripts/fa4_peer.sh stage1, then stage2, "
-                          f"in two device calls; or set FA4_PEER_SITE)")
+        info["status"] = (f"not installed: no {site_dir} (bash scripts/fa4_peer.sh stage1, stage1b, then stage2, "
+                          f"in three device calls; or set FA4_PEER_SITE)")
         return None, info
     t0 = time.perf_counter()
     try:

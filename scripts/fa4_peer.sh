@@ -1,27 +1,30 @@
 #!/usr/bin/env bash
 # Bring FA4-CuTe (flash-attn-4's sm_90 path, the benchmark's `fa4cute` peer column) onto the device
-# in two calls: the wheels are ~100 MB and a device call carries at most 64 MiB (working tree
-# included, ~7 MiB today). Wheels come from /work/shared/tools/fa4_peer/fetch.sh, run once on the
-# CPU machine from the checkout's root:
+# in three calls: the wheels are ~98 MB and a device call carries at most 64 MiB, working tree
+# included (~12.3 MiB on 2026-12-04; the two-call recipe of .whl-fa4/small with part ab, ~63.7 MiB,
+# no longer fits). Wheels come from /work/shared/tools/fa4_peer/fetch.sh, run once on the CPU machine
+# from the checkout's root:
 #     bash ../shared/tools/fa4_peer/fetch.sh .whl-fa4      # and: echo /.whl-fa4/ >> .git/info/exclude
 # (.whl-fa4 must be in the checkout the device call sends: the lead's, not a helper's worktree.)
 #
-# Device call 1 (stage1), right before call 2 (a warm machine keeps /tmp between calls):
-#     carry [".whl-fa4/parts/libs_cu13.part.aa"]              (46.0 MiB + ~7 MiB tree = ~53 MiB)
-#     command: bash scripts/fa4_peer.sh stage1
-# Device call 2 (stage2, then whatever uses the peer, e.g. the GPU check with the benchmark):
-#     carry [".whl-fa4/small", ".whl-fa4/parts/libs_cu13.part.ab", ".whl-fa4/parts/NAME"]
-#                                              (51.4 MiB + ~7 MiB tree = ~58 MiB)
-#     command: bash scripts/fa4_peer.sh stage2 && bash scripts/gpu_check.sh
-# stage2 joins the two parts into the libs wheel, unpacks every wheel into $FA4_DIR/site with
-# `python3 -m zipfile -e` (not `pip install --target`: that replaces the shared nvidia_cutlass_dsl/
-# folder wheel by wheel), lists what is there and, unless FA4_PEER_NO_IMPORT=1, imports
-# flash_attn.cute.interface once (no GPU work) to show the peer is usable. bench/attention.py then
-# finds $FA4_DIR/site on its own (or wherever FA4_PEER_SITE points).
+# The calls follow each other at once (a warm machine keeps /tmp between calls; an idle one is
+# given back after about 30 s and the next starts with an empty /tmp):
+#   1. carry [".whl-fa4/parts/libs_cu13.part.aa"]            (46.0 MiB + tree)
+#      command: bash scripts/fa4_peer.sh stage1
+#   2. carry [".whl-fa4/small"]                               (9.7 MiB + tree)
+#      command: bash scripts/fa4_peer.sh stage1b
+#   3. carry [".whl-fa4/parts/libs_cu13.part.ab", ".whl-fa4/parts/NAME"]   (41.7 MiB + tree)
+#      command: bash scripts/fa4_peer.sh stage2 && bash scripts/gpu_check.sh   (or any bench)
+# stage1 / stage1b copy what they are given into $FA4_DIR. stage2 joins the two parts into the libs
+# wheel, unpacks every wheel (the small ones from the checkout when carried, else from stage1b's copy)
+# into $FA4_DIR/site with `python3 -m zipfile -e` (not `pip install --target`: that replaces the
+# shared nvidia_cutlass_dsl/ folder wheel by wheel), lists what is there and, unless
+# FA4_PEER_NO_IMPORT=1, imports flash_attn.cute.interface once (no GPU work) to show the peer is
+# usable. bench/attention.py then finds $FA4_DIR/site on its own (or wherever FA4_PEER_SITE points).
 #
-#     bash scripts/fa4_peer.sh stage1|stage2|status
+#     bash scripts/fa4_peer.sh stage1|stage1b|stage2|status
 # Environment: FA4_DIR (default /tmp/fa4), FA4_WHEELS (default .whl-fa4 in the checkout's root),
-# PYTHON (default python3). Both stages are idempotent: rerunning one redoes nothing already done.
+# PYTHON (default python3). Every stage is idempotent: rerunning one redoes nothing already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FA4_DIR="${FA4_DIR:-/tmp/fa4}"
@@ -41,7 +44,19 @@ stage1() {
     fi
     [ -f "$src" ] || die "stage1: $src is missing: carry [\".whl-fa4/parts/$PART_A\"] in this call (wheels: bash ../shared/tools/fa4_peer/fetch.sh .whl-fa4 on the CPU machine)"
     cp "$src" "$FA4_DIR/$PART_A.tmp" && mv "$FA4_DIR/$PART_A.tmp" "$FA4_DIR/$PART_A"
-    say "stage1: copied $src -> $FA4_DIR/$PART_A ($(stat -c %s "$FA4_DIR/$PART_A") bytes); now call 2: bash scripts/fa4_peer.sh stage2"
+    say "stage1: copied $src -> $FA4_DIR/$PART_A ($(stat -c %s "$FA4_DIR/$PART_A") bytes); now call 2: bash scripts/fa4_peer.sh stage1b"
+}
+
+stage1b() {
+    local smalls=("$WHEELS"/small/*.whl) w
+    [ -e "${smalls[0]}" ] || die "stage1b: no wheels in $WHEELS/small: carry [\".whl-fa4/small\"] in this call"
+    mkdir -p "$FA4_DIR/small"
+    for w in "${smalls[@]}"; do
+        if ! cmp -s "$w" "$FA4_DIR/small/$(basename "$w")"; then
+            cp "$w" "$FA4_DIR/small/$(basename "$w").tmp" && mv "$FA4_DIR/small/$(basename "$w").tmp" "$FA4_DIR/small/$(basename "$w")"
+        fi
+    done
+    say "stage1b: $FA4_DIR/small holds ${#smalls[@]} wheel(s); now call 3: bash scripts/fa4_peer.sh stage2"
 }
 
 stage2() {
@@ -60,7 +75,8 @@ stage2() {
         say "stage2: joined $wheel ($(stat -c %s "$wheel") bytes)"
     fi
     local smalls=("$WHEELS"/small/*.whl)
-    [ -e "${smalls[0]}" ] || die "stage2: no wheels in $WHEELS/small: carry \".whl-fa4/small\" in this call"
+    [ -e "${smalls[0]}" ] || smalls=("$FA4_DIR"/small/*.whl)  # stage1b's copy
+    [ -e "${smalls[0]}" ] || die "stage2: no wheels in $WHEELS/small nor $FA4_DIR/small: run stage1b (carry [\".whl-fa4/small\"]) right before this call"
     mkdir -p "$site/.fa4_peer_unpacked"
     for w in "${smalls[@]}" "$wheel"; do
         local stamp="$site/.fa4_peer_unpacked/$(basename "$w")"
@@ -98,7 +114,8 @@ status() {
 
 case "${1:-}" in
     stage1) stage1 ;;
+    stage1b) stage1b ;;
     stage2) stage2 ;;
     status) status ;;
-    *) die "usage: bash scripts/fa4_peer.sh stage1|stage2|status (see the header for the device calls' carry lists)" ;;
+    *) die "usage: bash scripts/fa4_peer.sh stage1|stage1b|stage2|status (see the header for the device calls' carry lists)" ;;
 esac

@@ -5,8 +5,8 @@
 # Environment: FA4GEN_CACHE_DIR (default: a fresh temporary directory, so every run builds),
 # OUT (when set, logs and the benchmark's JSON are copied there), GPU_CHECK_SKIP_BENCH=1.
 # The benchmark has an FA4-CuTe peer column when /tmp/fa4/site (or $FA4_PEER_SITE) holds its unpacked
-# wheels: run `bash scripts/fa4_peer.sh stage1` in one device call, then
-# `bash scripts/fa4_peer.sh stage2 && bash scripts/gpu_check.sh` in the next (carry lists: that
+# wheels: run `bash scripts/fa4_peer.sh stage1`, then `stage1b` in two device calls, then
+# `bash scripts/fa4_peer.sh stage2 && bash scripts/gpu_check.sh` in the third (carry lists: that
 # script's header). Without it the column is empty and says why.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +37,7 @@ fa4_site="${FA4_PEER_SITE:-/tmp/fa4/site}"
 if [ -d "$fa4_site" ]; then
     echo "fa4cute peer: $fa4_site (the benchmark times it)"
 else
-    echo "fa4cute peer: none ($fa4_site absent; scripts/fa4_peer.sh stage1 + stage2 bring it)"
+    echo "fa4cute peer: none ($fa4_site absent; scripts/fa4_peer.sh stage1, stage1b, stage2 bring it)"
 fi
 
 say "prebuild: the sm_90a variants the tests launch (32 dense, 32 varlen, the KV-cache ones) -> $FA4GEN_CACHE_DIR"
