@@ -95,3 +95,15 @@ def test_power_probe_tensor_share_and_help(capsys):
     with pytest.raises(SystemExit):
         power_probe.main(["--help"])
     assert "tensor peak per clock" in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_power_probe_without_a_gpu_says_so(monkeypatch, capsys):
+    """On a machine without CUDA (CI) the probe measures nothing and says why, exit 2, no traceback."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    from bench import power_probe
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert power_probe.main(["--seconds", "1"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
