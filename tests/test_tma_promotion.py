@@ -49,11 +49,14 @@ def test_the_labels_round_trip_through_the_encoding_enum():
 
 
 def test_the_enum_codes_are_cuda_pythons():
+    """The runtime's label -> driver value table (what cuTensorMapEncodeTiled gets) is built from the
+    encoding enum's names: every manifest label maps to the driver's value of the same code."""
     drv = pytest.importorskip("cuda.bindings.driver")
-    names = {"none": "NONE", "64B": "L2_64B", "128B": "L2_128B", "256B": "L2_256B"}
-    for label, name in names.items():
-        assert int(getattr(drv.CUtensorMapL2promotion, f"CU_TENSOR_MAP_L2_PROMOTION_{name}")) == \
-            int(TmaL2Promotion.from_label(label))
+    table = runtime.driver_l2_promotions(drv)
+    assert sorted(table) == sorted(TMA_L2_PROMOTIONS)
+    for label, value in table.items():
+        assert value == int(TmaL2Promotion.from_label(label))
+    assert table["128B"] == int(drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B)
 
 
 def test_a_manifest_without_the_field_gets_todays_rule():

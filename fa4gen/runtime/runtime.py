@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..spec.encodings import swizzle_from_name
+from ..spec.encodings import TmaL2Promotion, swizzle_from_name
 from ..spec.schedule import L2Choice, choose_l2_group, varlen_l2_rows
 
 __all__ = ["CudaError", "Kernel", "RuntimeSetupError", "tensor_map_geometry"]
@@ -72,6 +72,13 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
                 ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
 
 
+def driver_l2_promotions(drv) -> dict[str, int]:
+    """The manifest's L2 promotion labels (encodings.TmaL2Promotion, the one list of them) -> the
+    driver's CUtensorMapL2promotion values, by the enum's names (cuda.bindings.driver as `drv`)."""
+    return {mode.label: int(getattr(drv.CUtensorMapL2promotion, f"CU_TENSOR_MAP_L2_PROMOTION_{mode.name}"))
+            for mode in TmaL2Promotion}
+
+
 class _Libcuda:
     """The two driver calls of every launch, through ctypes on libcuda (the library cuda-python binds):
     cuTensorMapEncodeTiled and cuLaunchKernel on one packed parameter buffer. cuda-python builds a
@@ -111,11 +118,7 @@ class _Libcuda:
         self.swizzles = {"128B": int(drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B),
                          "64B": int(drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B),
                          "none": int(drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE)}
-        promotion = drv.CUtensorMapL2promotion
-        self.promotions = {"none": int(promotion.CU_TENSOR_MAP_L2_PROMOTION_NONE),
-                           "64B": int(promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_64B),
-                           "128B": int(promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B),
-                           "256B": int(promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B)}
+        self.promotions = driver_l2_promotions(drv)
         self._fixed = (int(drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE),
                        int(drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
 
