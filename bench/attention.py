@@ -14,6 +14,11 @@ GPU; the same fa4gen kernel measured up to 6% apart between two columns.) Shapes
 as the SDPA numbers nearly are). Each result is also compared with cuDNN's output (max abs diff),
 so a fast wrong kernel shows.
 
+`--sustained SECONDS` times each contender back to back over that span instead (CUDA events around
+the whole span, no L2 flush between calls), so that every contender runs at the clock its own power
+allows under the H200's 700 W cap; do_bench's short windows gave FA4-CuTe 60-300 MHz higher sampled
+clocks than fa4gen at equal power (bench/README.md "Clocks and power"; cause not found).
+
 `--clocks` samples the GPU (bench/gpu_clocks.py) while each contender is timed: a row's `clocks` holds
 the median SM clock, power and utilization per contender. Every row has `<name>_busy_share`: its calls
 x its median time over the wall time of its timing (do_bench's flushes and host included), so a
@@ -240,9 +245,35 @@ def _fa4cute(flash_attn_func, q, k, v, causal):
     return fn, out, first_s
 
 
-def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None, rounds=1, sampler=None):
+def sustained_ms(fn, seconds: float, batch: int = 20) -> float:
+    """ms per call of fn run back to back for about `seconds` (CUDA events around the whole span; the
+    host stays at most 8 batches ahead, so the GPU never idles): under a power cap, every contender
+    then runs at the clock its own power allows, which do_bench's short windows do not ensure."""
+    import time
+
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    calls, t0 = 0, time.perf_counter()
+    start.record()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(batch):
+            fn()
+        calls += batch
+        if calls % (batch * 8) == 0:
+            torch.cuda.synchronize()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
+
+
+def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None, rounds=1, sampler=None,
+              sustained_s: float = 0.0):
     """One shape's row. sampler: a started bench.gpu_clocks.GpuSampler: each contender's timing is a
-    window of it, and the row's `clocks` gives the median SM clock and power while each was timed."""
+    window of it, and the row's `clocks` gives the median SM clock and power while each was timed.
+    sustained_s > 0: each timing is sustained_ms over that many seconds instead of do_bench."""
     import contextlib
     import time
 
@@ -330,7 +361,7 @@ def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None,
             try:
                 calls0, t0 = acc[0], time.perf_counter()
                 with sampler.window(tag + name) if sampler else contextlib.nullcontext():
-                    ms = _median_ms(counted, warmup, rep)
+                    ms = sustained_ms(counted, sustained_s) if sustained_s > 0 else _median_ms(counted, warmup, rep)
                 acc[1] += time.perf_counter() - t0
                 acc[2] += (acc[0] - calls0) * ms
                 return ms
@@ -484,6 +515,10 @@ def main(argv=None):
     ap.add_argument("--clocks", action="store_true",
                     help="sample the GPU's SM clock, power and clock-event reasons with nvidia-smi while each "
                          "contender is timed (bench/gpu_clocks.py); each row's `clocks` gives the medians")
+    ap.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
+                    help="time each contender back to back for this many seconds per round (CUDA events over the "
+                         "span, no L2 flush between calls) instead of do_bench: the GPU at its power cap for every "
+                         "contender alike (bench/README.md \"Clocks and power\"); 0 (default): do_bench")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--baseline", default=os.environ.get("FA4GEN_BENCH_BASELINE") or None,
                     help="folder of an earlier generator's sm_90a <name>.cubin + .json: the `previous` column")
@@ -511,9 +546,11 @@ def main(argv=None):
     gpu = re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"]).strip("-")
     path = out_dir / (f"{stamp}_{gpu}.json" if args.suite == "main" else f"{stamp}_{gpu}_{args.suite}.json")
     result = {**env, "suite": args.suite, "dtype": args.dtype, "fa4cute": fa4info, "baseline": args.baseline,
-              "timing": (f"triton do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms; median of "
-                         f"{args.rounds} interleaved round(s), the order rotated each round, after every "
-                         f"contender's first call"),
+              "timing": ((f"sustained: calls back to back for {args.sustained:g} s per round (CUDA events over the "
+                          f"span, no L2 flush)" if args.sustained > 0 else
+                          f"triton do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms")
+                         + f"; median of {args.rounds} interleaved round(s), the order rotated each round, after "
+                           f"every contender's first call"),
               "complete": False, "results": []}
     sampler = None
     if args.clocks:
@@ -535,7 +572,8 @@ def main(argv=None):
             print(f"  budget spent after {elapsed:.0f} s: {len(shapes) - i} shape(s) skipped", flush=True)
             break
         row = run_shape(shape, shape_dtype(shape, args.dtype), args.warmup_ms, args.rep_ms, fa4cute=fa4cute,
-                        baseline=args.baseline, rounds=max(args.rounds, 1), sampler=sampler)
+                        baseline=args.baseline, rounds=max(args.rounds, 1), sampler=sampler,
+                        sustained_s=args.sustained)
         result["results"].append(row)
         result["complete"] = i == len(shapes) - 1
         result["wall_s"] = round(time.perf_counter() - t_start, 1)

@@ -45,25 +45,6 @@ def parse_shape(text: str) -> tuple[int, int, int, int, int, bool]:
     return (*parts[:5], bool(parts[5]) if len(parts) == 6 else False)
 
 
-def sustained(torch, fn, seconds: float, batch: int = 20) -> tuple[float, int]:
-    """Run fn back to back for about `seconds`: `batch` launches queued per host check. Returns
-    (elapsed seconds measured with CUDA events, calls)."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    calls, t0 = 0, time.perf_counter()
-    start.record()
-    while time.perf_counter() - t0 < seconds:
-        for _ in range(batch):
-            fn()
-        calls += batch
-        if calls % (batch * 8) == 0:
-            torch.cuda.synchronize()  # keep the host at most 8 batches ahead
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e-3, calls
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=3.0, help="sustained span per workload and pass (default 3)")
@@ -78,7 +59,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench.power_probe: no CUDA GPU visible to torch; nothing measured", file=sys.stderr)
         return 2
-    from bench.attention import _fa4cute, _sdpa, environment, load_fa4cute
+    from bench.attention import _fa4cute, _sdpa, environment, load_fa4cute, sustained_ms
     from bench.gpu_clocks import GpuSampler
     from fa4gen.runtime import api
     from fa4gen.spec.config import KernelConfig
@@ -141,11 +122,10 @@ def main(argv=None) -> int:
                 fn, flop = work[name]
                 time.sleep(1.0)  # the same idle before each workload
                 with sampler.window(f"{pas}:{name}"):
-                    secs, calls = sustained(torch, fn, args.seconds)
-                tf = flop * calls / secs / 1e12
-                rows.append({"pass": pas, "name": name, "calls": calls, "seconds": round(secs, 3),
-                             "tflops": round(tf, 1)})
-                print(f"  pass {pas} {name}: {tf:.1f} TFLOP/s over {secs:.2f} s", flush=True)
+                    ms = sustained_ms(fn, args.seconds)
+                tf = flop / (ms * 1e-3) / 1e12
+                rows.append({"pass": pas, "name": name, "ms_per_call": round(ms, 4), "tflops": round(tf, 1)})
+                print(f"  pass {pas} {name}: {tf:.1f} TFLOP/s over {args.seconds:g} s", flush=True)
     finally:
         time.sleep(0.3)
         sampler.stop()

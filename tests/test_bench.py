@@ -374,3 +374,21 @@ def test_kvcache_times_in_interleaved_rounds_and_subtracts_the_flushes(monkeypat
     assert notes == {"bad": "RuntimeError: capture refused"}
     assert order[:6] == ["a", "b", "bad", "b", "bad", "a"]  # rotated eager rounds
     assert order[6:] == ["g:a", "g:b", "flush", "g:b", "flush", "g:a"]  # then rotated graph rounds
+
+
+def test_run_shape_sustained_times_each_contender_back_to_back(monkeypatch, clean_import_state):
+    """--sustained: every timing goes through sustained_ms (the span's seconds passed on), none through
+    do_bench; without it, do_bench only."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(bench, "_sdpa", lambda name, q, k, v, causal: ((lambda: q * 1), q * 1, ""))
+    used = []
+    monkeypatch.setattr(bench, "_median_ms", lambda fn, w, r: (used.append("do_bench"), fn(), 2.0)[-1])
+    monkeypatch.setattr(bench, "sustained_ms", lambda fn, s: (used.append(("sustained", s)), fn(), 1.0)[-1])
+    row = bench.run_shape((1, 64, 2, 2, 64, False), "bf16", 5, 50, rounds=2, sustained_s=1.5)
+    assert used and set(used) == {("sustained", 1.5)} and row["cudnn_ms"] == 1.0
+    used.clear()
+    row = bench.run_shape((1, 64, 2, 2, 64, False), "bf16", 5, 50, rounds=2)
+    assert set(used) == {"do_bench"} and row["cudnn_ms"] == 2.0
