@@ -39,7 +39,10 @@ def pipe_share(tflops: float, sm_mhz: float, sms: int) -> float | None:
 
 def parse_shape(text: str) -> tuple[int, int, int, int, int, bool]:
     """"B,S,Hq,Hkv,D[,causal]" -> (B, S, Hq, Hkv, D, causal)."""
-    parts = [int(x) for x in text.split(",")]
+    try:
+        parts = [int(x) for x in text.split(",")]
+    except ValueError:
+        parts = []
     if len(parts) not in (5, 6) or min(parts[:5]) < 1 or parts[2] % parts[3]:
         raise ValueError(f"--shape {text!r}: B,S,Hq,Hkv,D[,causal] with Hq a multiple of Hkv")
     return (*parts[:5], bool(parts[5]) if len(parts) == 6 else False)
@@ -54,6 +57,10 @@ def main(argv=None) -> int:
                          "a sixth field 1 makes it causal (FLOP count halved)")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
+    try:
+        shapes = [parse_shape(x) for x in (args.shape or ["2,8192,16,16,128"])]
+    except ValueError as e:
+        ap.error(str(e))
     import torch
 
     if not torch.cuda.is_available():
@@ -66,7 +73,6 @@ def main(argv=None) -> int:
     from fa4gen.spec.tiles import q_tile_rows
 
     env = environment(["-m", "bench.power_probe", *(argv if argv is not None else sys.argv[1:])])
-    shapes = [parse_shape(x) for x in (args.shape or ["2,8192,16,16,128"])]
     gen = torch.Generator(device="cuda").manual_seed(1234)
     work, notes = {}, {}
     names = [n for n in args.only.split(",") if n]

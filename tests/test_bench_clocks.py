@@ -92,6 +92,10 @@ def test_power_probe_tensor_share_and_help(capsys):
     assert power_probe.parse_shape("1,16384,32,8,64,1") == (1, 16384, 32, 8, 64, True)
     with pytest.raises(ValueError, match="multiple of Hkv"):
         power_probe.parse_shape("1,64,6,4,64")
+    with pytest.raises(ValueError, match="B,S,Hq,Hkv,D"):
+        power_probe.parse_shape("2,8k,16,16,128")
+    with pytest.raises(SystemExit):  # a bad --shape is a usage error before any GPU work
+        power_probe.main(["--shape", "2,8192"])
     with pytest.raises(SystemExit):
         power_probe.main(["--help"])
     assert "tensor peak per clock" in capsys.readouterr().out.replace("\n", " ")
