@@ -17,7 +17,7 @@ pre-arrives once so consumer 0 goes first, and consumer 0 takes the last hand-of
 from __future__ import annotations
 
 from ..spec.config import K_SPLIT_DEFAULT, KV_STAGES_MAX, KV_STAGES_MIN, ConfigError, KernelConfig
-from ..spec.plan import (ARCH_LIMITS, SM90_CONSUMER_REGS, dynamic_tasks, sm90_idle_consumers, sm90_overlap, sm90_regs, SM90_PRODUCER_REGS, SM90_SCHED_BAR_ID, block_n, q_tile_bytes,
+from ..spec.plan import (ARCH_LIMITS, SM90_CONSUMER_REGS, SM90_WG_ROWS, dynamic_tasks, sm90_idle_consumers, sm90_overlap, sm90_regs, SM90_PRODUCER_REGS, SM90_SCHED_BAR_ID, block_n, q_tile_bytes,
                          sm90_consumers, sm90_epi_bar_id, tile_bytes, v_tile_bytes)
 from ..spec.tiles import PlanError
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync,
@@ -43,10 +43,11 @@ def _smem(cfg: KernelConfig, nq: int, kv: int, o_staged: bool) -> tuple[tuple[Re
         Region("K", Space.SMEM, cfg.dtype, block_n(cfg), slots=kv, bytes_per_slot=tile),
         Region("V", Space.SMEM, cfg.dtype, block_n(cfg), slots=kv, bytes_per_slot=vtile),
         # O from the registers (KV cache, or no staging fits): no staging slots
-        *((Region("O_smem", Space.SMEM, cfg.dtype, 64, slots=nc, bytes_per_slot=64 * dv * 2),) if o_staged else ()),
-        Region("S", Space.REG, "f32", 64),
-        Region("P", Space.REG, cfg.dtype, 64),
-        Region("O", Space.REG, "f32", 64),
+        *((Region("O_smem", Space.SMEM, cfg.dtype, SM90_WG_ROWS, slots=nc, bytes_per_slot=SM90_WG_ROWS * dv * 2),)
+          if o_staged else ()),
+        Region("S", Space.REG, "f32", SM90_WG_ROWS),
+        Region("P", Space.REG, cfg.dtype, SM90_WG_ROWS),
+        Region("O", Space.REG, "f32", SM90_WG_ROWS),
     )
     barriers = (
         Barrier("q_full", BarrierKind.TMA, nq, 1, tx_bytes=qtile),

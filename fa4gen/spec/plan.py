@@ -16,7 +16,7 @@ import numpy as np
 
 from .config import KernelConfig
 from .encodings import TMEM_COLUMNS, Swizzle, TmaL2Promotion
-from .tiles import ROWS, PlanError, gqa_pack
+from .tiles import ROWS, SM90_WG_ROWS, PlanError, gqa_pack
 
 
 @dataclass(frozen=True)
@@ -470,9 +470,6 @@ def mask_words(cols) -> tuple[list[int], list[tuple[int, int]]]:
 # Named barriers (bar.sync / bar.arrive ids; 0 is the CTA-wide barrier after mbarrier init).
 SM100_STATS_BAR_ID = 1  # softmax -> correction statistics hand-off (ids 1..8 when paired per warp)
 SM90_SCHED_BAR_ID = 1  # ids 1 .. C: ping-pong turn on the tensor core for consumer i (C consumers)
-
-
-SM90_WG_ROWS = 64  # Q tile rows per sm_90a consumer warpgroup (the wgmma M)
 
 
 def sm90_consumers(block_m: int) -> int:

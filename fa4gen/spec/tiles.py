@@ -39,6 +39,7 @@ def gqa_pack(gqa_ratio: int) -> int:
 # calls read max_seqlen_q as Sq below); KV-cache kernels keep 128 (a decode tile's real rows are few).
 SM90_Q_ROWS = {64: 192, 96: 192, 128: 128}  # dense and varlen sm_90a kernels, by head_dim
 Q_ROWS_CHOICES = (128, 192)
+SM90_WG_ROWS = 64  # Q tile rows per sm_90a consumer warpgroup (the wgmma M)
 
 
 # Causal attention over few packed rows (Sq * P) keeps the 128-row tile: a 192-row tile's diagonal
@@ -70,9 +71,9 @@ def q_tile_rows_refusal(arch: str, head_dim: int, gqa_ratio: int, varlen: bool, 
         return "128 on sm_100a (one TMEM lane per Q row); 192 is sm_90a's three-consumer tile"
     if kvcache:
         return "128 for KV-cache kernels (a decode tile's rows are few); 192 is for dense and varlen kernels"
-    if 64 % gqa_pack(gqa_ratio):
-        return (f"128 at GQA ratio {gqa_ratio}: a 192-row tile packs at most 64 heads (the packed heads of one "
-                f"position must sit in one consumer warpgroup's 64 rows)")
+    if SM90_WG_ROWS % gqa_pack(gqa_ratio):
+        return (f"128 at GQA ratio {gqa_ratio}: a 192-row tile packs at most {SM90_WG_ROWS} heads (the packed "
+                f"heads of one position must sit in one consumer warpgroup's {SM90_WG_ROWS} rows)")
     return None
 
 
