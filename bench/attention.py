@@ -270,10 +270,11 @@ def sustained_ms(fn, seconds: float, batch: int = 20) -> float:
 
 
 def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None, rounds=1, sampler=None,
-              sustained_s: float = 0.0):
+              sustained_s: float = 0.0, timed=None):
     """One shape's row. sampler: a started bench.gpu_clocks.GpuSampler: each contender's timing is a
     window of it, and the row's `clocks` gives the median SM clock and power while each was timed.
-    sustained_s > 0: each timing is sustained_ms over that many seconds instead of do_bench."""
+    sustained_s > 0: each timing is sustained_ms over that many seconds instead of do_bench.
+    timed: the contenders to time (None: all); the others still run once (their outputs checked)."""
     import contextlib
     import time
 
@@ -346,6 +347,8 @@ def run_shape(shape, dtype_name, warmup_ms, rep_ms, fa4cute=None, baseline=None,
                 notes["fa4cute"] = _one_line(e)
                 torch.cuda.synchronize()
         ms, failed = {}, {}
+        if timed is not None:
+            fns = {name: fn for name, fn in fns.items() if name in timed}
         names = {id(fn): name for name, fn in fns.items()}
 
         tag = f"{shape}:"  # this shape's windows
@@ -474,14 +477,15 @@ def markdown(rows) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         peer, peer_tf = best_peer(r)
-        best = f"{ratio(r.get('fa4gen_kernel_tflops'), peer_tf)}" + (f" ({peer})" if peer and peer_tf else "")
+        ours = r.get("fa4gen_kernel_tflops") or r.get("fa4gen_tflops")  # (the API's when the kernel was not timed)
+        best = f"{ratio(ours, peer_tf)}" + (f" ({peer})" if peer and peer_tf else "")
         lines.append(f"| {r['B']}, {r['Sq']}, {r['Hq']}/{r['Hkv']}, {r['D']} | {r['dtype']} | "
                      f"{'yes' if r['causal'] else 'no'} | {r.get('fa4gen_block_m', '—')} | "
                      f"{cell(r['fa4gen_tflops'])} | {cell(r['fa4gen_kernel_tflops'])} | {cell(r.get('fa4gen_m128_tflops'))} | "
                      f"{cell(r.get('previous_tflops'))} | "
                      f"{cell(r['cudnn_tflops'])} | "
                      f"{cell(r['flash_tflops'])} | {cell(r.get('fa4cute_tflops'))} | "
-                     f"{ratio(r.get('fa4gen_kernel_tflops'), r.get('cudnn_tflops'))} | {best} | "
+                     f"{ratio(ours, r.get('cudnn_tflops'))} | {best} | "
                      f"{ratio(r.get('fa4gen_kernel_tflops'), r.get('previous_tflops'))} | "
                      f"{diff(r, 'fa4gen')} / {diff(r, 'fa4cute')} |")
     return "\n".join(lines)
@@ -519,11 +523,23 @@ def main(argv=None):
                     help="time each contender back to back for this many seconds per round (CUDA events over the "
                          "span, no L2 flush between calls) instead of do_bench: the GPU at its power cap for every "
                          "contender alike (bench/README.md \"Clocks and power\"); 0 (default): do_bench")
+    ap.add_argument("--time", default="", metavar="NAMES",
+                    help=f"comma-separated contenders to time, of {','.join(IMPLS)} (default: all); the others "
+                         f"still run once and are checked against the reference, their columns left empty. For "
+                         f"long --sustained runs: e.g. --time fa4gen,cudnn,flash,fa4cute")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--baseline", default=os.environ.get("FA4GEN_BENCH_BASELINE") or None,
                     help="folder of an earlier generator's sm_90a <name>.cubin + .json: the `previous` column")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
+    timed = None
+    if args.time:
+        timed = {n.strip() for n in args.time.split(",") if n.strip()}
+        unknown = sorted(timed - set(IMPLS))
+        if unknown or not timed:
+            print(f"bench.attention: --time {args.time!r}: unknown contender(s) {unknown}; known: {', '.join(IMPLS)}",
+                  file=sys.stderr)
+            return 2
 
     import torch
 
@@ -551,7 +567,7 @@ def main(argv=None):
                           f"triton do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms")
                          + f"; median of {args.rounds} interleaved round(s), the order rotated each round, after "
                            f"every contender's first call"),
-              "complete": False, "results": []}
+              "timed": sorted(timed) if timed else "all", "complete": False, "results": []}
     sampler = None
     if args.clocks:
         from bench.gpu_clocks import GpuSampler
@@ -573,7 +589,7 @@ def main(argv=None):
             break
         row = run_shape(shape, shape_dtype(shape, args.dtype), args.warmup_ms, args.rep_ms, fa4cute=fa4cute,
                         baseline=args.baseline, rounds=max(args.rounds, 1), sampler=sampler,
-                        sustained_s=args.sustained)
+                        sustained_s=args.sustained, timed=timed)
         result["results"].append(row)
         result["complete"] = i == len(shapes) - 1
         result["wall_s"] = round(time.perf_counter() - t_start, 1)

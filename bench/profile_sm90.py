@@ -5,9 +5,12 @@
         --section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats \\
         python3 -m bench.profile_sm90 4,4096,32,32,64 [--causal] [--dtype bf16] [--emu-pairs N] [--block-m R] [--cubin F]
         python3 -m bench.profile_sm90 --varlen heavy --head-dim 64 [--causal] [--cubin F]
+        python3 -m bench.profile_sm90 2,8192,16,16,64 --peer fa4cute [--causal]   (ncu --kernel-name regex:flash)
 
 Builds (or takes from the cache) the kernel, runs it twice (the first launch warms up and is
-skipped by --launch-skip 1), synchronises. Prints the config name."""
+skipped by --launch-skip 1), synchronises. Prints the config name. `--peer fa4cute` launches
+FA4-CuTe's flash_attn_func on the same dense tensors instead (bench.attention.load_fa4cute: the
+unpacked wheels of scripts/fa4_peer.sh), for a profile of both kernels at one shape."""
 import argparse
 import sys
 from pathlib import Path
@@ -29,9 +32,13 @@ def main() -> int:
                     help="Q tile rows; auto (default): what fa4gen.attention runs for the shape (tiles.q_tile_rows)")
     ap.add_argument("--cubin", help="launch this prebuilt cubin (fa4gen.load: <stem>.cubin + <stem>.json, e.g. an "
                                     "earlier generator's) in place of this generator's kernel")
+    ap.add_argument("--peer", choices=("fa4cute",), help="launch this peer's kernel (dense shapes only) in place of "
+                                                          "fa4gen's")
     a = ap.parse_args()
     if (a.shape is None) == (a.varlen is None):
         ap.error("give a dense shape B,S,Hq,Hkv,D or --varlen MIX")
+    if a.peer and (a.varlen or a.cubin):
+        ap.error("--peer runs a dense shape through the peer: not with --varlen or --cubin")
     import itertools
 
     import torch
@@ -51,6 +58,18 @@ def main() -> int:
     else:
         b, s, hq, hkv, d = (int(x) for x in a.shape.split(","))
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for h in (hq, hkv, hkv))
+    if a.peer:
+        from bench.attention import load_fa4cute
+
+        fn, info = load_fa4cute()
+        if fn is None:
+            print(f"profile_sm90: FA4-CuTe {info['status']}", file=sys.stderr)
+            return 2
+        for _ in range(2):
+            fn(q, k, v, causal=a.causal)
+        torch.cuda.synchronize()
+        print(f"fa4cute {info.get('flash-attn-4')} B,S,Hq,Hkv,D={a.shape} causal={a.causal}")
+        return 0
     seqlen_q = max(lens) if a.varlen else s
     rows = (q_tile_rows("sm_90a", d, hq // hkv, varlen=bool(a.varlen), causal=a.causal, seqlen_q=seqlen_q)
             if a.block_m == "auto" else int(a.block_m))

@@ -392,3 +392,25 @@ def test_run_shape_sustained_times_each_contender_back_to_back(monkeypatch, clea
     used.clear()
     row = bench.run_shape((1, 64, 2, 2, 64, False), "bf16", 5, 50, rounds=2)
     assert set(used) == {"do_bench"} and row["cudnn_ms"] == 2.0
+
+
+def test_run_shape_times_only_the_contenders_named(monkeypatch, clean_import_state, capsys):
+    """--time NAMES: the others still make their first call (outputs checked), none is timed, and
+    their columns stay empty; an unknown name is a usage error (exit 2) before any GPU work."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    firsts, timed = [], []
+
+    def sdpa(name, q, k, v, causal):
+        firsts.append(name)
+        return (lambda: timed.append(name)), q * 1, ""
+
+    monkeypatch.setattr(bench, "_sdpa", sdpa)
+    monkeypatch.setattr(bench, "_median_ms", lambda fn, w, r: (fn(), 1.0)[-1])
+    row = bench.run_shape((1, 64, 2, 2, 64, False), "bf16", 5, 50, rounds=2, timed={"cudnn"})
+    assert firsts == ["cudnn", "flash"] and set(timed) == {"cudnn"} and len(timed) == 2
+    assert row["cudnn_ms"] == 1.0 and row["flash_ms"] is None
+    assert bench.main(["--time", "fa4gen,nosuch"]) == 2
+    assert "nosuch" in capsys.readouterr().err

@@ -233,3 +233,47 @@ def test_warp_uniform_branches_are_bra_uni(kw):
     assert not lane, f"conditional branches without .uni to {lane}"
     uni = re.findall(r"^\s*@!?%\w+ bra\.uni (\$L_consumer_(?:kv|kv_done|task|else|endif)\d+);", ptx, re.M)
     assert any("_kv" in t for t in uni) and any("else" in t for t in uni)
+
+
+def test_chain_reduction_links_each_source_once():
+    from fa4gen.lower.walk import chain, pairwise
+    ops, res = chain(["a", "b", "c", "d"], "%t")
+    assert ops == [("%t0", "a", "b"), ("%t1", "%t0", "c"), ("%t2", "%t1", "d")] and res == "%t2"
+    assert chain(["a"], "%t") == ([], "a")
+    assert len(pairwise([f"r{i}" for i in range(32)], "%p")[0]) == len(chain([f"r{i}" for i in range(32)], "%t")[0])
+
+
+@pytest.mark.parametrize("block_m, kw", [(192, dict(head_dim=64)), (192, dict(head_dim=64, causal=True)),
+                                         (192, dict(head_dim=64, emu_pairs=8, emu_start=0)),
+                                         (128, dict(head_dim=64, causal=True)), (128, dict(head_dim=128))])
+def test_row_reduction_follows_the_plan(block_m, kw):
+    """plan.sm90_row_reduction: on the 192-row tile each row's max is a chain and its sum's k-th add
+    comes right after element k + 1's exp (MUFU or the FMA cubic), in every softmax path (masked and
+    not); on the 128-row tile both are pairwise trees after the exps."""
+    from fa4gen.spec.plan import sm90_row_reduction
+    c = cfg(block_m=block_m, **kw)
+    want = sm90_row_reduction(c)
+    assert want == ("chain" if block_m == 192 else "tree")
+    sm = _item(c, "softmax")
+    for row in sm["rows"]:
+        regs = [e["reg"] for e in row["elems"]]
+        if want == "chain":
+            assert row["sum_ops"] == [] and row["max_ops"][0][1:] == tuple(regs[:2])
+            assert [e["sum_op"][2] for e in row["elems"][1:]] == regs[1:] and row["elems"][0]["sum_op"] is None
+            assert row["sum_res"] == row["elems"][-1]["sum_op"][0]
+        else:
+            assert all(e["sum_op"] is None for e in row["elems"]) and len(row["sum_ops"]) == len(regs) - 1
+    ptx, _ = build_sm90(c)
+    r = row["idx"]
+    adds = re.findall(rf"^\s*add\.f32 %sm{r}_\d+, [^;]+;", ptx, re.M)
+    if want == "chain":
+        # each add sits right after the exp that made its element (the element is its last operand)
+        follows = re.findall(rf"(?:ex2\.approx\.ftz\.f32 (%s\d+), %x\d+;|mov\.b32 (%s\d+), %eb\d+;)\n\s*"
+                             rf"add\.f32 %sm{r}_\d+, %\w+, (%s\d+);", ptx)
+        assert follows and all((a or b) == e for a, b, e in follows) and len(follows) == len(adds)
+    else:
+        # the tree starts after the row's last exp: one add per softmax path (a copy of the row's
+        # len(regs) - 1 adds) follows an exp
+        paths, rest = divmod(len(adds), len(regs) - 1)
+        assert paths >= 1 and rest == 0
+        assert len(re.findall(rf"ex2\.approx\.ftz\.f32 %s\d+, %x\d+;\n\s*add\.f32 %sm{r}_", ptx)) == paths

@@ -32,9 +32,9 @@ from ..ir.sm90 import build_sm90_pipeline
 from ..spec.encodings import DescArch, SmemMatrixDesc
 from ..spec.plan import (ARCH_LIMITS, block_info_ptx, block_n, MASK_AS_WORDS, MASK_WORD_BITS, SM90_REGS,
                          WINDOW_UNBOUNDED, combine_context, dynamic_tasks, sm90_regs, key_limits_ptx, kv_box_rows,
-                         later_blocks_need_mask, mask_words, qk_panels, sm90_consumers, vo_panels)
+                         later_blocks_need_mask, mask_words, qk_panels, sm90_consumers, sm90_row_reduction, vo_panels)
 from .manifest import DYNAMIC_DEAL, ENTRY, GridFacts, entry_params, manifest, smem_layout_section
-from .walk import LoweringError, WalkCtx, Walker, dispatch, exact_log2, f32, pairwise, refuse_planned, smem_layout
+from .walk import LoweringError, WalkCtx, Walker, chain, dispatch, exact_log2, f32, pairwise, refuse_planned, smem_layout
 
 __all__ = ["OP_PTX", "SPELLING", "Sm90LoweringError", "Sm90Options", "entry_regs_of", "lower_sm90",
            "lowered_sm90", "manifest_sm90", "threads_of"]
@@ -508,19 +508,28 @@ class Sm90Ctx(WalkCtx):
         self.p_pack = [(p[4 * j + t], s[8 * j + 2 * t + 1], s[8 * j + 2 * t]) for j in range(bn // 16) for t in range(4)]
         self.o_rescale = [(reg, f"%acc{(i >> 1) & 1}") for i, reg in enumerate(self.o_regs)]
         rows, self.n_mask_words = [], 0
+        reduction = sm90_row_reduction(cfg)  # "chain" | "tree": the row max and sum (plan.sm90_row_reduction)
         for r in range(2):
             elems = []
             for i, reg in enumerate(s):
                 if (i >> 1) & 1 != r:
                     continue
                 c, e = i >> 2, i & 1
-                elems.append({"reg": reg, "col": 8 * c + e, "emu": hopper_emulated(cfg, c, e), "i": i})
+                elems.append({"reg": reg, "col": 8 * c + e, "emu": hopper_emulated(cfg, c, e), "i": i, "sum_op": None})
             words, where = mask_words([x["col"] for x in elems]) if MASK_AS_WORDS[cfg.arch] else ([], [])
             self.n_mask_words = max([self.n_mask_words, *(w + 1 for w in words)])
             for x, (w, bit) in zip(elems, where):
                 x["mword"], x["mbit"] = f"%mw{w}", bit
-            max_ops, max_res = pairwise([x["reg"] for x in elems], f"%mx{r}_")
-            sum_ops, sum_res = pairwise([x["reg"] for x in elems], f"%sm{r}_")
+            regs = [x["reg"] for x in elems]
+            if reduction == "chain":  # the sum's k-th add follows element k + 1's exp (exps emits "sum_op")
+                max_ops, max_res = chain(regs, f"%mx{r}_")
+                sum_chain, sum_res = chain(regs, f"%sm{r}_")
+                for x, op in zip(elems[1:], sum_chain):
+                    x["sum_op"] = op
+                sum_ops = []  # (row_sum: only the rescale and the chain's result)
+            else:
+                max_ops, max_res = pairwise(regs, f"%mx{r}_")
+                sum_ops, sum_res = pairwise(regs, f"%sm{r}_")
             rows.append({"elems": elems, "max_ops": max_ops, "max_res": max_res, "sum_ops": sum_ops,
                          "sum_res": sum_res, "ref": f"%ref{r}", "nrs": f"%nrs{r}", "sum": f"%sum{r}",
                          "acc": f"%acc{r}", "lim": f"%lim{r}", "bmax": f"%bmax{r}", "idx": r,
@@ -530,7 +539,7 @@ class Sm90Ctx(WalkCtx):
                          "mask_words": [{"reg": f"%mw{w}", "base": w * MASK_WORD_BITS} for w in words],
                          "mtmp": "%mt"})
         self.rows = rows
-        self.n_tmp = max(len(r["max_ops"]) for r in rows)
+        self.n_tmp = max(len(ops) for r in rows for ops in (r["max_ops"], r["sum_ops"], [x for x in r["elems"] if x["sum_op"]]))
         vo = vo_panels(cfg)
         q_half, per_row = vo.bytes(cfg.block_m), vo.row_bytes // 16  # 16-byte chunks (8 columns) per panel row
         self.o_store = []

@@ -30,7 +30,7 @@ from ..ir.layout import SmemLayout, smem_layout as ir_smem_layout
 from ..spec.config import KernelConfig, head_dim_refusal
 from ..spec.plan import ARCH_LIMITS, dynamic_tasks
 
-__all__ = ["COMMON_PTX", "LoweringError", "SmemLayout", "Spelling", "WalkCtx", "Walker", "dispatch", "f32", "pairwise",
+__all__ = ["COMMON_PTX", "LoweringError", "SmemLayout", "Spelling", "WalkCtx", "Walker", "chain", "dispatch", "f32", "pairwise",
            "refuse_planned", "smem_layout"]
 
 
@@ -56,6 +56,18 @@ def exact_log2(n: int) -> int | None:
 def f32(x: float) -> str:
     """A PTX .f32 immediate (0fXXXXXXXX) of x rounded to fp32."""
     return "0f" + struct.pack(">f", x).hex().upper()
+
+
+def chain(srcs: list[str], tmp: str) -> tuple[list[tuple[str, str, str]], str]:
+    """A serial reduction over `srcs` as (dst, acc, src) ops on fresh temporaries tmp0, tmp1...:
+    tmp0 = s0 op s1, tmp1 = tmp0 op s2, ...; op k takes srcs[k + 1], so a template can emit it right
+    after that source is computed (the sm_90a row sum beside its exps: each add waits on one MUFU
+    result, not on a tree level)."""
+    ops, acc = [], srcs[0]
+    for n, src in enumerate(srcs[1:]):
+        ops.append((f"{tmp}{n}", acc, src))
+        acc = f"{tmp}{n}"
+    return ops, acc
 
 
 def pairwise(srcs: list[str], tmp: str, arity: int = 2) -> tuple[list[tuple[str, ...]], str]:

@@ -477,6 +477,21 @@ def sm90_consumers(block_m: int) -> int:
     return block_m // SM90_WG_ROWS
 
 
+def sm90_row_reduction(cfg: KernelConfig) -> str:
+    """How an sm_90a consumer thread reduces its share of a score row, the block max and the row sum
+    (lower/sm90.py; templates/common/softmax.ptx.j2):
+    - "chain": serial (lower.walk.chain), the sum's k-th add emitted right after element k + 1's exp,
+      so ptxas interleaves the adds with the MUFU stream;
+    - "tree": pairwise levels (lower.walk.pairwise), the sum after all the exps.
+    Chains for three consumer warpgroups (the 192-row tile, where ncu found the tree sum's adds
+    stalled on fixed latency, stall_wait 2.12 against FA4-CuTe's 1.49 per issued instruction:
+    bench/results/2026-12-04_NVIDIA-H200_ncu_d64_vs_fa4cute.txt), trees for two. A/B on the H200
+    (bench/results/2026-12-04_NVIDIA-H200_ab_rowmax_rowsum_chains_vs_trees_all.json): 192-row dense
+    kernels 1.007-1.034 (all 12 D 64 shapes), varlen causal 1.018-1.028, varlen non-causal 0.984;
+    128-row kernels 0.943-1.02, median 0.99 (D 128; D 64 causal 0.943), hence trees there."""
+    return "chain" if sm90_consumers(cfg.block_m) >= 3 else "tree"
+
+
 def sm90_epi_bar_id(consumers: int) -> int:
     """First of the C epilogue named-barrier ids: right after the C ping-pong ids."""
     return SM90_SCHED_BAR_ID + consumers

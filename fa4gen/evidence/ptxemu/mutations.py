@@ -529,6 +529,10 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
                      r"\1setp.ge.u32 %pp0, %tmp0, 2;\n\2@%pp0 sub.u32 %tmp0, %tmp0, 2;\3")),
     PtxMutation("sm90w_q_tx", _SM90WN, "Q expect_tx (q_full) announces a 128-row tile (16 KiB) where the TMA "
                 "delivers 192 rows", ("RACE", "mismatch", "DEADLOCK"), _sm90_q_tx(24576, 16384)),
+    PtxMutation("sm90w_sum_chain_skip", _SM90WN, "the row sum's chain (plan.sm90_row_reduction: chains on the "
+                "192-row tile) takes its 6th add's accumulator from two links back: one score of every block "
+                "of row 0's share left out of the row sum (O divided by too small a sum)", ("mismatch",),
+                _sub(r"add\.f32 %sm0_5, %sm0_4,", "add.f32 %sm0_5, %sm0_3,", count=0), protocol=False),
     PtxMutation("sm90w_o_rows", _SM90W, "the O store box of consumer cw starts at row 0 of the tile for every "
                 "consumer (rows 64-191 never stored, rows 0-63 stored three times: the first, small launch sees "
                 "the triple store as WRITTEN_TWICE before a wrong row)", ("mismatch", "WRITTEN_TWICE"),
