@@ -245,7 +245,8 @@ def test_chain_reduction_links_each_source_once():
 
 @pytest.mark.parametrize("block_m, kw", [(192, dict(head_dim=64)), (192, dict(head_dim=64, causal=True)),
                                          (192, dict(head_dim=64, emu_pairs=8, emu_start=0)),
-                                         (128, dict(head_dim=64, causal=True)), (128, dict(head_dim=128))])
+                                         (128, dict(head_dim=64, causal=True)), (128, dict(head_dim=128)),
+                                         (192, dict(head_dim=64, causal=True, varlen=True))])
 def test_row_reduction_follows_the_plan(block_m, kw):
     """plan.sm90_row_reduction: on the 192-row tile each row's max is a chain and its sum's k-th add
     comes right after element k + 1's exp (MUFU or the FMA cubic), in every softmax path (masked and
@@ -253,7 +254,7 @@ def test_row_reduction_follows_the_plan(block_m, kw):
     from fa4gen.spec.plan import sm90_row_reduction
     c = cfg(block_m=block_m, **kw)
     want = sm90_row_reduction(c)
-    assert want == ("chain" if block_m == 192 else "tree")
+    assert want == ("chain" if block_m == 192 and not c.varlen else "tree")
     sm = _item(c, "softmax")
     for row in sm["rows"]:
         regs = [e["reg"] for e in row["elems"]]
@@ -277,3 +278,17 @@ def test_row_reduction_follows_the_plan(block_m, kw):
         paths, rest = divmod(len(adds), len(regs) - 1)
         assert paths >= 1 and rest == 0
         assert len(re.findall(rf"ex2\.approx\.ftz\.f32 %s\d+, %x\d+;\n\s*add\.f32 %sm{r}_", ptx)) == paths
+
+
+@pytest.mark.parametrize("kw", [dict(head_dim=64), dict(head_dim=64, causal=True), dict(head_dim=96, causal=True, gqa_ratio=4),
+                                dict(head_dim=64, causal=True, window=True, sinks=True)])
+def test_varlen_bits_do_not_follow_the_tile(kw):
+    """A varlen call's tile follows its batch (max_seqlen_q): every tile it may run reduces rows in
+    the same order, so a sequence's output does not depend on the other sequences (the 192- and
+    128-row kernels' softmax items are the same)."""
+    from fa4gen.spec.plan import sm90_row_reduction
+    a, b = cfg(varlen=True, block_m=128, **kw), cfg(varlen=True, block_m=192, **kw)
+    assert sm90_row_reduction(a) == sm90_row_reduction(b)
+    sa, sb = _item(a, "softmax"), _item(b, "softmax")
+    assert [(r["max_ops"], r["sum_ops"], [e["sum_op"] for e in r["elems"]]) for r in sa["rows"]] == \
+           [(r["max_ops"], r["sum_ops"], [e["sum_op"] for e in r["elems"]]) for r in sb["rows"]]
