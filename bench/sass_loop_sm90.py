@@ -16,6 +16,8 @@ instruction of the body once, whatever branch it sits in):
   softmax overlaps the PV wgmma. ptxas moves the second wait up to the first write of a register the
   PV still reads, so register pressure shows here.
 `--sass FILE` adds the same report for any other disassembly (e.g. a peer's kernel, `nvdisasm -c`).
+`--order` prints each loop's opcodes in program order (e.g. whether each row-sum FADD follows a
+MUFU.EX2 or the adds come in a block after them; the JSON always holds it).
 Writes JSON to --out (default: stdout only). Measures nothing on a GPU: a screen before an A/B.
 """
 from __future__ import annotations
@@ -116,6 +118,21 @@ def loop_report(text: str) -> dict:
                      "families": dict(fam.most_common())}, "pv_wait_gap": gap}
 
 
+def loop_order(text: str) -> list[str]:
+    """The steady loop's opcodes in program order (the base opcode, e.g. MUFU for MUFU.EX2; the two
+    wgmma waits as WAIT_S / WAIT_PV): where ptxas put the reductions' adds against the exponentials,
+    the packs and the waits, which the family counts do not show. [] when there is no such loop."""
+    ins, labels = parse_sass(text)
+    body = steady_loop(ins, labels) or []
+    out = []
+    for _, op, rest in body:
+        if op.startswith("WARPGROUP.DEPBAR"):
+            out.append("WAIT_S" if rest_has(rest, "0x1") else "WAIT_PV" if rest_has(rest, "0x0") else "DEPBAR")
+        else:
+            out.append(op.split(".")[0])
+    return out
+
+
 def rest_has(rest: str, value: str) -> bool:
     return rest.replace(" ", "").endswith("," + value) or rest.replace(" ", "").endswith(value)
 
@@ -130,8 +147,8 @@ def kernel_report(head_dim: int, causal: bool, block_m: str, gqa: int) -> dict:
     cfg = KernelConfig(arch="sm_90a", head_dim=head_dim, causal=causal, gqa_ratio=gqa, block_m=rows)
     res = codegen.build(cfg, emit=("ptx",))
     asm = assemble(res.ptx, cfg.arch, name=cfg.name, extra_options=("-O3",))
-    rep = loop_report(disassemble(asm.cubin))
-    return {"kernel": cfg.name, **rep}
+    text = disassemble(asm.cubin)
+    return {"kernel": cfg.name, **loop_report(text), "order": loop_order(text)}
 
 
 def main(argv=None) -> int:
@@ -141,11 +158,14 @@ def main(argv=None) -> int:
     ap.add_argument("--block-m", default="auto", choices=("auto", "128", "192"))
     ap.add_argument("--gqa", type=int, default=1)
     ap.add_argument("--sass", action="append", default=[], help="also report this disassembly (repeatable)")
+    ap.add_argument("--order", action="store_true",
+                    help="also print each loop's opcodes in program order (WAIT_S / WAIT_PV: the two wgmma waits)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     reports = [kernel_report(a.head_dim, a.causal, a.block_m, a.gqa)]
     for f in a.sass:
-        reports.append({"kernel": f, **loop_report(Path(f).read_text())})
+        text = Path(f).read_text()
+        reports.append({"kernel": f, **loop_report(text), "order": loop_order(text)})
     for r in reports:
         loop, gap = r.get("loop"), r.get("pv_wait_gap")
         if loop is None:
@@ -155,6 +175,8 @@ def main(argv=None) -> int:
               f"wait for S -> wait for the PV: "
               + (f"{gap['instructions']} instructions, {gap['mufu_ex2']} MUFU.EX2" if gap else "not found"))
         print("    " + ", ".join(f"{k} {v}" for k, v in loop["families"].items()))
+        if a.order:
+            print("    order: " + " ".join(r["order"]))
     if a.out:
         a.out.write_text(json.dumps(reports, indent=1) + "\n")
     return 0

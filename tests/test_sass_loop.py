@@ -38,6 +38,17 @@ def test_the_steady_loop_and_the_pv_wait_gap():
     assert rep["pv_wait_gap"] == {"instructions": 4, "mufu_ex2": 2}
 
 
+def test_the_loop_in_program_order(capsys, tmp_path, monkeypatch):
+    assert sl.loop_order(SASS) == ["BAR", "HGMMA", "HGMMA", "WAIT_S", "FMNMX", "MUFU", "MUFU", "WAIT_PV", "F2FP", "BRA"]
+    assert sl.loop_order(".L_x_1:\n") == []
+    f = tmp_path / "peer.sass"
+    f.write_text(SASS)
+    # (the generated kernel's report stubbed: this test needs no ptxas)
+    monkeypatch.setattr(sl, "kernel_report", lambda *a: {"kernel": "k", "loop": None, "why": "stub", "order": []})
+    assert sl.main(["--sass", str(f), "--order"]) == 0
+    assert "order: BAR HGMMA HGMMA WAIT_S FMNMX MUFU MUFU WAIT_PV F2FP BRA" in capsys.readouterr().out
+
+
 def test_wgmma_kinds_and_a_disassembly_without_the_loop():
     assert sl.wgmma_kind("R24, gdesc[UR20], RZ, !UPT") == "ss"
     assert sl.wgmma_kind("R88, R152, gdesc[UR24].tnspB, R88, gsb0") == "rs"
@@ -51,3 +62,6 @@ def test_the_generated_d64_kernel_has_its_loop(capsys):
     rep = sl.kernel_report(64, False, "auto", 1)
     assert rep["kernel"].endswith("_m192") and rep["loop"]["families"]["HGMMA"] == 12  # 4 QK + 8 PV k-steps
     assert rep["pv_wait_gap"] is not None
+    # plan.sm90_row_reduction: chains on the 192-row tile, each row-sum FADD beside an exponential
+    order = rep["order"]
+    assert order.count("FADD") == 64 and sum(a == "MUFU" and b == "FADD" for a, b in zip(order, order[1:])) >= 48
