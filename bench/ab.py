@@ -85,22 +85,13 @@ def all_cases(suite: str):
 def _graph_timer(torch, calls: int = 20):
     """A timer of a callable replayed from a CUDA graph of `calls` calls (the GPU time without the
     host's per-call cost, which bounds decode-sized kernels): ms per call."""
-    from bench.attention import _median_ms
+    from bench.attention import _median_ms, capture_graph
 
     graphs = {}
 
     def timer(fn, warmup_ms, rep_ms):
         if fn not in graphs:
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                fn()
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for _ in range(calls):
-                    fn()
-            graphs[fn] = g
+            graphs[fn] = capture_graph(torch, fn, calls)
         return _median_ms(graphs[fn].replay, warmup_ms, rep_ms) / calls
     return timer
 

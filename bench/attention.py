@@ -245,6 +245,31 @@ def _fa4cute(flash_attn_func, q, k, v, causal):
     return fn, out, first_s
 
 
+def capture_graph(torch, fn, calls: int, flush=None):
+    """A CUDA graph of `calls` x (flush(), fn()), for timing replays (the GPU time without the host's
+    per-call cost): fn is called once on a side stream first (lazy set-up stays out of the capture),
+    and the graph is replayed once before it is returned (its first replay uploads it). fn None: the
+    flushes alone; flush None: fn alone. Raises what the capture raises. The one capture of
+    bench.kvcache, bench.ab (its kvcache suite) and bench.decode_combine."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        if fn is not None:
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            if flush is not None:
+                flush()
+            if fn is not None:
+                fn()
+    g.replay()
+    torch.cuda.synchronize()
+    return g
+
+
 def sustained_ms(fn, seconds: float, batch: int = 20) -> float:
     """ms per call of fn run back to back for about `seconds` (CUDA events around the whole span; the
     host stays at most 8 batches ahead, so the GPU never idles): under a power cap, every contender

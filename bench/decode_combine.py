@@ -30,18 +30,11 @@ SWEEP_SPLITS = (0, 2, 4, 8, 12, 16, 24, 33, 48, 66)
 
 
 def graph_us(torch, fn, reps: int = 20, rounds: int = 15) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
+    """us per call of fn replayed from a CUDA graph of `reps` calls (bench.attention.capture_graph):
+    the median over `rounds` replays timed with CUDA events."""
+    from bench.attention import capture_graph
+
+    g = capture_graph(torch, fn, reps)
     ts = []
     for _ in range(rounds):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -35,24 +35,10 @@ def _tbps(nbytes, ms):
 
 def _capture(torch, fn, calls, flush):
     """(a CUDA graph of `calls` x (an L2 flush, fn), None) or (None, why not); fn None: the flushes alone."""
+    from bench.attention import capture_graph
+
     try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):  # a warm-up off the capture stream
-            if fn is not None:
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(calls):
-                if flush is not None:
-                    flush()
-                if fn is not None:
-                    fn()
-        g.replay()
-        torch.cuda.synchronize()
-        return g, None
+        return capture_graph(torch, fn, calls, flush), None
     except Exception as e:  # a contender that cannot be captured says why
         torch.cuda.synchronize()
         return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"

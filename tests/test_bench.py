@@ -414,3 +414,44 @@ def test_run_shape_times_only_the_contenders_named(monkeypatch, clean_import_sta
     assert row["cudnn_ms"] == 1.0 and row["flash_ms"] is None
     assert bench.main(["--time", "fa4gen,nosuch"]) == 2
     assert "nosuch" in capsys.readouterr().err
+
+
+def test_capture_graph_warms_up_captures_and_replays_once():
+    """bench.attention.capture_graph (the one CUDA-graph capture of bench.kvcache, bench.ab and
+    bench.decode_combine): fn once on a side stream, then `calls` x (flush, fn) inside the capture, one
+    replay; fn None captures the flushes alone; a capture that raises reaches kvcache._capture's why."""
+    import contextlib
+    import types
+
+    from bench import kvcache
+
+    log = []
+
+    class Graph:
+        def replay(self):
+            log.append("replay")
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    @contextlib.contextmanager
+    def graph(g):
+        log.append("capture{")
+        yield
+        log.append("}")
+
+    cuda = types.SimpleNamespace(Stream=Stream, current_stream=Stream, stream=lambda s: contextlib.nullcontext(),
+                                 synchronize=lambda: None, CUDAGraph=Graph, graph=graph)
+    fake = types.SimpleNamespace(cuda=cuda)
+    g = bench.capture_graph(fake, lambda: log.append("fn"), 2, flush=lambda: log.append("flush"))
+    assert isinstance(g, Graph)
+    assert log == ["fn", "capture{", "flush", "fn", "flush", "fn", "}", "replay"]
+    log.clear()
+    bench.capture_graph(fake, None, 2, flush=lambda: log.append("flush"))
+    assert log == ["capture{", "flush", "flush", "}", "replay"]
+
+    def broken():
+        raise RuntimeError("operation not permitted when stream is capturing")
+    g, why = kvcache._capture(fake, broken, 2, None)
+    assert g is None and why.startswith("RuntimeError: operation not permitted")
