@@ -539,7 +539,9 @@ class Sm90Ctx(WalkCtx):
                          "mask_words": [{"reg": f"%mw{w}", "base": w * MASK_WORD_BITS} for w in words],
                          "mtmp": "%mt"})
         self.rows = rows
-        self.n_tmp = max(len(ops) for r in rows for ops in (r["max_ops"], r["sum_ops"], [x for x in r["elems"] if x["sum_op"]]))
+        # temporaries per row family (%mx<r>_, %sm<r>_): the max's ops; the sum's tree, or its chain's adds on the elems
+        self.n_tmp = max(max(len(r["max_ops"]), len(r["sum_ops"]) + sum(x["sum_op"] is not None for x in r["elems"]))
+                         for r in rows)
         vo = vo_panels(cfg)
         q_half, per_row = vo.bytes(cfg.block_m), vo.row_bytes // 16  # 16-byte chunks (8 columns) per panel row
         self.o_store = []
