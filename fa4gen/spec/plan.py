@@ -488,7 +488,8 @@ def sm90_row_reduction(cfg: KernelConfig) -> str:
     bench/results/2026-12-04_NVIDIA-H200_ncu_d64_vs_fa4cute.txt), trees for two. A/B on the H200
     (bench/results/2026-12-04_NVIDIA-H200_ab_rowmax_rowsum_chains_vs_trees_all.json): 192-row dense
     kernels 1.007-1.034 (all 12 D 64 shapes), varlen causal 1.018-1.028, varlen non-causal 0.984;
-    128-row kernels 0.943-1.008, median 0.987 (D 128; D 64 causal 0.943), hence trees there.
+    128-row kernels 0.943-1.008, median 0.987 (D 128; D 64 causal 0.943), hence trees there. (D 96 and
+    the window / softcap / sinks kernels on the 192-row tile follow the rule without an A/B of their own.)
     Varlen kernels keep trees on every tile: the two orders round differently, and a varlen call's tile
     follows the batch (tiles.q_tile_rows reads max_seqlen_q for causal calls), so with chains a
     sequence's output bits would depend on what else is in its batch (the H200's
