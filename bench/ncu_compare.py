@@ -25,12 +25,17 @@ import re
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.sass_loop_sm90 import base_opcode, split_instruction  # noqa: E402
+
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
 PIPE = re.compile(r"^sm__inst_executed_pipe_(\w+)\.avg\.pct_of_peak_sustained_active$")
 TOTALS = (("sm__cycles_elapsed.max", "elapsed cycles"), ("smsp__inst_executed.sum", "instructions executed"))
 SASS_COLUMNS = ("stall_wait", "stall_math", "stall_mio", "stall_short_sb", "stall_long_sb", "stall_barrier",
                 "stall_dispatch", "stall_selected", "stall_not_selected")
-_GUARD = re.compile(r"^@!?U?P\w+\s+")
 
 
 class NcuCsvError(ValueError):
@@ -74,7 +79,7 @@ def read_sass(path: Path) -> dict[str, collections.Counter]:
         if len(r) != len(cols):
             continue
         row = dict(zip(cols, r))
-        op = _GUARD.sub("", row["Source"].strip()).split(" ")[0].split(".")[0]
+        op = base_opcode(split_instruction(row["Source"])[0])
         if not op:
             continue
         c = out[op]

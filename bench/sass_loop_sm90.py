@@ -48,6 +48,17 @@ FAMILIES = (  # (family, opcode prefixes): first match wins
 )
 
 
+def split_instruction(text: str) -> tuple[str, str]:
+    """(opcode with modifiers, operands) of one SASS instruction's text, its predicate guard dropped."""
+    op, _, rest = _GUARD.sub("", text.strip()).partition(" ")
+    return op, rest.strip()
+
+
+def base_opcode(op: str) -> str:
+    """The mnemonic without modifiers: MUFU for MUFU.EX2."""
+    return op.split(".")[0]
+
+
 def parse_sass(text: str) -> tuple[list[tuple[int, str, str]], dict[str, int]]:
     """[(address, opcode with modifiers, operands)] and label -> address of a disassembly."""
     ins, labels, pending = [], {}, []
@@ -59,13 +70,12 @@ def parse_sass(text: str) -> tuple[list[tuple[int, str, str]], dict[str, int]]:
         m = _INSTR.match(line)
         if not m:
             continue
-        body = _GUARD.sub("", m.group(2))
-        op, _, rest = body.partition(" ")
+        op, rest = split_instruction(m.group(2))
         addr = int(m.group(1), 16)
         for lab in pending:
             labels[lab] = addr
         pending = []
-        ins.append((addr, op, rest.strip()))
+        ins.append((addr, op, rest))
     return ins, labels
 
 
@@ -129,7 +139,7 @@ def loop_order(text: str) -> list[str]:
         if op.startswith("WARPGROUP.DEPBAR"):
             out.append("WAIT_S" if rest_has(rest, "0x1") else "WAIT_PV" if rest_has(rest, "0x0") else "DEPBAR")
         else:
-            out.append(op.split(".")[0])
+            out.append(base_opcode(op))
     return out
 
 
