@@ -601,6 +601,7 @@ def lower_sm90(pipe: Pipeline) -> dict:
         "kv_stages": pipe.barrier("k_full").slots,
         "box_rows": kv_box_rows(cfg), "log2_page": cfg.page_size.bit_length() - 1,
         "block_n": block_n(cfg), "log2_bn": block_n(cfg).bit_length() - 1,
+        "wg_rows": WG_ROWS, "log2_wg_rows": exact_log2(WG_ROWS),  # a consumer's first row: %cw x wg_rows
         "inits": inits,
         "decls": ctx.decls(),
         "roles": roles,
