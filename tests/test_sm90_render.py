@@ -168,13 +168,17 @@ def _kv_loop(ptx: str) -> tuple[str, str]:
 def test_pipeline_order_in_the_ptx():
     """The consumer loop issues S(n) before O += P V, waits for S only (wait_group 1), runs the
     softmax, then waits for PV: the intra-warpgroup overlap. Ping-pong brackets the issues; the
-    conditional O rescale runs after the PV wait, outside the tensor-core turn, before P is repacked."""
-    ptx, _ = build_sm90(cfg())
+    conditional O rescale and the P repack run after the PV wait, outside the tensor-core turn (in the
+    order plan.sm90_pack_first gives: the pack first on this 128-row kernel)."""
+    from fa4gen.spec.plan import sm90_pack_first
+    c = cfg()
+    ptx, _ = build_sm90(c)
     loop, tail = _kv_loop(ptx)
+    after = ["mul.f32 %o0, %o0, %acc0", "cvt.rn.bf16x2.f32 %pk0"]
     marks = ["bar.sync %nb_sched_0", "m64n128k16.f32.bf16.bf16 {%s0",
              "m64n128k16.f32.bf16.bf16 {%o0", "bar.arrive %nb_sched_1", "wgmma.wait_group.sync.aligned 1",
-             "ex2.approx.ftz.f32 %s0", "wgmma.wait_group.sync.aligned 0", "mul.f32 %o0, %o0, %acc0",
-             "cvt.rn.bf16x2.f32 %pk0"]
+             "ex2.approx.ftz.f32 %s0", "wgmma.wait_group.sync.aligned 0",
+             *(after[::-1] if sm90_pack_first(c) else after)]
     pos = [loop.find(m) for m in marks]
     assert -1 not in pos, dict(zip(marks, pos))
     assert pos == sorted(pos), dict(zip(marks, pos))
@@ -292,3 +296,25 @@ def test_varlen_bits_do_not_follow_the_tile(kw):
     sa, sb = _item(a, "softmax"), _item(b, "softmax")
     assert [(r["max_ops"], r["sum_ops"], [e["sum_op"] for e in r["elems"]]) for r in sa["rows"]] == \
            [(r["max_ops"], r["sum_ops"], [e["sum_op"] for e in r["elems"]]) for r in sb["rows"]]
+
+
+@pytest.mark.parametrize("block_m, kw", [(192, dict(head_dim=64)), (192, dict(head_dim=64, causal=True, gqa_ratio=4)),
+                                         (128, dict(head_dim=64, causal=True)), (128, dict(head_dim=128)),
+                                         (128, dict(head_dim=128, causal=True, kvcache=True, page_size=64)),
+                                         (192, dict(head_dim=64, varlen=True)), (128, dict(head_dim=128, varlen=True))])
+def test_pack_and_rescale_order_follows_the_plan(block_m, kw):
+    """plan.sm90_pack_first: in the overlap loop's steady state, after the wait for PV(t-1), tree
+    kernels pack P(t) before O *= acc(t), chain kernels (the 192-row dense tile) rescale first."""
+    from fa4gen.spec.plan import sm90_overlap, sm90_pack_first, sm90_row_reduction
+    c = cfg(block_m=block_m, **kw)
+    assert sm90_overlap(c)
+    first = sm90_pack_first(c)
+    assert first == (sm90_row_reduction(c) == "tree")
+    ptx, _ = build_sm90(c)
+    tail = ptx[ptx.rindex("vote.sync.any.pred %p_rescale"):]
+    wait = re.search(r"// op \d+ MmaWait\n\s*wgmma\.wait_group\.sync\.aligned 0;", tail)
+    assert wait, "the steady state waits for PV(t-1) after the softmax"
+    tail = tail[wait.end():]
+    pack = re.search(r"cvt\.rn\.(?:bf16|f16)x2\.f32 %pk0,", tail).start()
+    branch = tail.index("@!%p_rescale bra.uni")
+    assert (pack < branch) == first

@@ -17,7 +17,7 @@ pre-arrives once so consumer 0 goes first, and consumer 0 takes the last hand-of
 from __future__ import annotations
 
 from ..spec.config import K_SPLIT_DEFAULT, KV_STAGES_MAX, KV_STAGES_MIN, ConfigError, KernelConfig
-from ..spec.plan import (ARCH_LIMITS, SM90_CONSUMER_REGS, SM90_WG_ROWS, dynamic_tasks, sm90_idle_consumers, sm90_overlap, sm90_regs, SM90_PRODUCER_REGS, SM90_SCHED_BAR_ID, block_n, q_tile_bytes,
+from ..spec.plan import (ARCH_LIMITS, SM90_CONSUMER_REGS, SM90_WG_ROWS, dynamic_tasks, sm90_idle_consumers, sm90_overlap, sm90_pack_first, sm90_regs, SM90_PRODUCER_REGS, SM90_SCHED_BAR_ID, block_n, q_tile_bytes,
                          sm90_consumers, sm90_epi_bar_id, tile_bytes, v_tile_bytes)
 from ..spec.tiles import PlanError
 from .core import (Advance, Arrive, Barrier, BarrierKind, BlockRef, Compute, Cond, ExpectTx, FenceProxyAsync,
@@ -182,8 +182,9 @@ def build_sm90_pipeline(cfg: KernelConfig) -> Pipeline:
             Arrive("k_empty", "k", Scope.WARP), Advance("k"), release_q,
             softmax,
             MmaWait(0), Arrive("v_empty", "v", Scope.WARP), Advance("v"),
-            rescale,  # O *= acc(t) once the PV that wrote O completed, outside the tensor-core turn
-            pack,  # P registers are rewritten only after the PV MMA that read them completed
+            # O *= acc(t) once the PV that wrote O completed, outside the tensor-core turn; P registers
+            # are rewritten only after the PV MMA that read them completed; which first: plan.sm90_pack_first
+            *((pack, rescale) if sm90_pack_first(cfg) else (rescale, pack)),
         )) if sm90_overlap(cfg) else Loop(LoopKind.KV_REST, (
             # no room for S(t) and P(t-1) at once (plan.sm90_overlap): the PV first, then the QK, in one turn
             Wait("k_full", "k"), Wait("v_full", "v"), NamedSync("sched", me),

@@ -498,6 +498,23 @@ def sm90_row_reduction(cfg: KernelConfig) -> str:
     return "chain" if sm90_consumers(cfg.block_m) >= 3 and not cfg.varlen else "tree"
 
 
+def sm90_pack_first(cfg: KernelConfig) -> bool:
+    """Order of the two steps after the overlap loop's wait for PV(t-1) (ir/sm90.py): True packs P(t)
+    into bf16/fp16 registers before O *= acc(t), False rescales first. Packing first lets ptxas
+    interleave the F2FP packs with the exps; rescaling first leaves them as one block after the
+    rescale branch. A/B on the H200, interleaved, bitwise equal outputs:
+    - pack first on every kernel against rescale first, 5 rounds
+      (bench/results/2026-12-04_NVIDIA-H200_ab_pack_before_rescale_vs_base_all.json): tree kernels
+      (sm90_row_reduction) gained, D 128 non-causal 1.003-1.022, varlen 0.997-1.017; the 192-row chain
+      kernels lost, D 64 non-causal 0.969-0.991;
+    - this rule against rescale first, 7 rounds (..._ab_pack_first_on_trees_vs_base_all.json): D 128
+      non-causal 0.997-1.021 (median 1.015), varlen 1.002-1.028, D 128 causal 0.993-1.013, decode
+      0.999-1.007; the unchanged chain kernels 0.990-1.004 (the comparison's noise).
+    Hence pack first where the row reduction is a tree. (Rescaling O on every block, without the
+    vote's branch, lost on every prefill shape, 0.945-0.999: ..._ab_rescale_every_block_vs_branch_all.json.)"""
+    return sm90_row_reduction(cfg) == "tree"
+
+
 def sm90_epi_bar_id(consumers: int) -> int:
     """First of the C epilogue named-barrier ids: right after the C ping-pong ids."""
     return SM90_SCHED_BAR_ID + consumers

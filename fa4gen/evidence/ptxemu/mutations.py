@@ -562,6 +562,13 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
                 _sub(r"(vote\.sync\.any\.pred %p_rescale, [^\n]*\n\s*// op \d+ MmaWait\n\s*)"
                      r"wgmma\.wait_group\.sync\.aligned 0;(\n(?:[^\n]*\n){0,12}?\s*@!%p_rescale bra\.uni)",
                      r"\1wgmma.wait_group.sync.aligned 1;\2")),
+    # plan.sm90_pack_first: tree kernels pack P(t) before the rescale, right after the PV wait
+    PtxMutation("sm90_pack_under_pv", _SM90, "steady state, P packed before the rescale (plan.sm90_pack_first): "
+                "the wait before the pack (op MmaWait after the %p_rescale vote) lets the PV wgmma stay in flight "
+                "(wait_group 1), so P(t) overwrites the registers PV(t-1) is still reading", ("REG_RACE",),
+                _sub(r"(vote\.sync\.any\.pred %p_rescale, [^\n]*\n\s*// op \d+ MmaWait\n\s*)"
+                     r"wgmma\.wait_group\.sync\.aligned 0;(\n(?:[^\n]*\n){0,12}?\s*cvt\.rn\.(?:bf16|f16)x2\.f32)",
+                     r"\1wgmma.wait_group.sync.aligned 1;\2")),
 )
 
 
