@@ -2,6 +2,7 @@
 at equal work and FA4-CuTe's flash_attn_varlen_func, same run, same GPU.
 
     python -m bench.varlen [--out-dir DIR] [--only 0,3] [--budget-s 200]
+    python -m bench.varlen --model     # each mix's tiles' bound on kernel / dense, no GPU
 
 Mixes (seeded, deterministic; 32768 tokens each): `uniform`, lengths uniform in [1, 8192]; `heavy`,
 a heavy-tailed mix (85% of sequences log-uniform in [16, 512], 15% in [2048, 8192]). Each at H 16
@@ -14,6 +15,7 @@ B x S with the same tokens and the same FLOPs: S = sum L^2 / sum L rounded to 64
 kernel it runs (its Q tile rows, tiles.q_tile_rows with the mix's longest sequence, in `tile`) into a
 preallocated output; beside a 192-row kernel, `fa4gen_m128` the same generator's 128-row one. The
 dense kernel at equal work is the one fa4gen.attention runs at B x S. Every implementation's O is compared with fa4gen's (max |diff|).
+`tiles' bound` (tile_bound): the kernel / dense ratio at equal work that part-filled tiles alone allow.
 Timing: triton do_bench median (bench.attention._median_ms), every contender's first call first; then
 they alternate for --rounds rounds, each round starting one contender later
 (bench.attention.interleaved_ms: median over the rounds, min/max over median recorded as `*_spread`).
@@ -68,6 +70,40 @@ def equal_work_dense(lens) -> tuple[int, int]:
     return max(1, round(sum(lens) / s)), s
 
 
+def computed_pairs(lens, tile: int, block_n: int, causal: bool) -> int:
+    """(query, key) pairs a kernel computes for sequences of these lengths (Lq = Lk) with Q tiles of
+    `tile` rows and K/V blocks of `block_n` keys: every tile runs all its rows over every block it
+    visits (schedule.tile_blocks: the causal and tail blocks in full), rows past the sequence end too."""
+    from fa4gen.spec.schedule import tile_blocks
+
+    return sum(int(tile_blocks(m, n, n, tile, causal, block_n=block_n)) * tile * block_n
+               for n in lens for m in range(-(-n // tile)))
+
+
+def tile_bound(lens, d: int, causal: bool) -> dict:
+    """What the tiles alone allow the varlen kernel against the dense one at equal work: each side's
+    real (query, key) pairs over the pairs its tiles compute (`computed_pairs`, the tiles and K/V
+    blocks the API picks: tiles.q_tile_rows, plan.block_n), and their ratio, the kernel / dense
+    TFLOP/s ratio if both computed pairs at the same rate. A varlen batch ends each sequence in a
+    part-filled tile; the dense shape has B of them. Per-task costs (Q load, epilogue) and the deal's
+    balance come on top."""
+    from fa4gen.spec.config import KernelConfig
+    from fa4gen.spec.plan import block_n
+    from fa4gen.spec.tiles import q_tile_rows
+
+    b_eq, s_eq = equal_work_dense(lens)
+
+    def side(seqs, varlen):
+        rows = q_tile_rows("sm_90a", d, 1, varlen=varlen, causal=causal, seqlen_q=max(seqs))
+        cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, dtype="bf16", varlen=varlen, block_m=rows)
+        real = sum(n * n - (n * (n - 1)) // 2 if causal else n * n for n in seqs)
+        return real / computed_pairs(seqs, rows, block_n(cfg), causal), rows
+
+    (ev, tv), (ed, td) = side(lens, True), side([s_eq] * b_eq, False)
+    return {"varlen_useful": round(ev, 4), "dense_useful": round(ed, 4), "varlen_tile": tv, "dense_tile": td,
+            "bound": round(ev / ed, 3)}
+
+
 def run_mix(kind, d, causal, warmup_ms, rep_ms, fa4_varlen=None, rounds=3):
     import torch
 
@@ -109,6 +145,7 @@ def run_mix(kind, d, causal, warmup_ms, rep_ms, fa4_varlen=None, rounds=3):
         notes["fa4gen"] = _one_line(e)
     b_eq, s_eq = equal_work_dense(lens)
     row["dense_shape"] = [b_eq, s_eq]
+    row["tile_bound"] = tile_bound(lens, d, causal)
     try:
         qd, kd, vd = (torch.randn(b_eq, s_eq, HEADS, d, device="cuda", dtype=dt) for _ in range(3))
         cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, dtype="bf16",
@@ -164,13 +201,15 @@ def markdown(rows) -> str:
         return "-" if x is None else f"{x}"
 
     lines = ["| mix | D | causal | seqs (max) | tile | fa4gen | fa4gen kernel | 128-row kernel | dense, equal work (B x S) | "
-             "FA4-CuTe varlen | kernel / dense | kernel / FA4-CuTe |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "FA4-CuTe varlen | kernel / dense | tiles' bound | kernel / FA4-CuTe |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['mix']} | {r['head_dim']} | {'yes' if r['causal'] else 'no'} | {r['sequences']} "
                      f"({r['max_len']}) | {c(r.get('fa4gen_block_m'))} | {c(r['fa4gen_tflops'])} | "
                      f"{c(r['fa4gen_kernel_tflops'])} | {c(r.get('fa4gen_m128_tflops'))} | "
                      f"{c(r.get('dense_kernel_tflops'))} ({r['dense_shape'][0]} x {r['dense_shape'][1]}) | "
-                     f"{c(r['fa4cute_tflops'])} | {c(r['vs_dense'])} | {c(r['vs_fa4cute'])} |")
+                     f"{c(r['fa4cute_tflops'])} | {c(r['vs_dense'])} | {c((r.get('tile_bound') or {}).get('bound'))} | "
+                     f"{c(r['vs_fa4cute'])} |")
     return "\n".join(lines)
 
 
@@ -184,8 +223,22 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per mix (default 3)")
     ap.add_argument("--no-fa4cute", action="store_true")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--model", action="store_true",
+                    help="print each mix's tiles' bound (tile_bound: the kernel / dense ratio at equal work that "
+                         "part-filled tiles alone allow) and exit; needs no GPU")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
+    mixes = MIXES if not args.only else tuple(MIXES[int(i)] for i in args.only.split(","))
+    if args.model:
+        for kind, d, causal in mixes:
+            lens = mix_lengths(kind)
+            tb = tile_bound(lens, d, causal)
+            b_eq, s_eq = equal_work_dense(lens)
+            print(f"{kind:8s} D {d:3d} {'causal' if causal else 'full  '}: {len(lens)} sequences (max {max(lens)}), "
+                  f"{tb['varlen_tile']}-row tiles, {tb['varlen_useful']:.3f} of computed pairs real; dense "
+                  f"{b_eq} x {s_eq}, {tb['dense_tile']}-row tiles, {tb['dense_useful']:.3f}; kernel / dense bound "
+                  f"{tb['bound']:.3f}")
+        return 0
     import torch
 
     if not torch.cuda.is_available():
@@ -196,7 +249,6 @@ def main(argv=None):
     if fa4_varlen is not None:
         from flash_attn.cute.interface import flash_attn_varlen_func as fa4_varlen
     print(f"  fa4cute: {info['status']}", flush=True)
-    mixes = MIXES if not args.only else tuple(MIXES[int(i)] for i in args.only.split(","))
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H%M%SZ")

@@ -455,3 +455,23 @@ def test_capture_graph_warms_up_captures_and_replays_once():
         raise RuntimeError("operation not permitted when stream is capturing")
     g, why = kvcache._capture(fake, broken, 2, None)
     assert g is None and why.startswith("RuntimeError: operation not permitted")
+
+
+def test_varlen_tile_bound_counts_part_filled_tiles(capsys):
+    """bench.varlen.tile_bound: whole tiles waste nothing; a varlen batch of part-filled tiles against
+    a dense shape of whole ones is bounded below 1 by the tiles alone (the heavy D 128 mix: 0.975)."""
+    from bench import varlen
+
+    # whole 128-row tiles and 128-key blocks, non-causal: every computed pair is real
+    assert varlen.computed_pairs([256, 384], 128, 128, False) == 256 ** 2 + 384 ** 2
+    # one part-filled tile: 130 rows compute 2 tiles x 2 blocks of 128 x 128
+    assert varlen.computed_pairs([130], 128, 128, False) == 4 * 128 * 128
+    # causal, one 128-row tile on its diagonal block: the whole block is computed, half of it real
+    assert varlen.computed_pairs([128], 128, 128, True) == 128 * 128
+    same = varlen.tile_bound([4864] * 7, 128, False)  # the batch is its own equal-work dense shape
+    assert same["bound"] == 1.0 and same["varlen_useful"] == same["dense_useful"] == 1.0
+    heavy = varlen.tile_bound(varlen.mix_lengths("heavy"), 128, False)
+    assert heavy["varlen_tile"] == heavy["dense_tile"] == 128 and 0.95 < heavy["bound"] < 0.98
+    assert varlen.main(["--model", "--only", "4,5"]) == 0  # no GPU needed
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 2 and out[0].startswith("heavy") and "bound 0.975" in out[0]
