@@ -516,6 +516,15 @@ def markdown(rows) -> str:
     return "\n".join(lines)
 
 
+def result_path(out_dir, env: dict, suffix: str = "") -> Path:
+    """bench/results naming, one place: <UTC stamp>_<GPU name>[_<suffix>].json in out_dir (made if missing)."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H%M%SZ")
+    gpu = re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"]).strip("-")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir / (f"{stamp}_{gpu}_{suffix}.json" if suffix else f"{stamp}_{gpu}.json")
+
+
 def _write(path: Path, result: dict) -> None:
     path.write_text(json.dumps(result, indent=1) + "\n")
     out = os.environ.get("OUT")
@@ -581,11 +590,7 @@ def main(argv=None):
     print(f"  fa4cute: {fa4info['status']}" + (f" (flash-attn-4 {fa4info.get('flash-attn-4')}, nvidia-cutlass-dsl "
                                                f"{fa4info.get('nvidia-cutlass-dsl')}, import {fa4info['import_s']} s)"
                                                if fa4cute else ""), flush=True)
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H%M%SZ")
-    gpu = re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"]).strip("-")
-    path = out_dir / (f"{stamp}_{gpu}.json" if args.suite == "main" else f"{stamp}_{gpu}_{args.suite}.json")
+    path = result_path(args.out_dir, env, "" if args.suite == "main" else args.suite)
     result = {**env, "suite": args.suite, "dtype": args.dtype, "fa4cute": fa4info, "baseline": args.baseline,
               "timing": ((f"sustained: calls back to back for {args.sustained:g} s per round (CUDA events over the "
                           f"span, no L2 flush)" if args.sustained > 0 else

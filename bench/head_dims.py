@@ -24,8 +24,6 @@ every shape and prints a markdown table. A pair fa4gen does not generate (a plan
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import re
 import sys
 import warnings
 from pathlib import Path
@@ -35,7 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.attention import (SHAPES, _fa4cute, _one_line, _sdpa, _write, environment,  # noqa: E402
-                             interleaved_ms, load_fa4cute, tflops)
+                             interleaved_ms, load_fa4cute, result_path, tflops)
 from fa4gen.spec.config import HEAD_DIM_PAIRS  # noqa: E402
 
 PAIRS = HEAD_DIM_PAIRS["sm_90a"]
@@ -197,9 +195,7 @@ def main(argv=None) -> int:
     env = environment(["-m", "bench.head_dims", *argv])
     fa4cute, info = (None, {"status": "left out (--no-fa4cute)"}) if a.no_fa4cute else load_fa4cute()
     print(f"fa4cute: {info['status']}; pairs {pairs}, {len(rows_todo)} shapes", flush=True)
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H%M%SZ")
-    gpu = re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"]).strip("-")
-    path = a.out or ROOT / "bench" / "results" / f"{stamp}_{gpu}_head_dims.json"
+    path = a.out or result_path(ROOT / "bench" / "results", env, "head_dims")
     path.parent.mkdir(parents=True, exist_ok=True)
     result = {**env, "fa4cute": info, "pairs": [list(p) for p in pairs], "quick": a.quick,
               "timing": f"interleaved, {a.rounds} rounds of triton do_bench median (warmup {a.warmup_ms} ms, "

@@ -24,7 +24,6 @@ import argparse
 import datetime as _dt
 import json
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -215,15 +214,13 @@ def main(argv=None):
             print("bench.ring: a rank failed:\n" + "\n".join(errs), file=sys.stderr)
             return 1
         got = json.loads(Path(part).read_text())
+    from bench.attention import _write, result_path
+
     env = got["env"]
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H%M%SZ")
-    gpu = re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"]).strip("-")
-    path = out_dir / f"{stamp}_{gpu}_ring_w{world}.json"
+    path = result_path(out_dir, env, f"ring_w{world}")
     result = {**env, "suite": "ring", "world": world,
               "timing": f"CUDA events after a barrier, slowest rank per repetition, median of {args.reps} after "
                         f"{args.warmup} warm-up call(s)", "results": got["rows"]}
-    from bench.attention import _write
-
     _write(path, result)
     print(f"wrote {path}")
     return 0

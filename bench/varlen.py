@@ -23,15 +23,13 @@ they alternate for --rounds rounds, each round starting one contender later
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import itertools
 import math
-import re
 import sys
 import time
 from pathlib import Path
 
-from bench.attention import ROOT, _one_line, _write, environment, interleaved_ms, load_fa4cute
+from bench.attention import ROOT, _one_line, _write, environment, interleaved_ms, load_fa4cute, result_path
 
 TOKENS = 32768
 HEADS = 16
@@ -249,11 +247,7 @@ def main(argv=None):
     if fa4_varlen is not None:
         from flash_attn.cute.interface import flash_attn_varlen_func as fa4_varlen
     print(f"  fa4cute: {info['status']}", flush=True)
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H%M%SZ")
-    gpu = re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"]).strip("-")
-    path = out_dir / f"{stamp}_{gpu}_varlen.json"
+    path = result_path(args.out_dir, env, "varlen")
     result = {**env, "suite": "varlen", "fa4cute": info, "tokens": TOKENS, "heads": HEADS, "dtype": "bf16",
               "timing": f"triton do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms; kernel, dense "
                         f"and fa4cute interleaved over {args.rounds} rounds",

@@ -475,3 +475,13 @@ def test_varlen_tile_bound_counts_part_filled_tiles(capsys):
     assert varlen.main(["--model", "--only", "4,5"]) == 0  # no GPU needed
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 2 and out[0].startswith("heavy") and "bound 0.975" in out[0]
+
+
+def test_result_path_names_every_bench_file_alike(tmp_path):
+    """bench.attention.result_path: <UTC stamp>_<GPU>[_<suffix>].json, the one naming of bench/results
+    (attention, varlen, head_dims and ring write through it), its folder made if missing."""
+    import re as _re
+
+    p = bench.result_path(tmp_path / "new", {"gpu": "NVIDIA H200 (x)"}, "varlen")
+    assert p.parent.is_dir() and _re.fullmatch(r"\d{4}-\d\d-\d\dT\d{6}Z_NVIDIA-H200-x_varlen\.json", p.name)
+    assert bench.result_path(tmp_path, {"gpu": "NVIDIA H200"}).name.endswith("Z_NVIDIA-H200.json")
