@@ -34,11 +34,20 @@ def wheel(tmp_path_factory) -> Path:
     src = tmp_path_factory.mktemp("src") / "fa4gen"
     shutil.copytree(ROOT, src, ignore=_NOT_SOURCE)
     out = tmp_path_factory.mktemp("wheel")
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(src)],
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w", str(out), str(src)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"pip wheel failed:\n{r.stdout}\n{r.stderr}"
+    (out / "build.log").write_text(r.stdout + r.stderr)
     (whl,) = out.glob("fa4gen-*.whl")
     return whl
+
+
+def test_the_build_names_every_package_it_ships(wheel):
+    """setup.py names each templates/<target>/ folder, so setuptools never warns that it would ignore one
+    (it did for common, sm100 and sm90 while still shipping their files)."""
+    log = (wheel.parent / "build.log").read_text()
+    assert "running build_py" in log  # setuptools' own output was captured (pip -v)
+    assert "would be ignored" not in log and "absent from the `packages` configuration" not in log
 
 
 def test_the_wheel_holds_every_package_and_template(wheel):
