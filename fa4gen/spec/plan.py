@@ -130,7 +130,7 @@ def dynamic_tasks(cfg: KernelConfig) -> bool:
     loading role fetches the next index and hands it to the other roles through SMEM, ir/tasks.py)
     instead of the static persistent deal (round * CTAs + a CTA's slot). Varlen kernels, on both
     targets: their tasks' costs differ by sequence, so a static deal leaves the most loaded CTA
-    1.03-1.12x the ideal in the block-count model (scripts/varlen_balance_model.py), the dynamic one
+    1.03-1.12x the ideal in a block-count model (bench/README.md "Removed probes": varlen_balance_model.py), the dynamic one
     1.00-1.01x; on the H200 the static deal took 1.006-1.072x the dynamic one's time on bench.varlen's
     mixes. sm_90a causal dense kernels too: the static deal cannot take L2 sections without unbalancing
     its CTAs (schedule.choose_l2_group refused every section size at 2 x 8192 and 1 x 32k, D 64 and
