@@ -3,6 +3,9 @@
 
     python3 -m bench.ab --baseline DIR [--suite main|d64|both|varlen|kvcache|all] [--rounds 7] [--out FILE.json]
     python3 -m bench.ab --suite all --list-builds   # the `fa4gen build` options of every kernel it needs
+    python3 -m bench.ab --suite all --build-into DIR [--rev REV [--patch FILE]] [--env KEY=VALUE ...] [--match S]
+        # builds those kernels into DIR (no GPU): from this checkout as it stands, or from REV (a
+        # temporary git worktree, FILE applied to it with `git apply`); --env sets build-time variables
 
 DIR holds the earlier kernels as `fa4gen build --arch sm_90a --out DIR` writes them
 (<name>.cubin + <name>.json). For every shape of bench/attention.py's SHAPES (plus two with tails,
@@ -158,11 +161,31 @@ def main(argv=None) -> int:
     ap.add_argument("--list-builds", action="store_true",
                     help="print the `fa4gen build` options of every kernel the suite needs (one line each), to "
                          "build the baseline folder with the earlier generator; needs no GPU")
+    ap.add_argument("--build-into", type=Path, metavar="DIR",
+                    help="build every kernel the suite needs into DIR (no GPU), from this checkout or --rev")
+    ap.add_argument("--rev", help="with --build-into: build from this git revision (a temporary worktree)")
+    ap.add_argument("--patch", type=Path, help="with --build-into --rev: `git apply` this file to that worktree first")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="with --build-into: set this variable for the builds (repeatable)")
+    ap.add_argument("--match", default="", help="with --list-builds / --build-into: only kernels whose name holds this")
     a = ap.parse_args(argv)
     if a.list_builds:
         for _, _, cfg in all_cases(a.suite):
-            print(" ".join(build_args(cfg)))
+            if a.match in cfg.name:
+                print(" ".join(build_args(cfg)))
         return 0
+    if a.build_into is not None:
+        bad = [e for e in a.env if "=" not in e or not e.split("=", 1)[0]]
+        if bad:
+            ap.error(f"--env takes KEY=VALUE, not {bad[0]!r}")
+        try:
+            build_into(a.build_into, a.suite, a.rev, a.patch, dict(e.split("=", 1) for e in a.env), a.match)
+        except RuntimeError as e:
+            print(f"bench.ab: {e}", file=sys.stderr)
+            return 1
+        return 0
+    if a.rev or a.patch or a.env:
+        ap.error("--rev, --patch and --env go with --build-into")
     if a.baseline is None:
         ap.error("--baseline DIR is required")
     import torch
@@ -220,6 +243,55 @@ def main(argv=None) -> int:
         print(f"new/old over {len(ratios)} cases: min {min(ratios)}, median {sorted(ratios)[len(ratios) // 2]}")
     print(f"wrote {out}")
     return 0
+
+
+def build_into(out: Path, suite: str, rev: str | None = None, patch: Path | None = None, env: dict | None = None,
+               match: str = "", log=print) -> list[str]:
+    """Build every kernel `suite` times (`--list-builds`, those whose name holds `match`) into `out` with
+    `fa4gen build`, run from a source tree: this checkout as it stands (rev None), or a temporary git
+    worktree of `rev` with `patch` applied (`git apply`). The tree's own fa4gen builds them (it is first
+    on PYTHONPATH), with `env` added to the environment. Returns the kernel names built; raises
+    RuntimeError with the tool's message when git or a build fails."""
+    import os
+    import subprocess
+    import tempfile
+
+    def run(cmd, cwd, extra=None):
+        r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env={**os.environ, **(extra or {})})
+        if r.returncode:
+            raise RuntimeError(f"{' '.join(map(str, cmd))} (in {cwd}) failed:\n{r.stdout}{r.stderr}".rstrip())
+        return r.stdout
+
+    if patch is not None and rev is None:
+        raise RuntimeError("--patch needs --rev: it is applied to a worktree of that revision, never to this checkout")
+    jobs, seen = [], set()
+    for _, _, cfg in all_cases(suite):
+        if match in cfg.name and cfg.name not in seen:
+            seen.add(cfg.name)
+            jobs.append((cfg.name, build_args(cfg)))
+    if not jobs:
+        raise RuntimeError(f"no kernel of suite {suite!r} has {match!r} in its name")
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="fa4gen-ab-") as tmp:
+        tree = ROOT
+        if rev is not None:
+            tree = Path(tmp) / "tree"
+            run(["git", "worktree", "add", "--detach", str(tree), rev], ROOT)
+        try:
+            if patch is not None:
+                run(["git", "apply", str(Path(patch).resolve())], tree)
+            extra = {**(env or {}), "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
+            for i, (name, args) in enumerate(jobs, 1):
+                run([sys.executable, "-m", "fa4gen.cli", "build", *args, "--out", str(out)], tree, extra)
+                log(f"  [{i}/{len(jobs)}] {name}", flush=True)
+        finally:
+            if rev is not None:
+                run(["git", "worktree", "remove", "--force", str(tree)], ROOT)
+    src = "this checkout" if rev is None else f"{rev}" + (f" + {Path(patch).name}" if patch else "")
+    log(f"built {len(jobs)} kernel(s) of suite {suite} from {src}"
+        + (f" with {' '.join(f'{k}={v}' for k, v in env.items())}" if env else "") + f" into {out}", flush=True)
+    return [n for n, _ in jobs]
 
 
 def build_args(cfg) -> list[str]:

@@ -485,3 +485,41 @@ def test_result_path_names_every_bench_file_alike(tmp_path):
     p = bench.result_path(tmp_path / "new", {"gpu": "NVIDIA H200 (x)"}, "varlen")
     assert p.parent.is_dir() and _re.fullmatch(r"\d{4}-\d\d-\d\dT\d{6}Z_NVIDIA-H200-x_varlen\.json", p.name)
     assert bench.result_path(tmp_path, {"gpu": "NVIDIA H200"}).name.endswith("Z_NVIDIA-H200.json")
+
+
+def test_ab_build_into_builds_from_a_revision_with_a_patch(tmp_path, capsys):
+    """bench.ab --build-into: the suite's kernels built by the tree they come from: this checkout, or a
+    temporary worktree of a revision with a patch applied (the patch reaches the PTX; the worktree is
+    gone afterwards); the misuses are refused with a message."""
+    import difflib
+    import subprocess
+
+    from bench import ab
+
+    if not (ab.ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    rel = "templates/sm90/fa4_fwd.ptx.j2"
+    old = subprocess.run(["git", "show", f"HEAD:{rel}"], cwd=ab.ROOT, capture_output=True, text=True,
+                         check=True).stdout.splitlines(keepends=True)
+    new = old[:5] + ["// ab-build-into marker\n"] + old[5:]
+    patch = tmp_path / "marker.patch"
+    patch.write_text("".join(difflib.unified_diff(old, new, f"a/{rel}", f"b/{rel}")))
+    match = "d64_bf16_noncausal_gqa1_m192"
+    assert ab.build_into(tmp_path / "here", "d64", match=match, log=lambda *a, **k: None) == [f"fa4_sm90a_{match}"]
+    ab.build_into(tmp_path / "patched", "d64", rev="HEAD", patch=patch, env={"FA4GEN_UNUSED": "1"}, match=match,
+                  log=lambda *a, **k: None)
+    here = (tmp_path / "here" / f"fa4_sm90a_{match}.ptx").read_text()
+    patched = (tmp_path / "patched" / f"fa4_sm90a_{match}.ptx").read_text()
+    assert "ab-build-into marker" in patched and "ab-build-into marker" not in here
+    assert (tmp_path / "patched" / f"fa4_sm90a_{match}.cubin").stat().st_size > 0
+    trees = subprocess.run(["git", "worktree", "list"], cwd=ab.ROOT, capture_output=True, text=True).stdout
+    assert str(tmp_path) not in trees and "fa4gen-ab-" not in trees
+    with pytest.raises(RuntimeError, match="--patch needs --rev"):
+        ab.build_into(tmp_path / "x", "d64", patch=patch)
+    with pytest.raises(RuntimeError, match="no kernel"):
+        ab.build_into(tmp_path / "x", "d64", match="no-such-kernel")
+    with pytest.raises(SystemExit):
+        ab.main(["--build-into", str(tmp_path / "x"), "--env", "NOEQUALS"])
+    with pytest.raises(SystemExit):
+        ab.main(["--baseline", str(tmp_path), "--rev", "HEAD"])
+    capsys.readouterr()
