@@ -102,6 +102,33 @@ def tile_bound(lens, d: int, causal: bool) -> dict:
             "bound": round(ev / ed, 3)}
 
 
+H200_SMS, H200_L2_BYTES = 132, 50 * 2 ** 20
+
+
+def deal_balance(lens, d: int, causal: bool, longest_first: bool = False, sms: int = H200_SMS,
+                 l2_bytes: int = H200_L2_BYTES) -> float:
+    """The dynamic deal's most loaded CTA over the ideal (1.0 = perfectly balanced) in a block-count
+    model: the varlen kernel's tasks in the order the kernels decode them (schedule.varlen_tasks:
+    sequences in batch order, heaviest m units first inside a causal sequence), each costing its K/V
+    blocks plus one for its Q load and epilogue (schedule.cta_work's unit), handed to whichever of `sms`
+    CTAs frees up first. longest_first: the same with the sequences sorted longest first (what a
+    device-side sort of the batch would give; the kernels do not do it)."""
+    import heapq
+
+    from fa4gen.spec.schedule import tile_blocks, varlen_l2_rows, varlen_tasks
+    from fa4gen.spec.tiles import q_tile_rows
+
+    seqs = sorted(lens, reverse=True) if longest_first else list(lens)
+    rows = q_tile_rows("sm_90a", d, 1, varlen=True, causal=causal, seqlen_q=max(seqs))
+    cu = [0, *itertools.accumulate(seqs)]
+    tasks = varlen_tasks(cu, cu, cu[-1], cu[-1], HEADS, rows, causal, l2_rows=varlen_l2_rows(l2_bytes, d, 2))
+    costs = [int(tile_blocks(m, ql, kl, rows, causal)) + 1 for _, _, m, _, ql, _, kl in tasks]
+    free = [0] * min(sms, len(costs))
+    for c in costs:
+        heapq.heappush(free, heapq.heappop(free) + c)
+    return max(free) / (sum(costs) / len(free))
+
+
 def run_mix(kind, d, causal, warmup_ms, rep_ms, fa4_varlen=None, rounds=3):
     import torch
 
@@ -223,7 +250,8 @@ def main(argv=None):
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--model", action="store_true",
                     help="print each mix's tiles' bound (tile_bound: the kernel / dense ratio at equal work that "
-                         "part-filled tiles alone allow) and exit; needs no GPU")
+                         "part-filled tiles alone allow) and the dynamic deal's balance (deal_balance, on the "
+                         "H200's 132 SMs) and exit; needs no GPU")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     mixes = MIXES if not args.only else tuple(MIXES[int(i)] for i in args.only.split(","))
@@ -235,7 +263,8 @@ def main(argv=None):
             print(f"{kind:8s} D {d:3d} {'causal' if causal else 'full  '}: {len(lens)} sequences (max {max(lens)}), "
                   f"{tb['varlen_tile']}-row tiles, {tb['varlen_useful']:.3f} of computed pairs real; dense "
                   f"{b_eq} x {s_eq}, {tb['dense_tile']}-row tiles, {tb['dense_useful']:.3f}; kernel / dense bound "
-                  f"{tb['bound']:.3f}")
+                  f"{tb['bound']:.3f}; the deal's most loaded CTA / ideal {deal_balance(lens, d, causal):.3f} "
+                  f"(sequences longest first: {deal_balance(lens, d, causal, longest_first=True):.3f})")
         return 0
     import torch
 

@@ -474,7 +474,22 @@ def test_varlen_tile_bound_counts_part_filled_tiles(capsys):
     assert heavy["varlen_tile"] == heavy["dense_tile"] == 128 and 0.95 < heavy["bound"] < 0.98
     assert varlen.main(["--model", "--only", "4,5"]) == 0  # no GPU needed
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 2 and out[0].startswith("heavy") and "bound 0.975" in out[0]
+    assert len(out) == 2 and out[0].startswith("heavy") and "bound 0.975" in out[0] and "most loaded CTA" in out[0]
+
+
+def test_varlen_deal_balance_model():
+    """bench.varlen.deal_balance: the dynamic deal's most loaded CTA over the ideal. One CTA per task
+    (as many SMs as tasks of equal cost) is balanced; one CTA takes everything; a batch whose long
+    sequence comes last leaves its heavy tasks to the end, and sorting the sequences longest first
+    brings it back near balance."""
+    from bench import varlen
+
+    # 4 sequences of 128 rows x 16 heads = 64 tasks of 1 block + 1: 64 SMs, one task each
+    assert varlen.deal_balance([128] * 4, 128, False, sms=64) == 1.0
+    assert varlen.deal_balance([128] * 4 + [1000], 128, True, sms=1) == 1.0
+    late = [256] * 30 + [8192]  # the long causal sequence last: its 64-block tiles start at the end
+    batch, first = varlen.deal_balance(late, 128, True, sms=512), varlen.deal_balance(late, 128, True, True, 512)
+    assert batch > 1.08 and first < 1.05 and first < batch
 
 
 def test_result_path_names_every_bench_file_alike(tmp_path):
