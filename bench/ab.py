@@ -51,14 +51,10 @@ def dense_cases(suite: str):
 def varlen_cases():
     """(mix, KernelConfig) of bench/varlen.py's MIXES: the tile fa4gen.attention_varlen runs for the mix
     (tiles.q_tile_rows with its longest sequence)."""
-    from bench.varlen import MIXES, mix_lengths
-    from fa4gen.spec.config import KernelConfig
-    from fa4gen.spec.tiles import q_tile_rows
+    from bench.varlen import MIXES, kernel_config, mix_lengths
 
     for kind, d, causal in MIXES:
-        rows = q_tile_rows("sm_90a", d, 1, varlen=True, causal=causal, seqlen_q=max(mix_lengths(kind)))
-        yield (kind, d, causal), KernelConfig(arch="sm_90a", head_dim=d, causal=causal, dtype="bf16", varlen=True,
-                                              block_m=rows)
+        yield (kind, d, causal), kernel_config(d, causal, max(mix_lengths(kind)))
 
 
 KV_SHAPES = ((1, 32768), (1, 131072), (8, 32768), (64, 4096))  # (batch, cache length), Sq 1, 32/8 heads, D 128
@@ -170,9 +166,8 @@ def main(argv=None) -> int:
     ap.add_argument("--match", default="", help="with --list-builds / --build-into: only kernels whose name holds this")
     a = ap.parse_args(argv)
     if a.list_builds:
-        for _, _, cfg in all_cases(a.suite):
-            if a.match in cfg.name:
-                print(" ".join(build_args(cfg)))
+        for _, args in suite_builds(a.suite, a.match):
+            print(" ".join(args))
         return 0
     if a.build_into is not None:
         bad = [e for e in a.env if "=" not in e or not e.split("=", 1)[0]]
@@ -245,9 +240,19 @@ def main(argv=None) -> int:
     return 0
 
 
+def suite_builds(suite: str, match: str = "") -> list[tuple[str, list[str]]]:
+    """(kernel name, `fa4gen build` options) of every kernel `suite` times, once each, in suite order;
+    only those whose name holds `match`."""
+    jobs = {}
+    for _, _, cfg in all_cases(suite):
+        if match in cfg.name:
+            jobs.setdefault(cfg.name, build_args(cfg))
+    return list(jobs.items())
+
+
 def build_into(out: Path, suite: str, rev: str | None = None, patch: Path | None = None, env: dict | None = None,
                match: str = "", log=print) -> list[str]:
-    """Build every kernel `suite` times (`--list-builds`, those whose name holds `match`) into `out` with
+    """Build every kernel `suite` times (`suite_builds`: `--list-builds`'s lines) into `out` with
     `fa4gen build`, run from a source tree: this checkout as it stands (rev None), or a temporary git
     worktree of `rev` with `patch` applied (`git apply`). The tree's own fa4gen builds them (it is first
     on PYTHONPATH), with `env` added to the environment. Returns the kernel names built; raises
@@ -264,11 +269,7 @@ def build_into(out: Path, suite: str, rev: str | None = None, patch: Path | None
 
     if patch is not None and rev is None:
         raise RuntimeError("--patch needs --rev: it is applied to a worktree of that revision, never to this checkout")
-    jobs, seen = [], set()
-    for _, _, cfg in all_cases(suite):
-        if match in cfg.name and cfg.name not in seen:
-            seen.add(cfg.name)
-            jobs.append((cfg.name, build_args(cfg)))
+    jobs = suite_builds(suite, match)
     if not jobs:
         raise RuntimeError(f"no kernel of suite {suite!r} has {match!r} in its name")
     out = Path(out).resolve()

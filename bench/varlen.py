@@ -68,6 +68,16 @@ def equal_work_dense(lens) -> tuple[int, int]:
     return max(1, round(sum(lens) / s)), s
 
 
+def kernel_config(d: int, causal: bool, seqlen_q: int, varlen: bool = True):
+    """The sm_90a kernel fa4gen's API runs on these mixes (H 16, bf16): the varlen one for a batch whose
+    longest sequence is seqlen_q, or the dense one at Sq = seqlen_q, its Q tile rows by tiles.q_tile_rows."""
+    from fa4gen.spec.config import KernelConfig
+    from fa4gen.spec.tiles import q_tile_rows
+
+    return KernelConfig(arch="sm_90a", head_dim=d, causal=causal, dtype="bf16", varlen=varlen,
+                        block_m=q_tile_rows("sm_90a", d, 1, varlen=varlen, causal=causal, seqlen_q=seqlen_q))
+
+
 def computed_pairs(lens, tile: int, block_n: int, causal: bool) -> int:
     """(query, key) pairs a kernel computes for sequences of these lengths (Lq = Lk) with Q tiles of
     `tile` rows and K/V blocks of `block_n` keys: every tile runs all its rows over every block it
@@ -85,17 +95,14 @@ def tile_bound(lens, d: int, causal: bool) -> dict:
     TFLOP/s ratio if both computed pairs at the same rate. A varlen batch ends each sequence in a
     part-filled tile; the dense shape has B of them. Per-task costs (Q load, epilogue) and the deal's
     balance come on top."""
-    from fa4gen.spec.config import KernelConfig
     from fa4gen.spec.plan import block_n
-    from fa4gen.spec.tiles import q_tile_rows
 
     b_eq, s_eq = equal_work_dense(lens)
 
     def side(seqs, varlen):
-        rows = q_tile_rows("sm_90a", d, 1, varlen=varlen, causal=causal, seqlen_q=max(seqs))
-        cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, dtype="bf16", varlen=varlen, block_m=rows)
+        cfg = kernel_config(d, causal, max(seqs), varlen)
         real = sum(n * n - (n * (n - 1)) // 2 if causal else n * n for n in seqs)
-        return real / computed_pairs(seqs, rows, block_n(cfg), causal), rows
+        return real / computed_pairs(seqs, cfg.block_m, block_n(cfg), causal), cfg.block_m
 
     (ev, tv), (ed, td) = side(lens, True), side([s_eq] * b_eq, False)
     return {"varlen_useful": round(ev, 4), "dense_useful": round(ed, 4), "varlen_tile": tv, "dense_tile": td,
@@ -115,14 +122,15 @@ def deal_balance(lens, d: int, causal: bool, longest_first: bool = False, sms: i
     device-side sort of the batch would give; the kernels do not do it)."""
     import heapq
 
+    from fa4gen.spec.plan import block_n
     from fa4gen.spec.schedule import tile_blocks, varlen_l2_rows, varlen_tasks
-    from fa4gen.spec.tiles import q_tile_rows
 
     seqs = sorted(lens, reverse=True) if longest_first else list(lens)
-    rows = q_tile_rows("sm_90a", d, 1, varlen=True, causal=causal, seqlen_q=max(seqs))
+    cfg = kernel_config(d, causal, max(seqs))
+    rows, keys = cfg.block_m, block_n(cfg)
     cu = [0, *itertools.accumulate(seqs)]
     tasks = varlen_tasks(cu, cu, cu[-1], cu[-1], HEADS, rows, causal, l2_rows=varlen_l2_rows(l2_bytes, d, 2))
-    costs = [int(tile_blocks(m, ql, kl, rows, causal)) + 1 for _, _, m, _, ql, _, kl in tasks]
+    costs = [int(tile_blocks(m, ql, kl, rows, causal, block_n=keys)) + 1 for _, _, m, _, ql, _, kl in tasks]
     free = [0] * min(sms, len(costs))
     for c in costs:
         heapq.heappush(free, heapq.heappop(free) + c)
@@ -133,8 +141,6 @@ def run_mix(kind, d, causal, warmup_ms, rep_ms, fa4_varlen=None, rounds=3):
     import torch
 
     from fa4gen.runtime import api
-    from fa4gen.spec.config import KernelConfig
-    from fa4gen.spec.tiles import q_tile_rows
 
     lens = mix_lengths(kind)
     total = sum(lens)
@@ -154,9 +160,8 @@ def run_mix(kind, d, causal, warmup_ms, rep_ms, fa4_varlen=None, rounds=3):
         outs["fa4gen"] = api.attention_varlen(q, k, v, cu, cu, maxlen, maxlen, causal=causal)
         fns["fa4gen"] = lambda: api.attention_varlen(q, k, v, cu, cu, maxlen, maxlen, causal=causal)
         # the tile fa4gen.attention_varlen runs (tiles.q_tile_rows), and the 128-row kernel beside a 192-row one
-        rows = q_tile_rows("sm_90a", d, 1, varlen=True, causal=causal, seqlen_q=maxlen)
-        row["fa4gen_block_m"] = rows
-        cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, dtype="bf16", varlen=True, block_m=rows)
+        cfg = kernel_config(d, causal, maxlen)
+        rows = row["fa4gen_block_m"] = cfg.block_m
         kernel, _ = api.get_kernel(cfg)
         o = torch.empty_like(q)
         fns["fa4gen_kernel"] = lambda: kernel.varlen(q, k, v, o, cu, cu, maxlen, maxlen, softmax_scale=d ** -0.5)
@@ -173,8 +178,7 @@ def run_mix(kind, d, causal, warmup_ms, rep_ms, fa4_varlen=None, rounds=3):
     row["tile_bound"] = tile_bound(lens, d, causal)
     try:
         qd, kd, vd = (torch.randn(b_eq, s_eq, HEADS, d, device="cuda", dtype=dt) for _ in range(3))
-        cfg = KernelConfig(arch="sm_90a", head_dim=d, causal=causal, dtype="bf16",
-                           block_m=q_tile_rows("sm_90a", d, 1, causal=causal, seqlen_q=s_eq))
+        cfg = kernel_config(d, causal, s_eq, varlen=False)
         row["dense_block_m"] = cfg.block_m
         dk, _ = api.get_kernel(cfg)
         od = torch.empty_like(qd)
