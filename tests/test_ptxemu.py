@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from fractions import Fraction
 from pathlib import Path
 
@@ -82,6 +83,27 @@ def test_generated_ptx_emulates(name):
     assert all(r.warp_instructions > (10_000 if r.shape.with_lse and getattr(r.shape, "sq", 2) > 1 else 1_000)
                for r in rep.runs)
     assert_every_block_ran(rep)
+    if name == "fa4_sm90a_d128_bf16_causal_gqa1":
+        assert_mask_boundaries_met(rep, (GEN / f"{name}.ptx").read_text())
+
+
+def assert_mask_boundaries_met(rep, ptx: str):
+    """The 128-row causal tile over blocks of 128 keys: the default shapes meet every column's mask
+    comparison (`setp.le %limH, c`) at equality on every path, but three no input can: half 0 of the
+    first block at c = 121 (its last row, 119, sees at most 120 keys there) and half 1 of a later
+    masked block at c = 0 and 1 (its rows see at least 9 keys of the lower block). The LSE store's
+    row guard is met at row == Sq too."""
+    lines = ptx.split("\n")
+    cov = rep.coverage.entries["fa4_fwd"]
+    first = {k for k, ln in enumerate(lines, 1) if re.match(r"\$L_consumer_masked\d+:", ln.strip())}
+    first_masked, loop_masked = sorted(first)[:2]
+    missed = set()
+    for pc in cov.boundary_misses():
+        ln = cov.lines[pc]
+        m = re.match(r"\s*setp\.le\.s32 %pp\d+, %lim(\d), (\d+);", lines[ln - 1])
+        assert m, f"PTX line {ln} never met at its boundary: {lines[ln - 1].strip()}"
+        missed.add(("loop" if ln > loop_masked else "first", int(m.group(1)), int(m.group(2))))
+    assert missed == {("first", 0, 121), ("loop", 1, 0), ("loop", 1, 1)}, missed
 
 
 def assert_every_block_ran(rep):

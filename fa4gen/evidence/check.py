@@ -244,6 +244,9 @@ class _Layout:
                 return name, (off - base) // 8
         return None
 
+    def slot_bytes(self, name: str) -> int:
+        return next(size for _, size, _, n in self.regions if n == name)
+
     def region(self, off: int):
         for base, size, slots, name in self.regions:
             if base <= off < base + size * slots:
@@ -363,6 +366,15 @@ def _issuers(pred, defs, tainted, env, threads):
     return None
 
 
+def _retried(lines, i: int, labels: dict, pred: str) -> bool:
+    """Is the try_wait at lines[i - 1] a wait: the next instruction `@!pred bra L` with L the label just
+    before it? A try_wait may return false before the phase completes (its time limit): without the
+    branch back the role runs on, unsynchronised, whenever it does."""
+    nxt = next((t.strip() for _, t in lines[i:] if t.strip() and not t.strip().startswith("//")), "")
+    m = re.match(rf"@!{re.escape(pred)}\s+bra(?:\.uni)?\s+(\S+);", nxt)
+    return bool(m) and labels.get(m.group(1)) == i - 2
+
+
 def _read_section(role: str, lines, pipe, lay: _Layout, spell, threads: int, setup, env0: dict) -> tuple:
     """The protocol events of one role section as one instance of it runs it: `env0` fixes what the
     instance knows (its warpgroup %wg), branches on what the reader knows (the instance index) are
@@ -372,6 +384,7 @@ def _read_section(role: str, lines, pipe, lay: _Layout, spell, threads: int, set
     prov: dict = {}
     consts: dict = {}
     bases: set = set()  # registers holding %smem / %bar itself
+    strides: dict = {}  # register -> ("%bar" | "%smem", bytes per slot) of `mad.lo.u32 r, state, K, base`
     guards: list = []  # (label, predicate) of each `@!P bra L` around this point
     events: list = []
     arrivals: list = []
@@ -419,6 +432,14 @@ def _read_section(role: str, lines, pipe, lay: _Layout, spell, threads: int, set
             base, off = m.group(1), int(m.group(2) or 0)
             if base in ("%bar", "%smem") or base in bases:
                 return None, off
+            if base in strides:  # slot * stride + %bar / %smem: the stride is the slot's size
+                kind, k = strides[base]
+                if kind == "%bar" and k != 8:
+                    raise _Unreadable(ln, f"{base} steps {k} bytes per ring slot from %bar: an mbarrier slot is 8")
+                reg = lay.region(off) if kind == "%smem" else None
+                if reg is not None and k != lay.slot_bytes(reg[0]):
+                    raise _Unreadable(ln, f"{base} steps {k} bytes per ring slot from %smem: a slot of "
+                                          f"{reg[0]} is {lay.slot_bytes(reg[0])}")
             st = prov.get(base, frozenset())
             if len(st) != 1:
                 raise _Unreadable(ln, f"address register {base} not derived from exactly one State ({set(st)})")
@@ -493,7 +514,8 @@ def _read_section(role: str, lines, pipe, lay: _Layout, spell, threads: int, set
                     f"{st} with parity selp {a_}, {b_} on q >= {d_} (depth {depths.get(st)})"
             else:
                 parity = f"? ({par})"
-            ev = ("wait", name, slot, parity)
+            ev = ("wait", name, slot, parity if _retried(lines, i, labels, ops[0]) else
+                  f"{parity}, not retried (a wait is the try_wait looped on by `@!{ops[0]} bra` back to it)")
         elif cls == "mbarrier.arrive.expect_tx":
             name, slot = bar_slot(ops[1])
             ev = ("expect_tx", name, slot, int(ops[2], 0), elected)
@@ -624,6 +646,11 @@ def _read_section(role: str, lines, pipe, lay: _Layout, spell, threads: int, set
                     bases.add(dst)
                 else:
                     bases.discard(dst)
+                if opc == "mad.lo.u32" and len(ops) == 4 and ops[3] in ("%bar", "%smem") and s \
+                        and re.match(r"\d+$", ops[2]):
+                    strides[dst] = (ops[3], int(ops[2]))
+                else:
+                    strides.pop(dst, None)
             if opc.startswith("setp") and ops:
                 # rows < %sq, alone or and-ed with another predicate (D = 96's copy: its chunks < 12)
                 if (opc == "setp.lt.u32" and len(ops) == 3 or opc == "setp.lt.and.u32" and len(ops) == 4) \

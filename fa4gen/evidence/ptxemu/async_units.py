@@ -127,7 +127,7 @@ def compile_tma(ctx, ins, parts):
                     cta.sguard[idx] = cta.guard_id(("bar", b.addr), b.phase + 1,
                                                    f"the TMA load of {name} (PTX line {line}) completing on {b.name}")
                     cta.mbar_complete_tx(b, nbytes, know, line, wid)
-                cta.at(cta.now + cta.delay(lo, hi), land, ("TMA load", ins.line, w.wid, b, name))
+                cta.at(cta.now + cta.delay(lo, hi, tail=True), land, ("TMA load", ins.line, w.wid, b, name))
         return fn
     # store: global <- shared::cta, bulk_group completion
     if "bulk_group" not in parts or len(ops_) != 2:

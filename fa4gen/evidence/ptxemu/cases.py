@@ -222,9 +222,13 @@ def make_inputs(shape: Shape, dtype: str, head_dim: int, seed: int, huge: bool =
     """Random q, k (head_dim columns), v (head_dim_v, default head_dim) in the kernel dtype (NumPy:
     float16, or float32 holding bf16 values): one
     K/V block of larger keys so the reverse visit order raises the row maximum by more than the
-    rescale threshold (O rescales), and a few rows of x30 queries (large logits). huge (softcap
-    kernels): a few more rows x HUGE_ROWS, raw scores |q.k| ~ 1e4 (400 * 3 * sqrt(D) on block 0),
-    deep in tanh's saturation. rescale_row: the last query position is none of those but x
+    rescale threshold (O rescales), and a few rows of x30 queries (large logits; none when Sq = 1,
+    whose one row stays N(0, 1): a one-hot softmax hides a dropped term). huge (every dense and
+    varlen launch of the harness): a few more rows x HUGE_ROWS, raw scores |q.k| ~ 1e4 (400 * 3 *
+    sqrt(D) on block 0), deep in tanh's saturation under a softcap, and without one a row whose
+    exponentials overflow unless the row maximum subtracted is the true one (a maximum over part of
+    the row, or a stale reference, gives inf); at least one row stays N(0, 1) (Sq = 1: batch 0's;
+    the other batches' are huge). rescale_row: the last query position is none of those but x
     RESCALE_ROW, a row that rescales wherever it reaches block 0 after another block: its scaled
     scores' maximum, ~3 * 2.6 on a block of N(0, 1) keys, rises to ~3 * 3 * 2.5 on block 0's, by
     ~15 (natural-log units; ~13 under a softcap of 30 or 50), well above the threshold (8 log2 =
@@ -242,11 +246,15 @@ def make_inputs(shape: Shape, dtype: str, head_dim: int, seed: int, huge: bool =
         q[:, -1] *= RESCALE_ROW
     else:
         pool = shape.sq
-        rows = rng.choice(pool, size=max(1, shape.sq // 16), replace=False)
+        # one query position (a decode-like tile) stays a N(0, 1) row: a x30 or huge row's softmax is
+        # one-hot, so a term dropped from its sums or exponentials would not show
+        rows = rng.choice(pool, size=max(1, shape.sq // 16) if pool > 1 else 0, replace=False)
     q[:, rows] *= 30.0
     rest = np.setdiff1d(np.arange(pool), rows)  # not the x30 rows: fp16 q stays finite
-    if huge and rest.size:
+    if huge and rest.size > 1:
         q[:, rng.choice(rest, size=max(1, rest.size // 8), replace=False)] *= HUGE_ROWS
+    elif huge and pool == 1 and shape.b > 1:
+        q[1:, 0] *= HUGE_ROWS  # Sq = 1: batch 0's row stays N(0, 1), the later batches' rows are huge
     return tuple(reference.round_to_dtype(x, dtype) for x in (q, k, v))
 
 

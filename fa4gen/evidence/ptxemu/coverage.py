@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 TAKEN, FALLTHROUGH = 1, 2  # per-branch direction bits
+BOUNDARY = 4  # per ordered integer comparison (setp lt/le/gt/ge/lo/ls/hi/hs): met with a == b
+_ORDERED = ("lt", "le", "gt", "ge", "lo", "ls", "hi", "hs")
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,17 @@ def guarded_branches(mod) -> list[int]:
     return [i for i, ins in enumerate(mod.instrs) if ins.opcode.split(".")[0] == "bra" and ins.guard is not None]
 
 
+def ordered_comparisons(mod) -> list[int]:
+    """Instruction indices of the ordered integer comparisons (setp lt/le/gt/ge/lo/ls/hi/hs on an
+    integer type): a bound off by one changes them only where a == b."""
+    out = []
+    for i, ins in enumerate(mod.instrs):
+        p = ins.opcode.split(".")
+        if p[0] == "setp" and len(p) > 2 and p[1] in _ORDERED and p[-1] not in ("f32", "f64", "f16"):
+            out.append(i)
+    return out
+
+
 @dataclass
 class EntryCoverage:
     """One entry's coverage over one or more runs: per role, the instructions executed (bool per
@@ -73,12 +86,14 @@ class EntryCoverage:
     branches: list
     lines: list  # PTX line of each instruction
     hits: dict = field(default_factory=dict)  # role -> np.bool_ array
-    dirs: dict = field(default_factory=dict)  # role -> np.uint8 array
+    dirs: dict = field(default_factory=dict)  # role -> np.uint8 array (TAKEN | FALLTHROUGH | BOUNDARY bits)
+    comparisons: list = field(default_factory=list)  # ordered_comparisons(mod)
 
     @classmethod
     def of_run(cls, mod, warp_hits, warp_dirs, role_of) -> "EntryCoverage":
         """From an emulator's per-warp records; role_of(warp) names each warp's role."""
-        cov = cls(mod.entry, basic_blocks(mod), guarded_branches(mod), [ins.line for ins in mod.instrs])
+        cov = cls(mod.entry, basic_blocks(mod), guarded_branches(mod), [ins.line for ins in mod.instrs],
+                  comparisons=ordered_comparisons(mod))
         n = len(mod.instrs)
         for w, (h, d) in enumerate(zip(warp_hits, warp_dirs)):
             role = role_of(w)
@@ -126,6 +141,15 @@ class EntryCoverage:
         """(pc, bits) of the guarded branches that ran in one direction only (bits 0: never ran)."""
         return [(pc, bits) for pc, bits in self.branch_directions().items() if bits != TAKEN | FALLTHROUGH]
 
+    def boundary_misses(self) -> list[int]:
+        """pcs of the ordered integer comparisons never met at a == b (by any role)."""
+        d = self._any(self.dirs, np.uint8)
+        return [pc for pc in self.comparisons if not d[pc] & BOUNDARY]
+
+    def boundary_fraction(self) -> tuple[int, int]:
+        n = len(self.comparisons)
+        return n - len(self.boundary_misses()), n
+
     def block_fraction(self) -> tuple[int, int]:
         return len(self.blocks) - len(self.unreached_blocks()), len(self.blocks)
 
@@ -135,7 +159,9 @@ class EntryCoverage:
     def summary(self, limit: int = 12) -> list[str]:
         hb, nb = self.block_fraction()
         hd, nd = self.branch_fraction()
-        out = [f"{self.entry}: {hb}/{nb} basic blocks, {hd}/{nd} data-dependent branches both ways"]
+        he, ne = self.boundary_fraction()
+        out = [f"{self.entry}: {hb}/{nb} basic blocks, {hd}/{nd} data-dependent branches both ways, "
+               f"{he}/{ne} ordered comparisons met at their boundary"]
         for role in sorted(self.hits):
             out.append(f"  {role}: {len(self.reached_blocks(role))} blocks")
         un = self.unreached_blocks()
@@ -151,6 +177,12 @@ class EntryCoverage:
             out += [f"    PTX line {self.lines[pc]}: {word[bits]}" for pc, bits in one[:limit]]
             if len(one) > limit:
                 out.append(f"    ... and {len(one) - limit} more")
+        miss = self.boundary_misses()
+        if miss:
+            out.append(f"  comparisons never met at a == b ({len(miss)}; an off-by-one there would not show):")
+            out += [f"    PTX line {self.lines[pc]}" for pc in miss[:limit]]
+            if len(miss) > limit:
+                out.append(f"    ... and {len(miss) - limit} more")
         return out
 
     def as_dict(self) -> dict:
@@ -159,7 +191,9 @@ class EntryCoverage:
         return {"entry": self.entry, "blocks": [hb, nb], "branches_both_ways": [hd, nd],
                 "roles": {r: len(self.reached_blocks(r)) for r in sorted(self.hits)},
                 "unreached": [{"label": b.label, "lines": [b.first_line, b.last_line]} for b in self.unreached_blocks()],
-                "one_way": [{"line": self.lines[pc], "bits": bits} for pc, bits in self.one_way_branches()]}
+                "one_way": [{"line": self.lines[pc], "bits": bits} for pc, bits in self.one_way_branches()],
+                "boundaries": list(self.boundary_fraction()),
+                "boundary_misses": [self.lines[pc] for pc in self.boundary_misses()]}
 
 
 class Coverage:
@@ -174,7 +208,7 @@ class Coverage:
         else:
             self.entries[cov.entry] = EntryCoverage(cov.entry, cov.blocks, cov.branches, cov.lines,
                                                     {r: h.copy() for r, h in cov.hits.items()},
-                                                    {r: d.copy() for r, d in cov.dirs.items()})
+                                                    {r: d.copy() for r, d in cov.dirs.items()}, cov.comparisons)
 
     def merge(self, other: "Coverage") -> None:
         for cov in other.entries.values():

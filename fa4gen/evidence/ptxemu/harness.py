@@ -170,7 +170,7 @@ def default_shapes(man: dict) -> list:
     # the one shape without a key tail (Skv one block; Sq = 1, a tail): the first block a task runs is
     # unmasked only when the tile's first row sees every key of it, which a causal tile can do only
     # when that row is the last query row (a decode-like tile)
-    aligned = Shape(1, 1, bn, g, 1)
+    aligned = Shape(2, 1, bn, 3 * g, 3)  # and six (batch, kv head) units: the L2 sections (seeded group) split them
     if cfg.get("window"):  # Sq > Skv: the first tiles' rows see no key (left window side 20 < Sq - Skv)
         # the fourth shape's keys: enough that the second tile's first row sees all of block 0 (a
         # 192-row tile of one head needs more than 203: Sq - rows + bn)
@@ -184,8 +184,22 @@ def default_shapes(man: dict) -> list:
         windows.append((-1, -1))
         return mods(shapes, windows)
     if causal:
-        return mods([no_lse, Shape(1, sq, skv, g * hkv, hkv), Shape(1, rows * per_task + 150, 97, g, 1), aligned],
-                    [None] * 4)
+        # the mask's boundaries: a column c of a masked block is hidden iff the row's visible keys in the
+        # block are <= c, so `<=` against `<` differs only on a row that sees exactly c keys there. The
+        # diagonal gives a tile's rows consecutive counts (a window as wide as its positions), shifted
+        # by Skv - Sq: the top block a tile runs first sees the counts up to where the window ends, the
+        # block below (the K/V loop's masked path) the rest. Three offsets mod the block: 3 (windows at
+        # the bottom of a block, straddling into the one below), one that ends the last whole tile's
+        # window at a block's top, and bn - 5. Each shape runs whole tiles (up to four, tiles narrower
+        # than a block: packed GQA) plus 8 rows: the row group below the one at Sq, where the LSE
+        # store's guard (row < Sq) meets row == Sq. Boundary coverage (--coverage) shows what is met.
+        near = Shape(1, sq, sq + 3 + bn * max(1, -(-(2 * bn + 5 - sq - 3) // bn)), g * hkv, hkv)
+        tiles = rows * per_task * min(4, bn // math.gcd(rows * per_task, bn))
+        whole = tiles + 8
+        return mods([no_lse, near, Shape(1, rows * per_task + 150, 97, g, 1), aligned,
+                     Shape(1, whole, whole + (-tiles) % bn, g * hkv, hkv),
+                     Shape(1, whole, whole + bn - 5, g * hkv, hkv)],
+                    [None] * 6)
     # softcaps: the one shape of more than one K/V block (where O rescales) takes a cap that keeps the
     # rescale row's scores apart (30), the saturating 5 goes to the one-block launch without LSE
     return mods([no_lse, Shape(1, sq, 203, g * hkv, hkv), aligned], [None] * 3, caps=(5.0, 30.0, 50.0))
@@ -366,7 +380,7 @@ def run_once(ptx_text: str, man: dict, shape: Shape, seed: int, *, ctas: int = 2
     varlen = isinstance(shape, VarShape)
     if inputs is None:
         inputs = (make_varlen_inputs if varlen else make_inputs)(shape, cfg["dtype"], d, seed,
-                                                                   huge=bool(cfg.get("softcap")),
+                                                                   huge=True,
                                                                    head_dim_v=int(cfg.get("head_dim_v", d)))
     q, k, v = inputs
     launch = Launch(mod, man, shape, q, k, v, ctas=ctas, seed=seed, l2_group=l2_group, with_lse=shape.with_lse)

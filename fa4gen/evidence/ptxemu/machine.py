@@ -114,6 +114,9 @@ class MBar:
     know: dict = field(default_factory=dict)  # knowledge released by the last completed phase
     init_by: int = -1  # the warp whose mbarrier.init made it (others must have synchronised since)
     init_epoch: int = 0
+    seen: int = 0  # phases a successful wait has observed (try_wait true once phase k - 1 completed)
+    tx_line: int | None = None  # the TMA load that last landed bytes in the current phase
+    tx_done: tuple | None = None  # (phase, PTX line) of the last phase a TMA load's bytes completed
 
     def state(self) -> str:
         return (f"{self.name}: phase {self.phase} (parity {self.phase & 1} pending), "
@@ -215,6 +218,9 @@ class Op:
     plain: bool = False  # kind alu without a guard: CTA.run executes it inline on a converged full warp
 
 
+LONG_TAIL = 8
+
+
 class CTA:
     """One CTA. `run()` executes it (to completion, or a number of issue bursts at a time) or raises Fault."""
 
@@ -224,6 +230,9 @@ class CTA:
         self.prog: list[Op] = emu.prog
         self.ctaid, self.nctas = ctaid, emu.nctas
         self.rng = np.random.default_rng([emu.seed, ctaid])
+        # a try_wait's time limit (PTX ISA: it may return false before the phase completes) and the
+        # long tail of TMA latencies: their own stream, so the base delays of a seed stay what they were
+        self._timeouts = np.random.default_rng([emu.seed, ctaid, 0x7140])
         size = (SMEM_BASE + emu.dyn_smem + 15) // 16 * 16
         self.smem = np.zeros(size, np.uint8)
         self.sguard = np.zeros(size, np.int32)
@@ -320,8 +329,19 @@ class CTA:
         self._eseq += 1
         heapq.heappush(self.events, (int(t), self._eseq, fn, what))
 
-    def delay(self, lo: int, hi: int) -> int:
-        return int(self.rng.integers(lo, hi + 1))
+    def try_wait_times_out(self) -> bool:
+        """A try_wait on an incomplete phase returns false (its time limit ran out) instead of
+        suspending the warp: one time in four, seeded."""
+        return self._timeouts.random() < 0.25
+
+    def delay(self, lo: int, hi: int, tail: bool = False) -> int:
+        """A seeded latency in [lo, hi]; tail: one in eight is LONG_TAIL times longer (a load that
+        misses in L2 behind others), so that a consumer also arrives at its full-barrier wait before
+        the data, and that wait blocks, inside the K/V loop and not only at its start."""
+        d = int(self.rng.integers(lo, hi + 1))
+        if tail and self._timeouts.random() < 0.125:
+            d *= LONG_TAIL
+        return d
 
     def fire_until(self, t: int) -> None:
         ev = self.events
@@ -358,6 +378,8 @@ class CTA:
 
     def mbar_complete_check(self, b: MBar) -> None:
         if b.pending == 0 and b.tx == 0:
+            if b.tx_line is not None:
+                b.tx_done, b.tx_line = (b.phase, b.tx_line), None
             b.acc[("bar", b.addr)] = b.phase + 1
             b.know = b.acc
             b.acc = {}
@@ -380,6 +402,7 @@ class CTA:
 
     def mbar_complete_tx(self, b: MBar, nbytes: int, know: dict, line, warp):
         b.tx -= nbytes
+        b.tx_line = line
         if abs(b.tx) >= 1 << 20:
             raise Fault("TX_COUNT", f"tx-count of {b.name} out of range ({b.tx})", line=line, warp=warp, addr=b.addr)
         _join(b.acc, know)
@@ -502,6 +525,13 @@ class CTA:
                                            line=line, warp=w.wid))
 
     def finish(self):
+        for b in self.mbars.values():
+            if b.tx_done is not None and b.tx_done[0] >= b.seen:
+                self.emu.findings.append(Fault(
+                    "UNWAITED_LOAD", f"CTA {self.ctaid} exited with phase {b.tx_done[0]} of {b.name}, completed by "
+                    f"the TMA load at PTX line {b.tx_done[1]}, never waited for: data loaded that no role read "
+                    "(a load loop that runs past its last block, or a consumer that skips its wait)",
+                    line=b.tx_done[1], addr=b.addr))
         if self.tmem_alloc:
             cols = ", ".join(f"{n} columns at {c}" for c, n in self.tmem_alloc.items())
             self.emu.findings.append(Fault("TMEM_LEAK", f"CTA {self.ctaid} exited with Tensor Memory still "

@@ -197,8 +197,11 @@ _SM90 = dict(arch="sm_90a", head_dim=128, causal=False, gqa_ratio=1, dtype="bf16
 _SM90C = dict(arch="sm_90a", head_dim=128, causal=True, gqa_ratio=1, dtype="bf16")
 
 PTX_MUTATIONS: tuple[PtxMutation, ...] = (
+    # half the arrivals complete a phase: the rest overflow it, or (when a long TMA latency lets the
+    # early half run ahead: machine.CTA.delay's tail) complete a phase nobody waits for and the
+    # correction's next wait starves
     PtxMutation("init_count_p_o_rescale", _SM100, "mbarrier.init count of p_o_rescale halved (256 -> 128)",
-                ("ARRIVAL_OVERFLOW", "RACE", "mismatch"), _init_count("p_o_rescale", 128)),
+                ("ARRIVAL_OVERFLOW", "RACE", "mismatch", "DEADLOCK"), _init_count("p_o_rescale", 128)),
     PtxMutation("init_count_s_ready", _SM100, "mbarrier.init count of s_ready doubled (1 -> 2)",
                 ("DEADLOCK",), _init_count("s_ready", 2)),
     PtxMutation("tmem_lane_field", _SM100, "TMEM lane field of the softmax tcgen05 address shifted by 20, not 21",
@@ -659,6 +662,73 @@ PTX_MUTATIONS = PTX_MUTATIONS + (
                 "it (row_sum += 2^(z log2 e - m) dropped)", ("mismatch",),
                 _sub(r"^\s*add\.f32 %sum, %sum, %snke;\n", "", nth=0), protocol=False),
 )
+
+
+# ---- classes the mutation sweep found (scripts/mutation_sweep.py, fa4gen/evidence/sweep.py): edits that
+# passed both `fa4gen check` and `fa4gen emulate` until the evidence grew to see them
+def _sm90_loop_wait_not_retried(text, man):
+    """The consumer's steady-state K wait (k_full[%st_consumer_k] in $L_consumer_kv) without the
+    `@!%p_w bra` back to its try_wait: one poll, then on whether or not K has landed."""
+    kf = _sm90_bar(text, "k_full")
+
+    def edit(sec, man, whole):
+        pat = (rf"(mbarrier\.try_wait\.parity\.shared::cta\.b64 %p_w, \[%qb\+{kf}\], %ph_consumer_k;[^\n]*\n)"
+               rf"\s*@!%p_w bra \$Lwait\d+;\n")
+        if len(re.findall(pat, sec)) != 1:
+            raise MutationMiss("the steady-state loop's one k_full wait")
+        return re.sub(pat, r"\1", sec)
+    return _sm90_section(r"^\$L_consumer_kv\d+:", r"^\$L_consumer_kv_done\d+:")(edit)(text, man)
+
+
+def _sm90_slot_stride(text, man):
+    """The producer's steady-state k_empty wait addresses its slot as %st_producer_k * 16 + %bar: slot 1
+    polls the barrier two slots on (an mbarrier is 8 bytes)."""
+    ke = _sm90_bar(text, "k_empty")
+    return _sub(rf"mad\.lo\.u32 %qb, %st_producer_k, 8, %bar;(\n\$Lwait\d+:\n\s*mbarrier\.try_wait\.parity"
+                rf"\.shared::cta\.b64 %p_w, \[%qb\+{ke}\])", r"mad.lo.u32 %qb, %st_producer_k, 16, %bar;\1", nth=1)(text, man)
+
+
+def _sm90_mask_column(reg, col, nth):
+    """One column of the causal mask off by one: `setp.le %limH, c` (column c hidden when the row sees
+    at most c keys of the block) as `setp.lt`, the nth such compare (0: the first block's, 1: the loop's)."""
+    return _sub(rf"setp\.le\.s32 (%pp\d+), %{reg}, {col};", rf"setp.lt.s32 \1, %{reg}, {col};", nth=nth)
+
+
+SWEEP_MUTATIONS: tuple[PtxMutation, ...] = (
+    PtxMutation("sm90_wait_not_retried", _SM90C, "the steady-state K wait is one try_wait without its retry "
+                "branch: the consumer reads K whether or not it has landed (the emulator's try_wait now times "
+                "out, and TMA loads have a long tail, so the consumer gets there first)", ("RACE",),
+                _sm90_loop_wait_not_retried),
+    PtxMutation("sm90_barrier_slot_stride", _SM90C, "the producer's steady-state k_empty wait steps 16 bytes per "
+                "ring slot: slot 1 polls another barrier and K is refilled while a consumer may read it",
+                ("RACE", "mismatch", "DEADLOCK", "UNWAITED_LOAD"), _sm90_slot_stride),
+    PtxMutation("sm90_kv_loop_one_more", _SM90C, "the producer's K/V loop entry tests t > n where t >= n: a tile "
+                "of one K/V block loads a second one (block -1) that no consumer waits for",
+                ("UNWAITED_LOAD",), _sub(r"setp\.ge\.u32 %p_t, %t, %n;", "setp.gt.u32 %p_t, %t, %n;", nth=0),
+                protocol=False),
+    PtxMutation("sm90_mask_off_by_one_first", _SM90C, "the first block's causal mask shows column 120 to the row "
+                "that sees exactly 120 keys of it (setp.le -> setp.lt): one future key", ("mismatch",),
+                _sm90_mask_column("lim0", 120, 0), protocol=False),
+    PtxMutation("sm90_mask_off_by_one_loop", _SM90C, "the K/V loop's causal mask shows column 57 to the row "
+                "(of the second eight of its sixteen) that sees exactly 57 keys of the block", ("mismatch",),
+                _sm90_mask_column("lim1", 57, 1), protocol=False),
+    PtxMutation("sm90_decode_tile_sum_term", _SM90C, "the first block's unmasked path (a tile whose rows see every "
+                "key of it: Sq = 1) adds one partial row sum twice and drops another",
+                ("mismatch",), _sub(r"add\.f32 %sm0_20, %sm0_8, %sm0_9;", "add.f32 %sm0_20, %sm0_9, %sm0_9;", nth=0),
+                protocol=False),
+    PtxMutation("sm90_row_max_half_quad", _SM90C, "the K/V loop's row maximum skips its second butterfly step: "
+                "each row's maximum over half its columns (huge rows overflow)", ("mismatch",),
+                _sm90_section(r"^\$L_consumer_kv\d+:", r"^\$L_consumer_kv_done\d+:")(
+                    lambda sec, man, whole: _sub(r"^\s*shfl\.sync\.bfly\.b32 %bmax0_s, %bmax0, 2, 0x1f, 0xffffffff;\n"
+                                                 r"\s*max\.f32 %bmax0, %bmax0, %bmax0_s;\n", "", nth=0)(sec, man)),
+                protocol=False),
+    PtxMutation("sm90_lse_row_guard", _SM90C, "the LSE store's row guard tests row <= Sq where row < Sq: the row "
+                "after the last is written (into the next head's LSE, or past the end)",
+                ("GMEM_OOB", "mismatch"),
+                _sub(r"setp\.lt\.and\.u32 (%pp\d+), %seq1, %sq, %p_lse;", r"setp.le.and.u32 \1, %seq1, %sq, %p_lse;", nth=0),
+                protocol=False),
+)
+PTX_MUTATIONS = PTX_MUTATIONS + SWEEP_MUTATIONS
 
 
 # ---- read back only: protocol edits that `fa4gen check` must flag (tests/test_ptxemu.py), kept out of

@@ -44,6 +44,13 @@ class Ctx:
         self.emu = emu
         self.mod = emu.mod
         self.regs = emu.mod.regs
+        self._pcs = None
+
+    def pc_of(self, ins) -> int:
+        """The instruction's index in the entry (its slot in the per-warp coverage records)."""
+        if self._pcs is None:
+            self._pcs = {id(x): i for i, x in enumerate(self.mod.instrs)}
+        return self._pcs[id(ins)]
 
     def reg_type(self, name, ins):
         t = self.regs.get(name.lstrip("!"))
@@ -187,6 +194,8 @@ def _mask(m):
 
 
 # ---- ALU --------------------------------------------------------------------------------------------
+_ORDERED = ("lt", "le", "gt", "ge", "lo", "ls", "hi", "hs")
+BOUNDARY = 4  # coverage.BOUNDARY: the per-instruction record's bit for a comparison met at a == b
 _CMP_INT = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
             "ge": np.greater_equal, "lo": np.less, "ls": np.less_equal, "hi": np.greater, "hs": np.greater_equal}
 
@@ -468,9 +477,18 @@ def compile_setp(ctx, ins, parts):
     if not isf and cmp_ not in _CMP_INT:
         raise unsupported(ins)
     comb = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}.get(boolop)
+    # coverage: an ordered integer comparison met at its boundary (a == b on a lane that runs it), the
+    # one input where lt and le (or a bound off by one) differ
+    edge = ctx.pc_of(ins) if not isf and cmp_ in _ORDERED else None
 
     def fn(w, m):
         av, bv = a(w), b(w)
+        if edge is not None:
+            seen = w.cta.bdirs[w.wid]
+            if not seen[edge] & BOUNDARY:
+                eq = np.asarray(av) == np.asarray(bv)
+                if (eq if m is None else eq & m).any():
+                    seen[edge] |= BOUNDARY
         r = _cmp_float(cmp_, np.asarray(av), np.asarray(bv)) if isf else _CMP_INT[cmp_](av, bv)
         r = _bcast(r)
         if comb is not None:
@@ -838,12 +856,16 @@ def compile_mbarrier(ctx, ins, parts):
                 ok = (b.phase & 1) != (int(p) & 1)
                 res[lanes[i]] = ok
                 if ok:
+                    if b.phase > b.seen:
+                        b.seen = b.phase
                     if b.phase >= 1 and b.know is not joined:
                         _join(w.know, b.know)
                         joined = b.know
                 else:
                     blocked_on = b
             dp(w, res, m)
+            if blocked_on is not None and (op == "test_wait" or cta.try_wait_times_out()):
+                return None  # false on the lanes whose phase is incomplete: the code must loop on it
             if blocked_on is not None:
                 b, v = blocked_on, blocked_on.version
                 return Block(lambda: b.version != v, f"spinning on {b.name} for parity {int(pv[0]) & 1}: {b.state()}",
