@@ -370,9 +370,12 @@ def _retried(lines, i: int, labels: dict, pred: str) -> bool:
     """Is the try_wait at lines[i - 1] a wait: the next instruction `@!pred bra L` with L the label just
     before it? A try_wait may return false before the phase completes (its time limit): without the
     branch back the role runs on, unsynchronised, whenever it does."""
-    nxt = next((t.strip() for _, t in lines[i:] if t.strip() and not t.strip().startswith("//")), "")
+    def quiet(t):  # a blank or comment line
+        return not t.strip() or t.strip().startswith("//")
+    nxt = next((t.strip() for _, t in lines[i:] if not quiet(t)), "")
     m = re.match(rf"@!{re.escape(pred)}\s+bra(?:\.uni)?\s+(\S+);", nxt)
-    return bool(m) and labels.get(m.group(1)) == i - 2
+    j = labels.get(m.group(1)) if m else None
+    return j is not None and j < i - 1 and all(quiet(t) for _, t in lines[j + 1:i - 1])
 
 
 def _read_section(role: str, lines, pipe, lay: _Layout, spell, threads: int, setup, env0: dict) -> tuple:

@@ -206,8 +206,8 @@ def judge(m: Mutant) -> Verdict:
     try:
         rep = check_ptx(text, st["man"])
         if not rep.ok:
-            first = rep.summary().splitlines()
-            killed.append(("check", first[1] if len(first) > 1 else first[0]))
+            said = rep.summary().splitlines()
+            killed.append(("check", next((x.strip() for x in said if x.lstrip().startswith("[")), said[0])[:200]))
     except CheckUsageError as e:
         killed.append(("check", f"unreadable: {e}"))
     except Exception as e:  # a crash of the checker on an edited file is itself a finding
@@ -254,6 +254,11 @@ def baseline_steps(text: str, man: dict, seeds: int, ctas: int) -> int:
 def run_sweep(ptx_path: Path, *, ops=OPS, per_op: int | None = 60, seed: int = 0, jobs: int = 2, seeds: int = 2,
               ctas: int = 2, both: bool = False, assemble: bool = True, lines: tuple | None = None,
               progress=None) -> dict:
+    """Sweep `ptx_path` (its manifest beside it): per op a seeded sample of `per_op` edits (None: all),
+    restricted to PTX `lines` (first, last) if given, each judged by `judge` in `jobs` processes;
+    survivors (and edits the emulator cannot parse) that ptxas rejects become "invalid". The emulator
+    runs `seeds` seeds on the default shapes with `ctas` CTAs and a step limit of 8x the unedited
+    file's longest run (an edit that loops forever stops there)."""
     from ..assemble.assemble import find_ptxas
     from .check import check_ptx
     from .ptxemu import harness

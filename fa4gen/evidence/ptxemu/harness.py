@@ -156,9 +156,10 @@ def default_shapes(man: dict) -> list:
         windowed = bool(cfg.get("window"))
         # the last sequence, one query over one whole block, is the tile whose first block runs unmasked;
         # the long one's keys (at least long_q - rows * per_task + bn) give its second task a later block wholly
-        # visible to the tile's first row (the loop's unmasked path: a 192-row tile of one head needs 227)
+        # visible to the tile's first row (the loop's unmasked path: a 192-row tile of one head needs 227),
+        # and at least three blocks, so that the K/V loop goes round more than once (its back edge)
         return mods([VarShape((3, 0), (70, 5), g * hkv, hkv, with_lse=False),
-                     VarShape((long_q, 0, 40, 9, 70, 1), (450 if windowed else max(200, long_q - rows * per_task + bn), 17, 0, 130,
+                     VarShape((long_q, 0, 40, 9, 70, 1), (450 if windowed else max(2 * bn + 5, long_q - rows * per_task + bn), 17, 0, 130,
                                                           30, bn), g * hkv, hkv),
                      VarShape((5, rows + 1, 0), (140, 129, 0), g * hkv, hkv, seqused_k=(3, 100, 0))],
                     [(5, 2), (400, 30), (20, 0)])
