@@ -161,7 +161,9 @@ def default_shapes(man: dict) -> list:
         return mods([VarShape((3, 0), (70, 5), g * hkv, hkv, with_lse=False),
                      VarShape((long_q, 0, 40, 9, 70, 1), (450 if windowed else max(2 * bn + 5, long_q - rows * per_task + bn), 17, 0, 130,
                                                           30, bn), g * hkv, hkv),
-                     VarShape((5, rows + 1, 0), (140, 129, 0), g * hkv, hkv, seqused_k=(3, 100, 0))],
+                     # three KV heads (the head sections of a sequence's tasks), and seqused_k cutting the
+                     # second sequence one key past a block (its block count rounds up from that one key)
+                     VarShape((5, rows + 1, 0), (140, bn + 72, 0), 3 * g, 3, seqused_k=(3, bn + 1, 0))],
                     [(5, 2), (400, 30), (20, 0)])
     sq = rows * per_task + rows // 2 + 3  # a second task whose tiles are partly / wholly past Sq
     # keys of the causal Sq < Skv shape: at least three blocks, so that a tile of packed GQA heads (few

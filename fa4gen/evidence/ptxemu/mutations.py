@@ -722,6 +722,11 @@ SWEEP_MUTATIONS: tuple[PtxMutation, ...] = (
                     lambda sec, man, whole: _sub(r"^\s*shfl\.sync\.bfly\.b32 %bmax0_s, %bmax0, 2, 0x1f, 0xffffffff;\n"
                                                  r"\s*max\.f32 %bmax0, %bmax0, %bmax0_s;\n", "", nth=0)(sec, man)),
                 protocol=False),
+    PtxMutation("sm90_shfl_membermask", _SM90C, "the row maximum's first butterfly names lanes 0-15 in its "
+                "membermask while the whole warp executes it (undefined behaviour; the emulator ignored the "
+                "mask)", ("SHFL",),
+                _sub(r"(shfl\.sync\.bfly\.b32 %bmax0_s, %bmax0, 1, 0x1f,) 0xffffffff;", r"\1 0x0000ffff;", nth=0),
+                protocol=False),
     PtxMutation("sm90_lse_row_guard", _SM90C, "the LSE store's row guard tests row <= Sq where row < Sq: the row "
                 "after the last is written (into the next head's LSE, or past the end)",
                 ("GMEM_OOB", "mismatch"),

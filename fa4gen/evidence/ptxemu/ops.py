@@ -973,9 +973,11 @@ def compile_warp_coll(ctx, ins, parts):
         else:
             d = writer(ctx, ops_[0], "pred", ins)
         a = reader(ctx, ops_[1], "pred", ins)
+        members = _membermask(ctx, ins, ops_[2] if len(ops_) > 2 else None)
 
         def fn(w, m):
             act = _mask(m)
+            members(w, act)
             v = _bcast(a(w)) & act
             if mode == "any":
                 d(w, np.full(WARP, bool(v.any())), m)
@@ -994,9 +996,11 @@ def compile_warp_coll(ctx, ins, parts):
         b = reader(ctx, ops_[2], "u32", ins)
         c = reader(ctx, ops_[3], "u32", ins)
         lane = np.arange(WARP, dtype=np.int64)
+        members = _membermask(ctx, ins, ops_[4] if len(ops_) > 4 else None)
 
         def fn(w, m):
             act = _mask(m)
+            members(w, act)
             av = _bcast(a(w))
             bv = _bcast(b(w)).astype(np.int64)
             cv = _bcast(c(w)).astype(np.int64)
@@ -1023,6 +1027,25 @@ def compile_warp_coll(ctx, ins, parts):
             d(w, av[j], m)
         return fn
     raise unsupported(ins)
+
+
+def _membermask(ctx, ins, op):
+    """shfl.sync / vote.sync's membermask: a 32-bit value naming every lane that executes the
+    instruction (PTX ISA: undefined when the executing thread is not in it). -> check(w, act)."""
+    if op is None:
+        raise unsupported(ins, "a .sync warp operation needs its membermask")
+    if isinstance(op, Imm) and not -(1 << 31) <= op.value < 1 << 32:  # -1: every lane
+        raise UnsupportedInstruction(f"membermask {op.value:#x} of {ins.opcode} at line {ins.line} is not 32 bits")
+    r = reader(ctx, op, "u32", ins)
+    bits = (np.uint32(1) << np.arange(WARP, dtype=np.uint32))
+
+    def check(w, act):
+        mv = _bcast(r(w)).astype(np.uint32)
+        missing = act & ((mv & bits) == 0)
+        if missing.any():
+            raise Fault("SHFL", f"{ins.opcode.split('.')[0]}.sync executed by lane {int(np.flatnonzero(missing)[0])}, "
+                                "which its membermask leaves out (undefined behaviour)", line=ins.line, warp=w.wid)
+    return check
 
 
 def compile_setmaxnreg(ctx, ins, parts):
