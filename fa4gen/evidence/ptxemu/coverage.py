@@ -19,7 +19,7 @@ import numpy as np
 
 TAKEN, FALLTHROUGH = 1, 2  # per-branch direction bits
 BOUNDARY = 4  # per ordered integer comparison (setp lt/le/gt/ge/lo/ls/hi/hs): met with a == b
-_ORDERED = ("lt", "le", "gt", "ge", "lo", "ls", "hi", "hs")
+ORDERED = ("lt", "le", "gt", "ge", "lo", "ls", "hi", "hs")  # the setp comparisons a bound off by one changes
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def ordered_comparisons(mod) -> list[int]:
     out = []
     for i, ins in enumerate(mod.instrs):
         p = ins.opcode.split(".")
-        if p[0] == "setp" and len(p) > 2 and p[1] in _ORDERED and p[-1] not in ("f32", "f64", "f16"):
+        if p[0] == "setp" and len(p) > 2 and p[1] in ORDERED and p[-1] not in ("f32", "f64", "f16"):
             out.append(i)
     return out
 
@@ -164,25 +164,21 @@ class EntryCoverage:
                f"{he}/{ne} ordered comparisons met at their boundary"]
         for role in sorted(self.hits):
             out.append(f"  {role}: {len(self.reached_blocks(role))} blocks")
+        word = {0: "never ran", TAKEN: "always taken", FALLTHROUGH: "never taken"}
+
+        def listed(title, rows):  # a titled list of at most `limit` rows
+            if rows:
+                out.append(f"  {title}")
+                out.extend(f"    {r}" for r in rows[:limit])
+                if len(rows) > limit:
+                    out.append(f"    ... and {len(rows) - limit} more")
         un = self.unreached_blocks()
-        if un:
-            out.append(f"  not reached ({len(un)}):")
-            out += [f"    {b.describe()}" for b in un[:limit]]
-            if len(un) > limit:
-                out.append(f"    ... and {len(un) - limit} more")
+        listed(f"not reached ({len(un)}):", [b.describe() for b in un])
         one = self.one_way_branches()
-        if one:
-            out.append(f"  branches not seen both ways ({len(one)}):")
-            word = {0: "never ran", TAKEN: "always taken", FALLTHROUGH: "never taken"}
-            out += [f"    PTX line {self.lines[pc]}: {word[bits]}" for pc, bits in one[:limit]]
-            if len(one) > limit:
-                out.append(f"    ... and {len(one) - limit} more")
+        listed(f"branches not seen both ways ({len(one)}):", [f"PTX line {self.lines[pc]}: {word[bits]}" for pc, bits in one])
         miss = self.boundary_misses()
-        if miss:
-            out.append(f"  comparisons never met at a == b ({len(miss)}; an off-by-one there would not show):")
-            out += [f"    PTX line {self.lines[pc]}" for pc in miss[:limit]]
-            if len(miss) > limit:
-                out.append(f"    ... and {len(miss) - limit} more")
+        listed(f"comparisons never met at a == b ({len(miss)}; an off-by-one there would not show):",
+               [f"PTX line {self.lines[pc]}" for pc in miss])
         return out
 
     def as_dict(self) -> dict:

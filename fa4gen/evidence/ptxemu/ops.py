@@ -12,6 +12,7 @@ import numpy as np
 from . import fp
 from .machine import (_DT, _STORE, _WIDTH, PARAM_BASE, REGS_PER_SM, SMEM_BASE, WARP, Block, Fault, MBar, NamedBar, _cnz,
                       _join)
+from .coverage import BOUNDARY, ORDERED
 from .parse import Addr, FImm, Imm, PredPair, Reg, Sink, SReg, Sym, TmaAddr, UnsupportedInstruction, Vec
 
 _U32, _S32, _F32, _U64 = np.uint32, np.int32, np.float32, np.uint64
@@ -194,8 +195,6 @@ def _mask(m):
 
 
 # ---- ALU --------------------------------------------------------------------------------------------
-_ORDERED = ("lt", "le", "gt", "ge", "lo", "ls", "hi", "hs")
-BOUNDARY = 4  # coverage.BOUNDARY: the per-instruction record's bit for a comparison met at a == b
 _CMP_INT = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
             "ge": np.greater_equal, "lo": np.less, "ls": np.less_equal, "hi": np.greater, "hs": np.greater_equal}
 
@@ -479,7 +478,7 @@ def compile_setp(ctx, ins, parts):
     comb = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}.get(boolop)
     # coverage: an ordered integer comparison met at its boundary (a == b on a lane that runs it), the
     # one input where lt and le (or a bound off by one) differ
-    edge = ctx.pc_of(ins) if not isf and cmp_ in _ORDERED else None
+    edge = ctx.pc_of(ins) if not isf and cmp_ in ORDERED else None
 
     def fn(w, m):
         av, bv = a(w), b(w)
