@@ -718,8 +718,9 @@ def test_check_flags_every_protocol_mutation(mut):
 
 @pytest.mark.parametrize("mut", CHECK_MUTATIONS, ids=lambda m: m.name)
 def test_check_flags_the_read_back_mutations(mut):
-    """Edits only the sm_90a reader's instance and predicate reading sees (not emulated: see
-    mutations.CHECK_MUTATIONS); each is reported at its PTX line or as what the PTX lacks."""
+    """Edits only the read-back sees (the sm_90a instance and predicate reading, the sm_100a ring
+    slot reduction; not emulated: see mutations.CHECK_MUTATIONS); each is reported at its PTX line
+    or as what the PTX lacks."""
     ptx, man = emitted(**mut.config)
     rep = check_ptx(mut.apply(ptx, man), man)
     assert not rep.ok, f"{mut.name}: fa4gen check saw no difference"

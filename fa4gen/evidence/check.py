@@ -387,7 +387,8 @@ def _read_section(role: str, lines, pipe, lay: _Layout, spell, threads: int, set
     prov: dict = {}
     consts: dict = {}
     bases: set = set()  # registers holding %smem / %bar itself
-    strides: dict = {}  # register -> ("%bar" | "%smem", bytes per slot) of `mad.lo.u32 r, state, K, base`
+    strides: dict = {}  # register -> ("%bar" | "%smem", bytes per slot) of `mad.lo.u32 r, slot, K, base`
+    slot_of: dict = {}  # register -> (state, depth or None while unfinished) of a slot derived from a ring state
     guards: list = []  # (label, predicate) of each `@!P bra L` around this point
     events: list = []
     arrivals: list = []
@@ -652,8 +653,24 @@ def _read_section(role: str, lines, pipe, lay: _Layout, spell, threads: int, set
                 if opc == "mad.lo.u32" and len(ops) == 4 and ops[3] in ("%bar", "%smem") and s \
                         and re.match(r"\d+$", ops[2]):
                     strides[dst] = (ops[3], int(ops[2]))
+                    q_, d_ = slot_of.get(ops[1], (None, 0))
+                    if q_ is not None and d_ is None:  # an address (barrier, TMA box, MMA operand) from it
+                        raise _Unreadable(ln, f"{ops[1]}, the slot of ring state {q_}, is not {q_} mod "
+                                              f"{depths.get(q_)} (`mov {ops[1]}, q` then `@p sub {ops[1]}, q, depth` "
+                                              "with p = q >= depth)")
                 else:
                     strides.pop(dst, None)
+                # a ring slot kept apart from its state (sm_100a: q in [0, 2 depth), the parity q >= depth):
+                # `mov %qs, %q` then `@%p sub %qs, %q, depth` with %p = (q >= depth) is q mod depth
+                q0 = spell.state_of(ops[1], role) if len(ops) > 1 else None
+                if opc == "mov.u32" and len(ops) == 2 and q0 and not pred:
+                    slot_of[dst] = (q0, None)
+                elif dst in slot_of and slot_of[dst][0] == q0:  # the slot's reduction, or an edit of it
+                    ok = opc == "sub.u32" and len(ops) == 3 and re.match(r"@%\w+$", pred) \
+                        and setp_ge.get(pred[1:]) == (q0, ops[2]) and ops[2] == str(depths.get(q0))
+                    slot_of[dst] = (q0, int(ops[2]) if ok else None)
+                else:
+                    slot_of.pop(dst, None)
             if opc.startswith("setp") and ops:
                 # rows < %sq, alone or and-ed with another predicate (D = 96's copy: its chunks < 12)
                 if (opc == "setp.lt.u32" and len(ops) == 3 or opc == "setp.lt.and.u32" and len(ops) == 4) \
@@ -668,6 +685,8 @@ def _read_section(role: str, lines, pipe, lay: _Layout, spell, threads: int, set
             if opc.startswith("selp") and len(ops) >= 4:
                 prov[ops[0]] = src_states(ops[1:])
                 selp[ops[0]] = (ops[1], ops[2], ops[3])
+            if opc.startswith("setp") and ops:
+                setp_ge.pop(ops[0], None)  # a predicate written again no longer says q >= depth
             if opc == "setp.ge.u32" and len(ops) == 3:
                 qs = spell.state_of(ops[1], role)
                 if qs:

@@ -771,6 +771,17 @@ CHECK_MUTATIONS: tuple[PtxMutation, ...] = (
     # An init count below the arrivals per phase: the emulator sees the race only in interleavings where
     # a stage is refilled while the late consumer still reads it (seeds 1 and 5 of 0-5 on its default
     # shape, not seed 0); the reader's arrivals-per-phase count flags it on every run.
+    # sm_100a keeps a ring's slot apart from its state (q in [0, 2 depth)); the sweep found its slot
+    # reduction unread: q reaches depth at a given site only after depth + 1 advances there, which the
+    # default shapes' few blocks per tile do not give every site, so the emulator never met it
+    PtxMutation("sm100_ring_slot_off_by_one", _SM100C, "the MMA warp's K operand slot is reduced when q > 3 "
+                "(setp.gt for setp.ge): at q = 3 it addresses a fourth slot, past the three-slot ring",
+                ("RACE", "mismatch", "SMEM"),
+                _sub(r"setp\.ge\.u32 (%p_q), %q_mma_k, 3;(\n\s*mov\.u32 %qs, %q_mma_k;\n\s*@%p_q sub\.u32 %qs, "
+                     r"%q_mma_k, 3;\n\s*mad\.lo\.u32 %rdb)", r"setp.gt.u32 \1, %q_mma_k, 3;\2", nth=0)),
+    PtxMutation("sm100_ring_slot_reduced_backwards", _SM100C, "the load warp's Q slot subtracts the depth when "
+                "q < 2 (the reduction's guard negated): slot q - 2 wraps below the ring", ("RACE", "SMEM"),
+                _sub(r"@%p_q (sub\.u32 %qs, %q_load_qa, 2;)", r"@!%p_q \1", nth=0)),
     PtxMutation("sm90w_empty_arrivals", _SM90WN, "k_empty[0] counts 8 arrivals (two consumers' warps), not 12: "
                 "a K stage is refilled while the third consumer still reads it", ("RACE", "mismatch", "DEADLOCK"),
                 _sm90_init_count("k_empty", 8)),
