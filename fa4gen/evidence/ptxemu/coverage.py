@@ -19,6 +19,7 @@ import numpy as np
 
 TAKEN, FALLTHROUGH = 1, 2  # per-branch direction bits
 BOUNDARY = 4  # per ordered integer comparison (setp lt/le/gt/ge/lo/ls/hi/hs): met with a == b
+ENABLED = 8  # per guarded instruction other than a branch: its guard let some lane through
 ORDERED = ("lt", "le", "gt", "ge", "lo", "ls", "hi", "hs")  # the setp comparisons a bound off by one changes
 
 
@@ -76,6 +77,12 @@ def ordered_comparisons(mod) -> list[int]:
     return out
 
 
+def guarded_instructions(mod) -> list[int]:
+    """Instruction indices of the guarded instructions other than branches (`@%p st.global ...`): one
+    whose guard is never true ran nowhere, though its block did."""
+    return [i for i, ins in enumerate(mod.instrs) if ins.guard is not None and ins.opcode.split(".")[0] != "bra"]
+
+
 @dataclass
 class EntryCoverage:
     """One entry's coverage over one or more runs: per role, the instructions executed (bool per
@@ -88,12 +95,13 @@ class EntryCoverage:
     hits: dict = field(default_factory=dict)  # role -> np.bool_ array
     dirs: dict = field(default_factory=dict)  # role -> np.uint8 array (TAKEN | FALLTHROUGH | BOUNDARY bits)
     comparisons: list = field(default_factory=list)  # ordered_comparisons(mod)
+    guarded: list = field(default_factory=list)  # guarded_instructions(mod)
 
     @classmethod
     def of_run(cls, mod, warp_hits, warp_dirs, role_of) -> "EntryCoverage":
         """From an emulator's per-warp records; role_of(warp) names each warp's role."""
         cov = cls(mod.entry, basic_blocks(mod), guarded_branches(mod), [ins.line for ins in mod.instrs],
-                  comparisons=ordered_comparisons(mod))
+                  comparisons=ordered_comparisons(mod), guarded=guarded_instructions(mod))
         n = len(mod.instrs)
         for w, (h, d) in enumerate(zip(warp_hits, warp_dirs)):
             role = role_of(w)
@@ -135,7 +143,7 @@ class EntryCoverage:
     def branch_directions(self) -> dict:
         """pc -> the direction bits seen, over every role, for each guarded branch."""
         d = self._any(self.dirs, np.uint8)
-        return {pc: int(d[pc]) for pc in self.branches}
+        return {pc: int(d[pc]) & (TAKEN | FALLTHROUGH) for pc in self.branches}
 
     def one_way_branches(self) -> list:
         """(pc, bits) of the guarded branches that ran in one direction only (bits 0: never ran)."""
@@ -150,6 +158,14 @@ class EntryCoverage:
         n = len(self.comparisons)
         return n - len(self.boundary_misses()), n
 
+    def never_enabled(self) -> list[int]:
+        """pcs of the guarded instructions (not branches) whose guard no lane ever passed."""
+        d = self._any(self.dirs, np.uint8)
+        return [pc for pc in self.guarded if not d[pc] & ENABLED]
+
+    def enabled_fraction(self) -> tuple[int, int]:
+        return len(self.guarded) - len(self.never_enabled()), len(self.guarded)
+
     def block_fraction(self) -> tuple[int, int]:
         return len(self.blocks) - len(self.unreached_blocks()), len(self.blocks)
 
@@ -160,8 +176,9 @@ class EntryCoverage:
         hb, nb = self.block_fraction()
         hd, nd = self.branch_fraction()
         he, ne = self.boundary_fraction()
+        hg, ng = self.enabled_fraction()
         out = [f"{self.entry}: {hb}/{nb} basic blocks, {hd}/{nd} data-dependent branches both ways, "
-               f"{he}/{ne} ordered comparisons met at their boundary"]
+               f"{he}/{ne} ordered comparisons met at their boundary, {hg}/{ng} guarded instructions enabled"]
         for role in sorted(self.hits):
             out.append(f"  {role}: {len(self.reached_blocks(role))} blocks")
         word = {0: "never ran", TAKEN: "always taken", FALLTHROUGH: "never taken"}
@@ -179,6 +196,9 @@ class EntryCoverage:
         miss = self.boundary_misses()
         listed(f"comparisons never met at a == b ({len(miss)}; an off-by-one there would not show):",
                [f"PTX line {self.lines[pc]}" for pc in miss])
+        off = self.never_enabled()
+        listed(f"guarded instructions never enabled ({len(off)}; they ran nowhere):",
+               [f"PTX line {self.lines[pc]}" for pc in off])
         return out
 
     def as_dict(self) -> dict:
@@ -189,7 +209,9 @@ class EntryCoverage:
                 "unreached": [{"label": b.label, "lines": [b.first_line, b.last_line]} for b in self.unreached_blocks()],
                 "one_way": [{"line": self.lines[pc], "bits": bits} for pc, bits in self.one_way_branches()],
                 "boundaries": list(self.boundary_fraction()),
-                "boundary_misses": [self.lines[pc] for pc in self.boundary_misses()]}
+                "boundary_misses": [self.lines[pc] for pc in self.boundary_misses()],
+                "guards_enabled": list(self.enabled_fraction()),
+                "never_enabled": [self.lines[pc] for pc in self.never_enabled()]}
 
 
 class Coverage:
@@ -204,7 +226,8 @@ class Coverage:
         else:
             self.entries[cov.entry] = EntryCoverage(cov.entry, cov.blocks, cov.branches, cov.lines,
                                                     {r: h.copy() for r, h in cov.hits.items()},
-                                                    {r: d.copy() for r, d in cov.dirs.items()}, cov.comparisons)
+                                                    {r: d.copy() for r, d in cov.dirs.items()}, cov.comparisons,
+                                                    cov.guarded)
 
     def merge(self, other: "Coverage") -> None:
         for cov in other.entries.values():

@@ -219,6 +219,7 @@ class Op:
 
 
 LONG_TAIL = 8
+ENABLED = 8  # coverage.ENABLED: a guarded instruction ran on some lane
 
 
 class CTA:
@@ -572,6 +573,8 @@ class CTA:
                 m = act & ~p if ins.guard_neg else act & p
                 n = _cnz(m)
                 full, any_ = n == WARP, n > 0
+            if any_ and op.kind != "bra":
+                self.bdirs[w.wid][pc] |= ENABLED  # coverage: the guard let some lane through
         elif act_full:
             m, full, any_ = act, True, True
         else:
