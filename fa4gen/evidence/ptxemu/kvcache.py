@@ -122,7 +122,8 @@ def default_kv_shapes(man: dict) -> list:
     masked too), and no LSE asked (lse_ptr = 0 for fa4_fwd and fa4_combine); with an odd Hq its
     B * Sq * Hq rows leave the last combine CTA partly empty. The fourth: the API's default decode
     launch, one split (the kernel stores O itself) and no LSE: the kernel's direct LSE store must
-    skip lse_ptr = 0.
+    skip lse_ptr = 0; with the third's R / P + 3 query positions, so that the direct O store of the
+    second row group runs too (with Sq = 1 it never did: coverage's guarded instructions).
     O rescales: each sequence's last query position is make_inputs' rescale row (Sq = 1: the one
     position, so those batches have no x30 row), which rescales where its split reaches block 0
     after another block: the second batch's one split for the first row group, the third's first
@@ -149,7 +150,7 @@ def default_kv_shapes(man: dict) -> list:
     shapes = [KvShape((129, 1, -3, 1000), 3, g * hkv, hkv, num_splits=3, capacity=600),
               KvShape((300, 0), 1, g * hkv, hkv, num_splits=1, capacity=310),
               KvShape((390, 40, 77), second // pack + 3, g * hkv, hkv, num_splits=2, capacity=400, with_lse=False),
-              KvShape((70,), 1, g * hkv, hkv, num_splits=1, capacity=128, with_lse=False)]
+              KvShape((70,), second // pack + 3, g * hkv, hkv, num_splits=1, capacity=128, with_lse=False)]
     for i, (sh, w, cap) in enumerate(zip(shapes, [(300, -1), (298, -1), (330, 0), (0, 0)], (5, 30, 50, 30))):
         sh.mods = default_mods(cfg, i, w, cap)
     return shapes
