@@ -223,8 +223,8 @@ def make_inputs(shape: Shape, dtype: str, head_dim: int, seed: int, huge: bool =
     float16, or float32 holding bf16 values): one
     K/V block of larger keys so the reverse visit order raises the row maximum by more than the
     rescale threshold (O rescales), and a few rows of x30 queries (large logits; none when Sq = 1,
-    whose one row stays N(0, 1): a one-hot softmax hides a dropped term). huge (every dense and
-    varlen launch of the harness): a few more rows x HUGE_ROWS, raw scores |q.k| ~ 1e4 (400 * 3 *
+    whose one row stays N(0, 1): a one-hot softmax hides a dropped term). huge (every launch of the
+    harness: dense, varlen, KV cache): a few more rows x HUGE_ROWS, raw scores |q.k| ~ 1e4 (400 * 3 *
     sqrt(D) on block 0), deep in tanh's saturation under a softcap, and without one a row whose
     exponentials overflow unless the row maximum subtracted is the true one (a maximum over part of
     the row, or a stale reference, gives inf); at least one row stays N(0, 1) (Sq = 1: batch 0's;

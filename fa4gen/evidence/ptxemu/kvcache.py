@@ -357,7 +357,7 @@ def run_kvcache_once(mods: dict, man: dict, shape: KvShape, seed: int, *, ctas: 
     tma_loads: a list that gets fa4_fwd's TMA loads, (tensor-map parameter, coordinates) each."""
     cfg = man["config"]
     ps = int(man["kvcache"].get("page_size", 0))
-    inp = inputs or make_kv_inputs(shape, cfg["dtype"], int(cfg["head_dim"]), ps, seed, huge=bool(cfg.get("softcap")),
+    inp = inputs or make_kv_inputs(shape, cfg["dtype"], int(cfg["head_dim"]), ps, seed, huge=True,
                                    head_dim_v=int(cfg.get("head_dim_v", cfg["head_dim"])))
     launch = KvLaunch(mods, man, shape, inp, ctas=ctas, seed=seed)
     res = RunResult(False, shape, seed)
