@@ -41,7 +41,7 @@ _SIDE = ("st.", "red.", "atom.", "mbarrier.", "bar.", "barrier.", "fence.", "cp.
 _MEM = _SIDE + ("ld.", "ldmatrix", "bra", "ret", "exit")
 # repeating these changes nothing (a store of the same value, a fence, a sync all threads repeat)
 _IDEMPOTENT = ("st.", "fence.", "bar.sync", "barrier.sync", "prefetch", "setmaxnreg", "wgmma.fence",
-               "wgmma.wait", "tcgen05.wait", "stmatrix", "elect")
+               "wgmma.wait", "tcgen05.wait", "tcgen05.fence", "stmatrix", "elect", "griddepcontrol")
 _IDEMPOTENT_SELF = ("max", "min", "and", "or", "mov", "selp", "setp")
 # ops that order memory or synchronise: swapping one with a memory access (or another) changes what
 # is visible when; two plain loads, two mbarrier.inits or two stores to distinct slots do not
