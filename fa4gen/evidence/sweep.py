@@ -25,7 +25,6 @@ import json
 import random
 import re
 import shutil
-import subprocess
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -232,23 +231,36 @@ def judge(m: Mutant) -> Verdict:
     return v
 
 
-def ptxas_accepts(text: str, arch: str, ptxas: str) -> tuple[bool, str]:
+def ptxas_accepts(text: str, arch: str) -> tuple[bool, str]:
+    """(does ptxas assemble `text` for `arch`, its first error line): the project's own ptxas run
+    (assemble._run_ptxas: its flags, its time limit, the process group killed on a timeout)."""
+    from ..assemble.assemble import _run_ptxas, ptxas_timeout_s
+
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / "m.ptx"
         p.write_text(text)
-        r = subprocess.run([ptxas, f"-arch={arch}", "-o", str(Path(d) / "m.cubin"), str(p)],
-                           capture_output=True, text=True, timeout=600)
-        return r.returncode == 0, (r.stderr or r.stdout).strip().splitlines()[0] if r.returncode else ""
+        cubin, log, timed_out = _run_ptxas(p, Path(d) / "m.cubin", arch, (), ptxas_timeout_s())
+        if cubin is not None:
+            return True, ""
+        errors = [ln for ln in log.splitlines() if "error" in ln.lower()] or log.strip().splitlines() or ["failed"]
+        return False, errors[-1 if timed_out else 0].strip()
 
 
-def baseline_steps(text: str, man: dict, seeds: int, ctas: int) -> int:
-    """The most warp-instructions any default run of the unedited file takes (the step limit scales it)."""
+def _unedited(ptx_path: Path, seeds: int, ctas: int) -> tuple[str, dict, int]:
+    """(PTX text, manifest, step limit) of the file a sweep edits: it must pass `fa4gen check` and
+    `fa4gen emulate` as it is; the step limit is 8x its longest default run (at least 200k), where an
+    edit that loops forever stops."""
+    from .check import check_ptx
     from .ptxemu import harness
 
-    rep = harness.emulate_file("base.ptx", ptx_text=text, manifest=man, seeds=seeds, ctas=ctas)
+    man = harness.load_manifest(ptx_path, None)
+    text = ptx_path.read_text()
+    if not check_ptx(text, man).ok:
+        raise RuntimeError(f"{ptx_path} does not pass fa4gen check as it is: sweep a file that does")
+    rep = harness.emulate_file(ptx_path, ptx_text=text, manifest=man, seeds=seeds, ctas=ctas)
     if not rep.ok:
-        raise RuntimeError("the unedited file does not pass fa4gen emulate: sweep a file that does")
-    return max(r.warp_instructions for r in rep.runs)
+        raise RuntimeError(f"{ptx_path} does not pass fa4gen emulate as it is: sweep a file that does")
+    return text, man, max(200_000, 8 * max(r.warp_instructions for r in rep.runs))
 
 
 def run_sweep(ptx_path: Path, *, ops=OPS, per_op: int | None = 60, seed: int = 0, jobs: int = 2, seeds: int = 2,
@@ -260,16 +272,9 @@ def run_sweep(ptx_path: Path, *, ops=OPS, per_op: int | None = 60, seed: int = 0
     runs `seeds` seeds on the default shapes with `ctas` CTAs and a step limit of 8x the unedited
     file's longest run (an edit that loops forever stops there)."""
     from ..assemble.assemble import find_ptxas
-    from .check import check_ptx
-    from .ptxemu import harness
     from .ptxemu.parse import parse_for_manifest
 
-    man = harness.load_manifest(ptx_path, None)
-    text = ptx_path.read_text()
-    if not check_ptx(text, man).ok:
-        raise RuntimeError("the unedited file does not pass fa4gen check: sweep a file that does")
-    steps = baseline_steps(text, man, seeds, ctas)
-    step_limit = max(200_000, 8 * steps)
+    text, man, step_limit = _unedited(ptx_path, seeds, ctas)
     rng = random.Random(seed)
     every = mutants(text, parse_for_manifest(text, man), rng)
     chosen: list[Mutant] = []
@@ -279,40 +284,32 @@ def run_sweep(ptx_path: Path, *, ops=OPS, per_op: int | None = 60, seed: int = 0
         totals[op] = len(ms)
         chosen += ms if per_op is None or len(ms) <= per_op else rng.sample(ms, per_op)
     verdicts = _judge_all(chosen, (text, man, seeds, ctas, step_limit, both), jobs, progress)
-    ptxas = str(find_ptxas() or "") if assemble else ""
+    ptxas = assemble and find_ptxas() is not None
     src = text.split("\n")
     for v in verdicts:  # a survivor, or an edit the emulator cannot read: is it PTX at all?
         if v.result in ("survived", "unparsed") and ptxas:
-            ok, why = ptxas_accepts(Mutant(v.op, v.line, v.before, v.after).apply(src), man["config"]["arch"], ptxas)
+            ok, why = ptxas_accepts(Mutant(v.op, v.line, v.before, v.after).apply(src), man["config"]["arch"])
             if not ok:
                 v.result, v.detail = "invalid", f"ptxas: {why}"
     verdicts.sort(key=lambda v: (v.op, v.line, v.after))
     return {"file": str(ptx_path), "kernel": man.get("name"), "ops": list(ops), "per_op": per_op, "seed": seed,
             "seeds": seeds, "ctas": ctas, "step_limit": step_limit, "sites": totals,
-            "assembled_survivors": bool(ptxas), "verdicts": [asdict(v) for v in verdicts]}
+            "assembled_survivors": ptxas, "verdicts": [asdict(v) for v in verdicts]}
 
 
 def replay(res: dict, *, jobs: int = 2, progress=None) -> dict:
     """Judge the survivors of an earlier sweep (its JSON) again with the evidence as it is now: the
     same edits of the same file; a result like run_sweep's, of those mutants alone."""
-    from .check import check_ptx
-    from .ptxemu import harness
-
     ptx_path = Path(res["file"])
-    man = harness.load_manifest(ptx_path, None)
-    text = ptx_path.read_text()
-    src = text.split("\n")
+    src = ptx_path.read_text().split("\n")
     again = [Mutant(v["op"], v["line"], v["before"], v["after"]) for v in res["verdicts"] if v["result"] == "survived"]
     stale = [m for m in again if "\n".join(src[m.line - 1:m.line - 1 + (2 if m.op == "swap" else 1)]) != m.before]
     if stale:
         raise RuntimeError(f"{ptx_path} changed since the sweep: {stale[0].label()} no longer reads {stale[0].before!r}")
-    if not check_ptx(text, man).ok:
-        raise RuntimeError("the unedited file does not pass fa4gen check")
-    steps = baseline_steps(text, man, res["seeds"], res["ctas"])
-    args = (text, man, res["seeds"], res["ctas"], max(200_000, 8 * steps), False)
-    verdicts = _judge_all(again, args, jobs, progress)
+    text, man, step_limit = _unedited(ptx_path, res["seeds"], res["ctas"])
+    verdicts = _judge_all(again, (text, man, res["seeds"], res["ctas"], step_limit, False), jobs, progress)
     verdicts.sort(key=lambda v: (v.op, v.line, v.after))
-    return dict(res, step_limit=args[4], sites={op: sum(m.op == op for m in again) for op in res["ops"]},
+    return dict(res, step_limit=step_limit, sites={op: sum(m.op == op for m in again) for op in res["ops"]},
                 verdicts=[asdict(v) for v in verdicts])
 
 

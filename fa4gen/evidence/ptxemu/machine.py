@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .coverage import ENABLED, FALLTHROUGH, TAKEN
 from .parse import Instr, Module
 
 WARP = 32
@@ -219,7 +220,6 @@ class Op:
 
 
 LONG_TAIL = 8
-ENABLED = 8  # coverage.ENABLED: a guarded instruction ran on some lane
 
 
 class CTA:
@@ -233,7 +233,7 @@ class CTA:
         self.rng = np.random.default_rng([emu.seed, ctaid])
         # a try_wait's time limit (PTX ISA: it may return false before the phase completes) and the
         # long tail of TMA latencies: their own stream, so the base delays of a seed stay what they were
-        self._timeouts = np.random.default_rng([emu.seed, ctaid, 0x7140])
+        self._timing = np.random.default_rng([emu.seed, ctaid, 0x7140])
         size = (SMEM_BASE + emu.dyn_smem + 15) // 16 * 16
         self.smem = np.zeros(size, np.uint8)
         self.sguard = np.zeros(size, np.int32)
@@ -333,14 +333,14 @@ class CTA:
     def try_wait_times_out(self) -> bool:
         """A try_wait on an incomplete phase returns false (its time limit ran out) instead of
         suspending the warp: one time in four, seeded."""
-        return self._timeouts.random() < 0.25
+        return self._timing.random() < 0.25
 
     def delay(self, lo: int, hi: int, tail: bool = False) -> int:
         """A seeded latency in [lo, hi]; tail: one in eight is LONG_TAIL times longer (a load that
         misses in L2 behind others), so that a consumer also arrives at its full-barrier wait before
         the data, and that wait blocks, inside the K/V loop and not only at its start."""
         d = int(self.rng.integers(lo, hi + 1))
-        if tail and self._timeouts.random() < 0.125:
+        if tail and self._timing.random() < 0.125:
             d *= LONG_TAIL
         return d
 
@@ -613,13 +613,13 @@ class CTA:
                 raise Fault("BRA_UNI", "bra.uni taken by some lanes only (the branch is not uniform)",
                             line=ins.line, warp=w.wid, text=ins.text)
             if same:
-                self.bdirs[w.wid][pc] |= 1  # coverage.TAKEN
+                self.bdirs[w.wid][pc] |= TAKEN
                 self._advance(w, pc, act, op.target)
             elif not any_:
-                self.bdirs[w.wid][pc] |= 2  # coverage.FALLTHROUGH
+                self.bdirs[w.wid][pc] |= FALLTHROUGH
                 self._advance(w, pc, act, nxt)
             else:
-                self.bdirs[w.wid][pc] |= 3
+                self.bdirs[w.wid][pc] |= TAKEN | FALLTHROUGH
                 if not w.div:
                     w.pcs[:] = pc
                     w.div = True
